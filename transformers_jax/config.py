@@ -1,0 +1,335 @@
+"""Frozen configuration dataclasses: one ``ModelConfig`` drives a model, one ``TrainConfig`` a run.
+
+Every string switch (attention implementation, mask, position, norm, MLP, family) is a registry
+name; validation happens at construction and errors name the field, the bad value and the fix.
+This module imports no JAX so that configs can be built and checked cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+NORM_POSITIONS = ("pre", "post")
+ROPE_PAIRINGS = ("rotate_half", "interleaved")
+ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message says which field and how to fix it."""
+
+
+def _fail(field_name: str, value: Any, why: str) -> None:
+    raise ConfigError(f"{field_name}={value!r}: {why}")
+
+
+def _check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(field_name, value, f"valid choices: {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding settings (REFERENCES.md section 4)."""
+
+    base: float = 10000.0
+    pairing: str = "rotate_half"  # rotate_half (GPT-NeoX, Llama) or interleaved (GPT-J)
+    fraction: float = 1.0  # partial rotary: share of each head's dims that rotate
+    scaling: str = "none"  # none, linear, ntk, dynamic_ntk, yarn, llama3
+    factor: float = 1.0  # context extension factor s
+    original_max_len: int = 2048  # L0: the context the model was trained at
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn: rotations at which interpolation stops
+    beta_slow: float = 1.0  # yarn: rotations at which interpolation is full
+
+    def __post_init__(self) -> None:
+        _check_choice("rope.pairing", self.pairing, ROPE_PAIRINGS)
+        _check_choice("rope.scaling", self.scaling, ROPE_SCALINGS)
+        if self.base <= 1:
+            _fail("rope.base", self.base, "must be > 1 (10000 is the usual value)")
+        if not 0.0 < self.fraction <= 1.0:
+            _fail("rope.fraction", self.fraction, "must be in (0, 1]")
+        if self.factor < 1.0:
+            _fail("rope.factor", self.factor, "must be >= 1 (1 means no scaling)")
+        if self.scaling != "none" and self.factor == 1.0:
+            _fail("rope.factor", self.factor, f"rope.scaling={self.scaling!r} needs a factor > 1")
+        if self.original_max_len <= 0:
+            _fail("rope.original_max_len", self.original_max_len, "must be positive")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that defines a model's architecture and numerics."""
+
+    family: str = "gpt"
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: same as n_heads (MHA); 1: MQA; else GQA
+    head_dim: int | None = None  # None: d_model // n_heads
+    d_ff: int | None = None  # None: 4 * d_model (gelu) or 8/3 * d_model rounded to 8 (swiglu)
+    max_len: int = 256  # longest sequence for learned/sinusoidal tables and the default context
+
+    # The three independent switches (each a registry name).
+    attention: str = "xla"  # reference, xla, chunked, cudnn
+    mask: str = "causal"  # causal, bidirectional, prefix, sliding_window
+    window: int | None = None  # keys visible to each query for mask=sliding_window
+    position: str = "rope"  # none, sinusoidal, learned, rope, alibi, t5, fire
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    fire_hidden: int = 32
+    attention_chunk: int = 128  # block size of the chunked implementation
+
+    # Block options.
+    norm: str = "layernorm"  # layernorm, rmsnorm
+    norm_position: str = "pre"  # pre, post
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"  # gelu, swiglu, relu
+    use_bias: bool = True  # biases in dense layers and norms (GPT-2 yes, Llama no)
+    tie_embeddings: bool = True
+    dropout: float = 0.0  # on embeddings and residual branches
+    qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
+    attn_logit_softcap: float | None = None  # cap * tanh(x / cap) on attention logits
+    final_logit_softcap: float | None = None  # same on output logits
+    attention_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
+    init_std: float = 0.02
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"  # storage dtype of parameters
+
+    def __post_init__(self) -> None:
+        # Registries live beside their implementations; import lazily to keep config JAX-free
+        # at import time.
+        from transformers_jax.registries import check_model_names
+
+        if isinstance(self.rope, dict):  # built from JSON
+            object.__setattr__(self, "rope", RopeConfig(**self.rope))
+        check_model_names(self)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
+            if getattr(self, name) <= 0:
+                _fail(name, getattr(self, name), "must be a positive integer")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            _fail(
+                "n_heads",
+                self.n_heads,
+                f"must divide d_model={self.d_model} (or set head_dim explicitly); "
+                f"try n_heads in {[h for h in range(1, 17) if self.d_model % h == 0]}",
+            )
+        if self.head_dim is not None and self.head_dim <= 0:
+            _fail("head_dim", self.head_dim, "must be positive")
+        kv = self.kv_heads
+        if kv <= 0 or self.n_heads % kv:
+            _fail(
+                "n_kv_heads",
+                self.n_kv_heads,
+                f"must divide n_heads={self.n_heads} (n_heads for MHA, 1 for MQA, "
+                "a divisor for GQA)",
+            )
+        if self.position == "rope":
+            rot = self.rotary_dim
+            if rot % 2 or rot == 0:
+                _fail(
+                    "head_dim",
+                    self.dims_per_head,
+                    f"rope rotates pairs of dims, so the rotary width "
+                    f"(head_dim * rope.fraction = {rot}) must be even and > 0; "
+                    "choose an even head_dim or change rope.fraction",
+                )
+        if self.position == "sinusoidal" and self.d_model % 2:
+            _fail("d_model", self.d_model, "sinusoidal positions need an even d_model")
+        if self.mask == "sliding_window":
+            if self.window is None or self.window <= 0:
+                _fail("window", self.window, "mask=sliding_window needs a positive window")
+        elif self.window is not None:
+            _fail("window", self.window, f"only used with mask=sliding_window, not {self.mask!r}")
+        _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("param_dtype", self.param_dtype, DTYPES)
+        if not 0.0 <= self.dropout < 1.0:
+            _fail("dropout", self.dropout, "must be in [0, 1)")
+        for name in ("attn_logit_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                _fail(name, value, "must be positive or None")
+        if self.attn_logit_softcap is not None and self.attention in ("xla", "cudnn"):
+            _fail(
+                "attention",
+                self.attention,
+                "jax.nn.dot_product_attention cannot soft-cap logits; use attention=reference "
+                "or attention=chunked with attn_logit_softcap",
+            )
+        if self.attention_chunk <= 0:
+            _fail("attention_chunk", self.attention_chunk, "must be positive")
+        if self.t5_num_buckets < 4 or self.t5_max_distance <= self.t5_num_buckets // 2:
+            _fail(
+                "t5_num_buckets",
+                self.t5_num_buckets,
+                "needs >= 4 buckets and t5_max_distance above half of them",
+            )
+
+    # Derived sizes ---------------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def dims_per_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.dims_per_head * self.rope.fraction)
+
+    @property
+    def ff_dim(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.mlp == "swiglu":  # keep the parameter count of a 4x GELU MLP
+            return 8 * ((8 * self.d_model // 3 + 7) // 8)
+        return 4 * self.d_model
+
+    @property
+    def causal(self) -> bool:
+        """Whether a query may never see later keys (drives bias bucketing and decoding)."""
+        return self.mask in ("causal", "sliding_window")
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        return from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and run settings for ``tjax train``."""
+
+    steps: int = 600
+    batch_size: int = 16
+    seq_len: int = 128
+    learning_rate: float = 2e-3
+    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
+    warmup_steps: int = 60
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    data: str | None = None  # text file, folder or glob; None: the embedded default corpus
+    val_fraction: float = 0.05
+    eval_every: int = 200
+    eval_batches: int = 8
+    log_every: int = 50
+    run_dir: str | None = None  # where metrics.jsonl (and later checkpoints) go
+    json: bool = False  # print the final metrics as one JSON object
+    progress: bool = True  # tqdm progress bar
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_batches", "log_every"):
+            if getattr(self, name) <= 0:
+                _fail(f"train.{name}", getattr(self, name), "must be a positive integer")
+        if self.learning_rate <= 0:
+            _fail("train.learning_rate", self.learning_rate, "must be positive")
+        if not 0 <= self.warmup_steps < self.steps:
+            _fail("train.warmup_steps", self.warmup_steps, f"must be in [0, steps={self.steps})")
+        if not 0.0 < self.val_fraction < 1.0:
+            _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            _fail("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def check_lengths(model: ModelConfig, seq_len: int) -> None:
+    """Fail early when a run's sequence length cannot fit the model's position table."""
+    if model.position in ("learned", "sinusoidal") and seq_len > model.max_len:
+        _fail(
+            "train.seq_len",
+            seq_len,
+            f"longer than the {model.position} position table (model.max_len={model.max_len}); "
+            f"raise model.max_len or shorten the sequence",
+        )
+
+
+# Construction from JSON and from command-line overrides ------------------------------------
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(text: str, annotation: Any, name: str) -> Any:
+    """Turn a command-line string into a value of the field's annotated type."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("none", "null"):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(text, inner[0], name)
+    if annotation is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}={text!r}: expected true or false")
+    if annotation in (int, float):
+        try:
+            return annotation(text)
+        except ValueError:
+            raise ConfigError(f"{name}={text!r}: expected a {annotation.__name__}") from None
+    return text
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Build a (possibly nested) config dataclass from plain JSON-like data."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown {cls.__name__} field(s) {unknown}; valid fields: {', '.join(sorted(names))}"
+        )
+    hints = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            value = from_dict(hints[key], value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") -> Any:
+    """Return ``config`` with dotted ``{"rope.scaling": "yarn"}`` string overrides applied."""
+    hints = _field_types(type(config))
+    names = {f.name for f in dataclasses.fields(config)}
+    grouped: dict[str, dict[str, str]] = {}
+    changes: dict[str, Any] = {}
+    for key, text in overrides.items():
+        head, _, rest = key.partition(".")
+        if head not in names:
+            raise ConfigError(
+                f"unknown option --{prefix}{key}; valid {prefix or 'top-level '}fields: "
+                f"{', '.join(sorted(names))}"
+            )
+        if rest:
+            grouped.setdefault(head, {})[rest] = text
+        elif dataclasses.is_dataclass(hints[head]):
+            changes[head] = from_dict(hints[head], json.loads(text))
+        else:
+            changes[head] = _coerce(text, hints[head], f"{prefix}{head}")
+    for head, sub in grouped.items():
+        changes[head] = apply_overrides(getattr(config, head), sub, f"{prefix}{head}.")
+    return dataclasses.replace(config, **changes)

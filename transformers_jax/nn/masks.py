@@ -1,0 +1,171 @@
+"""Attention masks as data: small boolean builders composed with ``&``.
+
+Shape legend: B batch, Q query length, K key length. Every builder returns a boolean array
+broadcastable to ``[B, 1, Q, K]`` where True means "this query may attend to this key".
+
+Masks are defined on *positions* rather than on array indices, so the same rule serves a full
+forward pass, a packed batch (positions restart in each segment) and a KV cache (a cache slot
+remembers the position of the token it holds).
+
+``AttentionMask`` bundles the inputs of those builders without materialising the dense
+``[B, 1, Q, K]`` array: implementations that work block by block (``chunked``) ask it for one
+tile at a time and so keep memory linear in the sequence length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from transformers_jax.registry import Registry
+
+
+def causal_mask(q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    """Queries see keys at the same or earlier positions. q_pos [B, Q], k_pos [B, K]."""
+    return k_pos[:, None, None, :] <= q_pos[:, None, :, None]
+
+
+def prefix_lm_mask(q_pos: jax.Array, k_pos: jax.Array, prefix_len: jax.Array) -> jax.Array:
+    """Causal, except that every query sees the whole prefix (keys at position < prefix_len)."""
+    in_prefix = k_pos[:, None, None, :] < prefix_len[:, None, None, None]
+    return causal_mask(q_pos, k_pos) | in_prefix
+
+
+def sliding_window_mask(q_pos: jax.Array, k_pos: jax.Array, window: int) -> jax.Array:
+    """Queries see only the ``window`` most recent positions (their own included)."""
+    return (q_pos[:, None, :, None] - k_pos[:, None, None, :]) < window
+
+
+def padding_mask(kv_valid: jax.Array) -> jax.Array:
+    """Keys marked False (padding, empty cache slots) are never attended. kv_valid [B, K]."""
+    return kv_valid[:, None, None, :]
+
+
+def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
+    """Packed sequences: a query sees only keys of its own segment. ids [B, Q] and [B, K]."""
+    return q_segments[:, None, :, None] == kv_segments[:, None, None, :]
+
+
+@struct.dataclass
+class AttentionMask:
+    """The inputs of a composed mask; ``dense()`` builds it, ``block()`` builds one tile.
+
+    Positions are int32 ``[B, Q]`` / ``[B, K]``; the optional parts are None when unused.
+    ``causal`` and ``window`` are static (part of the compiled program, not traced values).
+    """
+
+    q_positions: jax.Array
+    kv_positions: jax.Array
+    kv_valid: jax.Array | None = None
+    q_segments: jax.Array | None = None
+    kv_segments: jax.Array | None = None
+    prefix_len: jax.Array | None = None  # [B]; only for prefix-LM
+    causal: bool = struct.field(pytree_node=False, default=False)
+    window: int | None = struct.field(pytree_node=False, default=None)
+
+    @property
+    def q_len(self) -> int:
+        return self.q_positions.shape[1]
+
+    @property
+    def kv_len(self) -> int:
+        return self.kv_positions.shape[1]
+
+    def _compose(self, q_pos, k_pos, kv_valid, q_seg, k_seg) -> jax.Array:
+        batch = q_pos.shape[0]
+        mask = jnp.ones((batch, 1, q_pos.shape[1], k_pos.shape[1]), dtype=bool)
+        if self.causal:
+            if self.prefix_len is not None:
+                mask &= prefix_lm_mask(q_pos, k_pos, self.prefix_len)
+            else:
+                mask &= causal_mask(q_pos, k_pos)
+        if self.window is not None:
+            mask &= sliding_window_mask(q_pos, k_pos, self.window)
+        if kv_valid is not None:
+            mask &= padding_mask(kv_valid)
+        if q_seg is not None:
+            mask &= segment_mask(q_seg, k_seg)
+        return mask
+
+    def dense(self) -> jax.Array:
+        """The full boolean mask, ``[B, 1, Q, K]``."""
+        return self._compose(
+            self.q_positions, self.kv_positions, self.kv_valid, self.q_segments, self.kv_segments
+        )
+
+    def block(self, q_start, q_size: int, k_start, k_size: int) -> jax.Array:
+        """The tile ``[B, 1, q_size, k_size]`` at (q_start, k_start); starts may be traced."""
+
+        def take(x, start, size):
+            return None if x is None else jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)
+
+        return self._compose(
+            take(self.q_positions, q_start, q_size),
+            take(self.kv_positions, k_start, k_size),
+            take(self.kv_valid, k_start, k_size),
+            take(self.q_segments, q_start, q_size),
+            take(self.kv_segments, k_start, k_size),
+        )
+
+
+def as_dense(mask: AttentionMask | jax.Array | None) -> jax.Array | None:
+    """A boolean array (or None) whatever form the mask was given in."""
+    if isinstance(mask, AttentionMask):
+        return mask.dense()
+    return mask
+
+
+# The mask switch of the config: each entry turns the config's mask settings into the static
+# parts of an AttentionMask; padding and segments are added by build_mask for every kind.
+MaskRule = Callable[..., dict]
+MASKS: Registry[MaskRule] = Registry("mask kind")
+
+
+@MASKS.register("causal")
+def _causal(*, window, prefix_len) -> dict:
+    return {"causal": True}
+
+
+@MASKS.register("bidirectional")
+def _bidirectional(*, window, prefix_len) -> dict:
+    return {"causal": False}
+
+
+@MASKS.register("prefix")
+def _prefix(*, window, prefix_len) -> dict:
+    if prefix_len is None:
+        raise ValueError("mask=prefix needs prefix_len [batch]: the length of each prefix")
+    return {"causal": True, "prefix_len": prefix_len}
+
+
+@MASKS.register("sliding_window")
+def _sliding_window(*, window, prefix_len) -> dict:
+    if window is None:
+        raise ValueError("mask=sliding_window needs a window size")
+    return {"causal": True, "window": window}
+
+
+def build_mask(
+    kind: str,
+    q_positions: jax.Array,
+    kv_positions: jax.Array,
+    *,
+    window: int | None = None,
+    prefix_len: jax.Array | None = None,
+    kv_valid: jax.Array | None = None,
+    q_segments: jax.Array | None = None,
+    kv_segments: jax.Array | None = None,
+) -> AttentionMask:
+    """Build the mask named by the config's ``mask`` switch, plus padding and segments."""
+    rule = MASKS.get(kind)(window=window, prefix_len=prefix_len)
+    return AttentionMask(
+        q_positions,
+        kv_positions,
+        kv_valid=kv_valid,
+        q_segments=q_segments,
+        kv_segments=kv_segments,
+        **rule,
+    )
