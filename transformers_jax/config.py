@@ -75,7 +75,7 @@ class ModelConfig:
     n_kv_heads: int | None = None  # None: same as n_heads (MHA); 1: MQA; else GQA
     head_dim: int | None = None  # None: d_model // n_heads
     d_ff: int | None = None  # None: 4 * d_model (gelu) or 8/3 * d_model rounded to 8 (swiglu)
-    max_len: int = 256  # longest sequence for learned/sinusoidal tables and the default context
+    max_len: int = 256  # rows of the learned position table (other schemes have no limit)
 
     # The three independent switches (each a registry name).
     attention: str = "xla"  # reference, xla, chunked, cudnn
@@ -254,12 +254,12 @@ class TrainConfig:
 
 def check_lengths(model: ModelConfig, seq_len: int) -> None:
     """Fail early when a run's sequence length cannot fit the model's position table."""
-    if model.position in ("learned", "sinusoidal") and seq_len > model.max_len:
+    if model.position == "learned" and seq_len > model.max_len:
         _fail(
             "train.seq_len",
             seq_len,
-            f"longer than the {model.position} position table (model.max_len={model.max_len}); "
-            f"raise model.max_len or shorten the sequence",
+            f"longer than the learned position table (model.max_len={model.max_len}); "
+            "raise model.max_len, shorten the sequence or pick a scheme that extrapolates",
         )
 
 

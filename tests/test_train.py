@@ -1,0 +1,129 @@
+"""Training: loss, schedule, FLOPs, a run whose loss falls, and the README main command."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.data.batches import lm_batch, split_tokens
+from transformers_jax.data.corpus import default_corpus, read_text
+from transformers_jax.train.flops import flops_per_token
+from transformers_jax.train.loop import train
+from transformers_jax.train.optim import decay_mask, learning_rate_schedule
+from transformers_jax.train.step import lm_loss
+
+TINY_MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, max_len=32)
+
+
+def test_lm_loss_of_uniform_logits_is_log_vocab():
+    logits = jnp.zeros((2, 5, 7))
+    targets = jnp.ones((2, 5), jnp.int32)
+    loss, _ = lm_loss(logits, targets)
+    assert float(loss) == pytest.approx(math.log(7), rel=1e-6)
+    # weights select positions: a confident right answer at the only weighted position
+    logits = logits.at[0, 0, 1].set(100.0)
+    weights = jnp.zeros((2, 5)).at[0, 0].set(1.0)
+    loss, acc = lm_loss(logits, targets, weights)
+    assert float(loss) < 1e-6 and float(acc) == 1.0
+
+
+def test_schedule_warms_up_then_decays_to_floor():
+    cfg = TrainConfig(steps=100, warmup_steps=10, learning_rate=1.0, min_lr_ratio=0.1)
+    lr = learning_rate_schedule(cfg)
+    assert float(lr(0)) == pytest.approx(0.1)  # never zero on the first update
+    assert float(lr(9)) == pytest.approx(1.0)
+    assert float(lr(10)) == pytest.approx(1.0)
+    assert float(lr(55)) == pytest.approx(0.55, abs=1e-6)  # half-way down the cosine
+    assert float(lr(100)) == pytest.approx(0.1)
+
+
+def test_weight_decay_only_on_matrices():
+    mask = decay_mask({"kernel": jnp.ones((2, 3)), "bias": jnp.ones(3), "scale": jnp.ones(3)})
+    assert mask == {"kernel": True, "bias": False, "scale": False}
+
+
+def test_flops_per_token_by_hand():
+    cfg = ModelConfig(vocab_size=10, d_model=8, n_layers=2, n_heads=2, d_ff=16)
+    # per layer: q,k,v,o 4*8*8 + mlp 2*8*16 = 512 MACs; head 8*10; attention 2*T*8
+    macs = 2 * 512 + 80 + 2 * 2 * 4 * 8
+    assert flops_per_token(cfg, seq_len=4, training=False) == 2 * macs
+    assert flops_per_token(cfg, seq_len=4) == 6 * macs
+
+
+def test_batches_are_a_pure_function_of_seed_and_step():
+    tokens = np.arange(1000, dtype=np.int32)
+    a, b = lm_batch(tokens, 4, 16, seed=3, index=7), lm_batch(tokens, 4, 16, seed=3, index=7)
+    np.testing.assert_array_equal(a["inputs"], b["inputs"])
+    np.testing.assert_array_equal(a["targets"], a["inputs"] + 1)  # next-token targets
+    assert not np.array_equal(a["inputs"], lm_batch(tokens, 4, 16, 3, 8)["inputs"])
+
+
+def test_corpus_errors_and_default(tmp_path):
+    assert len(default_corpus()) > 400_000
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_text(str(tmp_path / "missing.txt"))
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(ValueError, match="empty"):
+        read_text(str(tmp_path / "empty.txt"))
+    with pytest.raises(ValueError, match="too short for seq_len"):
+        split_tokens(np.arange(50), 0.1, seq_len=32)
+
+
+def test_loss_falls_on_a_learnable_corpus(tmp_path):
+    # A fixed cycle of 23 symbols: fully predictable from one token of context.
+    path = tmp_path / "cycle.txt"
+    path.write_text("the quick brown fox jumps " * 400)
+    cfg = TrainConfig(steps=120, batch_size=8, seq_len=32, warmup_steps=10, log_every=20,
+                      eval_every=60, eval_batches=2, data=str(path), progress=False,
+                      learning_rate=3e-3)
+    final = train(TINY_MODEL, cfg)
+    first = final["history"][0]["loss"]
+    assert first > 4.0  # about log(262) = 5.57 at the start
+    assert final["eval_loss"] < 0.3, final["eval_loss"]
+    assert final["tokens_per_s"] > 0 and 0 < final["mfu"] < 1
+
+
+def test_same_seed_same_losses(tmp_path):
+    cfg = TrainConfig(steps=6, batch_size=4, seq_len=16, warmup_steps=1, log_every=1,
+                      eval_every=6, eval_batches=1, progress=False, run_dir=str(tmp_path))
+    model = TINY_MODEL.replace(dropout=0.1)
+    a = [h["loss"] for h in train(model, cfg)["history"]]
+    b = [h["loss"] for h in train(model, cfg)["history"]]
+    assert a == b and len(a) == 6
+    c = [h["loss"] for h in train(model, cfg.replace(seed=1))["history"]]
+    assert a != c
+    lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    assert {"start", "train", "eval", "final"} <= {row["kind"] for row in lines}
+
+
+def tjax(*args, timeout=300):
+    exe = os.path.join(os.path.dirname(sys.executable), "tjax")
+    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "transformers_jax.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+@pytest.mark.slow
+def test_readme_main_command_at_a_tiny_step_count():
+    result = tjax("train", "--steps", "4", "--train.warmup_steps=1", "--train.log_every=2",
+                  "--train.eval_batches=1", "--model.n_layers=1", "--model.d_model=32",
+                  "--json")
+    assert result.returncode == 0, result.stderr
+    final = json.loads(result.stdout.strip().splitlines()[-1])
+    assert final["steps"] == 4 and final["eval_loss"] < 6.0
+    assert "tokens/s" in result.stderr and "MFU" in result.stderr
+
+
+def test_cli_errors_are_clear():
+    result = tjax("train", "--data", "/nonexistent/corpus.txt")
+    assert result.returncode == 2
+    assert "no such file, folder or glob" in result.stderr
+    result = tjax("train", "--model.n_heads=3")
+    assert result.returncode == 2 and "must divide d_model=128" in result.stderr

@@ -1,0 +1,143 @@
+"""``tjax``: the command line. ``tjax train [--model.FIELD=VALUE ...] [--train.FIELD=VALUE ...]``.
+
+Every field of ``ModelConfig`` and ``TrainConfig`` can be overridden as ``--model.position=alibi``
+or ``--model.rope.scaling yarn``; ``--config FILE.json`` loads both sections first. Short
+aliases: ``--data PATH``, ``--steps N``, ``--json``, ``--run-dir DIR``, ``--family NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from transformers_jax.config import (
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    apply_overrides,
+    from_dict,
+)
+from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.registry import UnknownNameError
+
+ALIASES = {
+    "--data": "train.data",
+    "--steps": "train.steps",
+    "--run-dir": "train.run_dir",
+    "--seed": "train.seed",
+    "--family": "model.family",
+}
+FLAGS = {"--json": "train.json", "--no-progress": ("train.progress", "false")}
+
+
+def parse_overrides(argv: list[str]) -> tuple[dict[str, str], str | None]:
+    """Split ``--section.field=value`` / ``--section.field value`` into a dict."""
+    overrides: dict[str, str] = {}
+    config_file = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; options look like --model.d_model=64")
+        key, eq, value = arg.partition("=")
+        if key in FLAGS and not eq:
+            target = FLAGS[key]
+            name, value = target if isinstance(target, tuple) else (target, "true")
+            overrides[name] = value
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"option {key} needs a value")
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if key == "--config":
+            config_file = value
+            continue
+        name = ALIASES.get(key, key[2:])
+        if not name.startswith(("model.", "train.")):
+            raise ConfigError(
+                f"unknown option {key}; use --model.FIELD or --train.FIELD (or one of "
+                f"{', '.join([*ALIASES, *FLAGS, '--config'])})"
+            )
+        overrides[name] = value
+    return overrides, config_file
+
+
+def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
+    overrides, config_file = parse_overrides(argv)
+    base: dict[str, Any] = {}
+    if config_file:
+        with open(config_file) as f:
+            base = json.load(f)
+    # Byte tokenizer by default: the vocabulary follows it unless set explicitly.
+    model_data = {"vocab_size": ByteTokenizer().vocab_size, **base.get("model", {})}
+    model_cfg = from_dict(ModelConfig, model_data)
+    train_cfg = from_dict(TrainConfig, base.get("train", {}))
+    sections = {"model": {}, "train": {}}
+    for key, value in overrides.items():
+        section, _, rest = key.partition(".")
+        sections[section][rest] = value
+    model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
+    train_cfg = apply_overrides(train_cfg, sections["train"], "train.")
+    return model_cfg, train_cfg
+
+
+def cmd_train(argv: list[str]) -> int:
+    model_cfg, train_cfg = build_configs(argv)
+    from transformers_jax.train.loop import train  # imports JAX: after the configs are valid
+
+    final = train(model_cfg, train_cfg)
+    if train_cfg.json:
+        print(json.dumps({k: v for k, v in final.items() if k != "history"}, indent=None))
+    return 0
+
+
+COMMANDS = {"train": cmd_train}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="tjax",
+        description="Train and study transformers in JAX. Run 'tjax train' to train a small "
+        "GPT on the built-in corpus; 'tjax train --help' lists every option.",
+    )
+    parser.add_argument("command", choices=sorted(COMMANDS))
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        parser.parse_args([command])  # prints the usage error and exits 2
+    if rest and rest[0] in ("-h", "--help"):
+        print(option_help())
+        return 0
+    try:
+        return COMMANDS[command](rest)
+    except (ConfigError, UnknownNameError, FileNotFoundError, ValueError) as err:
+        print(f"tjax {command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def option_help() -> str:
+    import dataclasses
+
+    lines = ["tjax train options (defaults shown):", ""]
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if dataclasses.is_dataclass(default):
+                for sub in dataclasses.fields(default):
+                    lines.append(f"  --{section}.{f.name}.{sub.name}={getattr(default, sub.name)}")
+            else:
+                lines.append(f"  --{section}.{f.name}={default}")
+    lines += ["", "aliases: " + ", ".join([*ALIASES, *FLAGS, "--config FILE.json"])]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""GPT-style decoder-only language model built from the switchable core.
+
+Shape legend: B batch, T length, C model width, V vocabulary, H heads.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformers_jax.config import ModelConfig
+from transformers_jax.nn.layers import Block, dtype_of, make_norm, normal_init, softcap
+from transformers_jax.nn.masks import build_mask
+from transformers_jax.nn.positions import POSITIONS, sinusoidal_embedding
+
+
+def default_positions(tokens_BT: jax.Array) -> jax.Array:
+    """0, 1, ..., T-1 for every row."""
+    B, T = tokens_BT.shape
+    return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+
+class Embedder(nn.Module):
+    """Token embedding plus, for ``sinusoidal``/``learned``, an absolute position embedding.
+
+    Also the tied output head (``attend``), so the two share one table when tied.
+    """
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.tokens = nn.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            embedding_init=normal_init(cfg.init_std, ("vocab", "embed")),
+            param_dtype=dtype_of(cfg.param_dtype),
+            dtype=dtype_of(cfg.dtype),
+        )
+        if cfg.position == "learned":
+            self.table = nn.Embed(
+                cfg.max_len,
+                cfg.d_model,
+                embedding_init=normal_init(cfg.init_std, ("length", "embed")),
+                param_dtype=dtype_of(cfg.param_dtype),
+                dtype=dtype_of(cfg.dtype),
+            )
+
+    def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        cfg = self.config
+        x_BTC = self.tokens(tokens_BT)
+        if cfg.position == "learned":
+            x_BTC = x_BTC + self.table(positions_BT)
+        elif cfg.position == "sinusoidal":
+            x_BTC = x_BTC + sinusoidal_embedding(positions_BT, cfg.d_model).astype(x_BTC.dtype)
+        return x_BTC
+
+    def attend(self, x_BTC: jax.Array) -> jax.Array:
+        return self.tokens.attend(x_BTC)
+
+
+def check_length(config: ModelConfig, length: int) -> None:
+    """A learned table has no row past max_len: fail loudly instead of clamping the index."""
+    if config.position == "learned" and length > config.max_len:
+        raise ValueError(
+            f"sequence length {length} is longer than the learned position table "
+            f"(max_len={config.max_len}); use a shorter input, a larger model.max_len, or a "
+            f"position scheme that extrapolates (rope, alibi, t5, fire, sinusoidal, none)"
+        )
+
+
+def relative_bias(parent: nn.Module, config: ModelConfig, q_pos, k_pos, *, bidirectional: bool,
+                  name: str = "relative_bias"):
+    """The additive [B, H, Q, K] bias of a bias scheme, or None for other schemes.
+
+    Computed once per forward pass and shared by every layer (as T5 does).
+    """
+    scheme = POSITIONS.get(config.position)
+    if scheme.kind != "bias":
+        return None
+    module = scheme.make_bias(config, bidirectional)
+    return module.clone(parent=parent, name=name)(q_pos, k_pos)
+
+
+class GPT(nn.Module):
+    """Decoder-only LM: ``tokens [B, T] -> logits [B, T, V]`` (float32)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        prefix_len: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        cfg = self.config
+        B, T = tokens_BT.shape
+        check_length(cfg, T)
+        positions_BT = default_positions(tokens_BT) if positions is None else positions
+
+        embed = Embedder(cfg, name="embed")
+        x_BTC = embed(tokens_BT, positions_BT)
+        # A zero "perturbation" hook: lets tests take gradients w.r.t. the embedded inputs.
+        x_BTC = self.perturb("embeddings", x_BTC)
+        x_BTC = nn.Dropout(cfg.dropout)(x_BTC, deterministic=deterministic)
+        x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
+
+        mask = build_mask(
+            cfg.mask,
+            positions_BT,
+            positions_BT,
+            window=cfg.window,
+            prefix_len=prefix_len,
+            q_segments=segment_ids,
+            kv_segments=segment_ids,
+        )
+        bias_BHTT = relative_bias(
+            self, cfg, positions_BT, positions_BT, bidirectional=not cfg.causal
+        )
+
+        for i in range(cfg.n_layers):
+            x_BTC = Block(cfg, name=f"layer_{i}")(
+                x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
+                deterministic=deterministic,
+            )
+        if cfg.norm_position == "pre":
+            x_BTC = make_norm(cfg, "final_norm")(x_BTC)
+
+        if cfg.tie_embeddings:
+            logits_BTV = embed.attend(x_BTC)
+        else:
+            logits_BTV = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                kernel_init=normal_init(cfg.init_std, ("embed", "vocab")),
+                dtype=dtype_of(cfg.dtype),
+                param_dtype=dtype_of(cfg.param_dtype),
+                name="lm_head",
+            )(x_BTC)
+        logits_BTV = softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
+        return nn.with_logical_constraint(logits_BTV, ("batch", "length", "vocab"))

@@ -1,0 +1,73 @@
+"""Model FLOPs per token and the device peak they are compared against (MFU)."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from transformers_jax.config import ModelConfig
+from transformers_jax.nn.layers import MLPS
+
+# Dense bfloat16 peaks (FLOP/s per chip) of common accelerators, by jax device_kind substring.
+KNOWN_PEAKS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6": 918e12,
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L4": 121e12,
+    "T4": 65e12,
+}
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True) -> float:
+    """Matmul FLOPs per token: 2 per multiply-add, forward; backward doubles it again (x3).
+
+    Counts every weight matmul (including the output head, not the embedding lookup) and the
+    two attention matmuls (scores and weighted sum) over the full ``seq_len`` keys, the
+    convention of the PaLM paper's MFU (causal masking is not subtracted).
+    """
+    C, H, N, D, F, V = (
+        cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dims_per_head, cfg.ff_dim, cfg.vocab_size,
+    )
+    mlp_mats = 3 if MLPS.get(cfg.mlp).gated else 2
+    per_layer = C * H * D + 2 * C * N * D + H * D * C + mlp_mats * C * F
+    weight_macs = cfg.n_layers * per_layer + C * V
+    attention_macs = cfg.n_layers * 2 * seq_len * H * D
+    forward = 2 * (weight_macs + attention_macs)
+    return 3 * forward if training else forward
+
+
+_PEAK_CACHE: dict[str, float] = {}
+
+
+def measure_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an ``n x n x n`` matmul on the default device (float32 accumulation)."""
+    if dtype in _PEAK_CACHE:
+        return _PEAK_CACHE[dtype]
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(key_a, (n, n), dtype)
+    b = jax.random.normal(key_b, (n, n), dtype)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    matmul(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    _PEAK_CACHE[dtype] = 2 * n**3 / best
+    return _PEAK_CACHE[dtype]
+
+
+def device_peak(dtype: str = "float32") -> tuple[float, str]:
+    """(peak FLOP/s, where it came from): a known accelerator figure, else a measured matmul."""
+    device = jax.devices()[0]
+    for name, peak in KNOWN_PEAKS.items():
+        if name.lower() in device.device_kind.lower():
+            return peak, f"datasheet bf16 peak of {device.device_kind}"
+    return measure_matmul_peak(dtype), f"measured {dtype} matmul on {device.device_kind}"
