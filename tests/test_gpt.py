@@ -1,27 +1,13 @@
 """The GPT model: every switch combination runs, and the properties in REFERENCES.md hold."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_helpers import POSITIONS, init, tiny
 
-from transformers_jax import ModelConfig, RopeConfig, build_model
+from transformers_jax import ModelConfig, RopeConfig
 from transformers_jax.nn.layers import Attention
-
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
-
-
-def tiny(**changes) -> ModelConfig:
-    base = dict(vocab_size=32, d_model=32, n_layers=2, n_heads=4, max_len=16)
-    return ModelConfig(**{**base, **changes})
-
-
-def init(cfg, T=12, B=2, seed=0, **inputs):
-    model = build_model(cfg)
-    tokens = jax.random.randint(jax.random.key(seed + 1), (B, T), 0, cfg.vocab_size)
-    variables = model.init(jax.random.key(seed), tokens, **inputs)
-    return model, nn.meta.unbox(variables["params"]), tokens
 
 
 @pytest.mark.parametrize("position", POSITIONS)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
+from transformers_jax.nn.kvcache import advance, plan_write
 from transformers_jax.nn.layers import Block, dtype_of, make_norm, normal_init, softcap
 from transformers_jax.nn.masks import build_mask
 from transformers_jax.nn.positions import POSITIONS, sinusoidal_embedding
@@ -97,10 +98,20 @@ class GPT(nn.Module):
         segment_ids: jax.Array | None = None,
         prefix_len: jax.Array | None = None,
         deterministic: bool = True,
-    ) -> jax.Array:
+        cache: dict | None = None,
+        lengths: jax.Array | None = None,
+    ):
+        """Logits ``[B, T, V]``; with a ``cache`` (see ``nn/kvcache.py``) ``(logits, cache)``.
+
+        Decoding: pass the cache, the new tokens ``[B, T]`` (a right-padded prompt batch for
+        prefill, or one token per row) and ``lengths`` ``[B]`` (real new tokens per row,
+        default T). Positions then continue from each row's cache index.
+        """
         cfg = self.config
         B, T = tokens_BT.shape
         check_length(cfg, T)
+        if cache is not None:
+            return self._cached(tokens_BT, cache, lengths, prefix_len)
         positions_BT = default_positions(tokens_BT) if positions is None else positions
 
         embed = Embedder(cfg, name="embed")
@@ -128,9 +139,12 @@ class GPT(nn.Module):
                 x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
                 deterministic=deterministic,
             )
+        return self._logits(embed, x_BTC)
+
+    def _logits(self, embed: Embedder, x_BTC: jax.Array) -> jax.Array:
+        cfg = self.config
         if cfg.norm_position == "pre":
             x_BTC = make_norm(cfg, "final_norm")(x_BTC)
-
         if cfg.tie_embeddings:
             logits_BTV = embed.attend(x_BTC)
         else:
@@ -144,3 +158,33 @@ class GPT(nn.Module):
             )(x_BTC)
         logits_BTV = softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
         return nn.with_logical_constraint(logits_BTV, ("batch", "length", "vocab"))
+
+    def _cached(self, tokens_BT, cache: dict, lengths, prefix_len):
+        """The forward pass over new tokens that attend to [cached slots, themselves]."""
+        cfg = self.config
+        B, T = tokens_BT.shape
+        S = cache["positions"].shape[1]
+        lengths_B = jnp.full((B,), T, jnp.int32) if lengths is None else lengths
+        positions_BT = cache["index"][:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        new_valid_BT = jnp.arange(T)[None, :] < lengths_B[:, None]
+        kv_positions = jnp.concatenate([cache["positions"], positions_BT], axis=1)
+        kv_valid = jnp.concatenate([cache["valid"], new_valid_BT], axis=1)
+
+        embed = Embedder(cfg, name="embed")
+        # Padding slots of a prompt batch may lie past a learned table: look up row 0 for them
+        # (they are never attended to) rather than read out of bounds.
+        x_BTC = embed(tokens_BT, jnp.where(new_valid_BT, positions_BT, 0))
+        mask = build_mask(
+            cfg.mask, positions_BT, kv_positions, window=cfg.window, prefix_len=prefix_len,
+            kv_valid=kv_valid,
+        )
+        bias = relative_bias(self, cfg, positions_BT, kv_positions, bidirectional=not cfg.causal)
+        plan = plan_write(cache["index"], lengths_B, S, T)
+        new_cache = advance(cache, positions_BT, lengths_B, plan)
+        for i in range(cfg.n_layers):
+            name = f"layer_{i}"
+            x_BTC, new_cache[name] = Block(cfg, name=name)(
+                x_BTC, positions=positions_BT, mask=mask, bias=bias, cache=cache[name],
+                cache_write=plan,
+            )
+        return self._logits(embed, x_BTC), new_cache

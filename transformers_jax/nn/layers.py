@@ -21,6 +21,7 @@ import numpy as np
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.nn.attention import dot_product_attention
+from transformers_jax.nn.kvcache import CacheWrite, write_slots
 from transformers_jax.nn.masks import AttentionMask
 from transformers_jax.nn.positions import apply_rope
 from transformers_jax.registry import Registry
@@ -180,7 +181,15 @@ class Attention(nn.Module):
         bias: jax.Array | None = None,
         kv_inputs: jax.Array | None = None,
         kv_positions: jax.Array | None = None,
-    ) -> jax.Array:
+        cache: dict | None = None,
+        cache_write: CacheWrite | None = None,
+    ):
+        """Returns the output ``[B, Q, C]``, or ``(output, new_cache)`` when given a cache.
+
+        With a cache, ``mask`` and ``bias`` must cover the keys ``[cached slots, new tokens]``
+        (the model builds them once for all layers); new keys and values are stored as planned
+        by ``cache_write``.
+        """
         cfg = self.config
         H, N, D = cfg.n_heads, cfg.kv_heads, cfg.dims_per_head
         dense = dict(
@@ -209,6 +218,17 @@ class Attention(nn.Module):
             q_BQHD = apply_rope(q_BQHD, positions, cfg.rope, cfg.rotary_dim)
             k_BKND = apply_rope(k_BKND, kv_positions, cfg.rope, cfg.rotary_dim)
 
+        new_cache = None
+        if cache is not None:  # attend over [cached slots, new tokens]; then store the new ones
+            new_cache = {
+                "key": write_slots(cache["key"], k_BKND.astype(cache["key"].dtype), cache_write),
+                "value": write_slots(
+                    cache["value"], v_BKND.astype(cache["value"].dtype), cache_write
+                ),
+            }
+            k_BKND = jnp.concatenate([cache["key"].astype(k_BKND.dtype), k_BKND], axis=1)
+            v_BKND = jnp.concatenate([cache["value"].astype(v_BKND.dtype), v_BKND], axis=1)
+
         out_BQHD = dot_product_attention(
             q_BQHD,
             k_BKND,
@@ -220,7 +240,7 @@ class Attention(nn.Module):
             logit_softcap=cfg.attn_logit_softcap,
             chunk_size=cfg.attention_chunk,
         )
-        return Dense(
+        out_BQC = Dense(
             (cfg.d_model,),
             ("heads", "head_dim", "embed"),
             in_dims=2,
@@ -228,6 +248,7 @@ class Attention(nn.Module):
             name="out",
             **dense,
         )(out_BQHD)
+        return out_BQC if cache is None else (out_BQC, new_cache)
 
 
 class Block(nn.Module):
@@ -248,15 +269,26 @@ class Block(nn.Module):
         mask: AttentionMask | jax.Array | None,
         bias: jax.Array | None = None,
         deterministic: bool = True,
-    ) -> jax.Array:
+        cache: dict | None = None,
+        cache_write: CacheWrite | None = None,
+    ):
+        """Returns ``[B, T, C]``, or ``(output, new_cache)`` when given this layer's cache."""
         cfg = self.config
         drop = nn.Dropout(cfg.dropout)
         attention = Attention(cfg, name="attention")
         mlp = MLP(cfg, name="mlp")
         norm1, norm2 = make_norm(cfg, "norm1"), make_norm(cfg, "norm2")
 
+        new_cache = None
+
         def attend(h):
-            return attention(h, positions=positions, mask=mask, bias=bias)
+            nonlocal new_cache
+            if cache is None:
+                return attention(h, positions=positions, mask=mask, bias=bias)
+            out, new_cache = attention(
+                h, positions=positions, mask=mask, bias=bias, cache=cache, cache_write=cache_write
+            )
+            return out
 
         if cfg.norm_position == "pre":
             x_BTC = x_BTC + drop(attend(norm1(x_BTC)), deterministic=deterministic)
@@ -264,7 +296,8 @@ class Block(nn.Module):
         else:
             x_BTC = norm1(x_BTC + drop(attend(x_BTC), deterministic=deterministic))
             x_BTC = norm2(x_BTC + drop(mlp(x_BTC), deterministic=deterministic))
-        return nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
+        x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
+        return x_BTC if cache is None else (x_BTC, new_cache)
 
 
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:

@@ -1,0 +1,87 @@
+"""The key/value cache for decoding: an explicit pytree passed in and returned, never hidden state.
+
+Layout (B batch, S cache slots, N kv heads, D head dim)::
+
+    {"index": int32 [B],          # tokens written so far per row (= next token's position)
+     "positions": int32 [B, S],   # position of the token held by each slot
+     "valid": bool [B, S],        # whether the slot holds a token at all
+     "layer_0": {"key": [B, S, N, D], "value": [B, S, N, D]}, ...}
+
+Keys are stored after RoPE. Slots are a ring: token number ``p`` of a row lives in slot
+``p % S``. With a sliding-window mask a cache of ``window`` slots therefore suffices; for other
+masks S must hold the whole sequence (``init_cache`` checks the size it is given). Because masks
+and biases are computed from the stored positions, the same code serves full caches, ring
+caches, and batches of prompts with different lengths.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from transformers_jax.config import ModelConfig
+
+
+class CacheWrite(NamedTuple):
+    """Where new tokens go: for each slot, which new token to store (``take``) and whether."""
+
+    take: jax.Array  # int32 [B, S]: index into the T new tokens
+    write: jax.Array  # bool [B, S]
+
+
+def init_cache(config: ModelConfig, batch_size: int, size: int, n_layers: int | None = None):
+    """An empty cache of ``size`` slots per row for every layer."""
+    N, D = config.kv_heads, config.dims_per_head
+    dtype = jnp.dtype(config.dtype)
+    layers = config.n_layers if n_layers is None else n_layers
+    cache = {
+        "index": jnp.zeros((batch_size,), jnp.int32),
+        "positions": jnp.zeros((batch_size, size), jnp.int32),
+        "valid": jnp.zeros((batch_size, size), bool),
+    }
+    for i in range(layers):
+        cache[f"layer_{i}"] = {
+            "key": jnp.zeros((batch_size, size, N, D), dtype),
+            "value": jnp.zeros((batch_size, size, N, D), dtype),
+        }
+    return cache
+
+
+def required_cache_size(config: ModelConfig, total_len: int) -> int:
+    """Slots needed to decode up to ``total_len`` tokens: the window, or everything."""
+    if config.mask == "sliding_window":
+        return min(config.window, total_len)
+    return total_len
+
+
+def plan_write(index: jax.Array, lengths: jax.Array, size: int, n_new: int) -> CacheWrite:
+    """For each slot, the last of the ``lengths`` new tokens that lands in it (ring order).
+
+    New token ``t`` of a row goes to slot ``(index + t) % size``; when several land in one slot
+    (prefill longer than a ring cache) the latest wins, computed as a gather so the result is
+    deterministic (scatters with repeated indices are not).
+    """
+    slots = jnp.arange(size, dtype=jnp.int32)[None, :]  # [1, S]
+    first = (slots - index[:, None]) % size  # first new token landing in each slot
+    last_real = lengths[:, None] - 1
+    take = first + size * jnp.maximum((last_real - first) // size, 0)
+    write = first <= last_real
+    return CacheWrite(take=jnp.clip(take, 0, n_new - 1), write=write)
+
+
+def write_slots(old: jax.Array, new: jax.Array, plan: CacheWrite) -> jax.Array:
+    """Store ``new`` [B, T, ...] into ``old`` [B, S, ...] following ``plan``."""
+    extra = (1,) * (new.ndim - 2)
+    gathered = jnp.take_along_axis(new, plan.take.reshape(*plan.take.shape, *extra), axis=1)
+    return jnp.where(plan.write.reshape(*plan.write.shape, *extra), gathered, old)
+
+
+def advance(cache: dict, new_positions: jax.Array, lengths: jax.Array, plan: CacheWrite) -> dict:
+    """The bookkeeping part of the cache after writing: positions, validity, index."""
+    return {
+        "index": cache["index"] + lengths,
+        "positions": write_slots(cache["positions"], new_positions, plan),
+        "valid": cache["valid"] | plan.write,
+    }

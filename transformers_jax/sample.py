@@ -1,0 +1,165 @@
+"""Sampling with the KV cache: prefill the prompts in one pass, then decode in one compiled loop.
+
+Greedy, temperature, top-k and top-p (nucleus) sampling, stop tokens, a batch of prompts of
+different lengths. Randomness enters only through the sampling key: greedy decoding is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from transformers_jax.config import ModelConfig
+from transformers_jax.nn.kvcache import init_cache, required_cache_size
+
+NEG_INF = -1e30
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 128
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    stop_tokens: tuple[int, ...] = ()
+    pad_id: int = 0  # written after a row has stopped
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be positive")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 is greedy)")
+        if self.top_k is not None and self.top_k <= 0:
+            raise ValueError(f"top_k={self.top_k}: must be a positive integer or None")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1] or None")
+
+
+def filter_logits(logits_BV: jax.Array, top_k: int | None, top_p: float | None) -> jax.Array:
+    """Set every token outside the top-k / nucleus to -inf (the most likely is always kept)."""
+    if top_k is not None and top_k < logits_BV.shape[-1]:
+        kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+        logits_BV = jnp.where(logits_BV < kth, NEG_INF, logits_BV)
+    if top_p is not None and top_p < 1.0:
+        order = jnp.argsort(-logits_BV, axis=-1)
+        sorted_logits = jnp.take_along_axis(logits_BV, order, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        # keep a token while the mass of the tokens strictly before it is below top_p
+        before = jnp.cumsum(probs, axis=-1) - probs
+        keep_sorted = before < top_p
+        keep = jnp.zeros_like(keep_sorted).at[
+            jnp.arange(logits_BV.shape[0])[:, None], order
+        ].set(keep_sorted)
+        logits_BV = jnp.where(keep, logits_BV, NEG_INF)
+    return logits_BV
+
+
+def choose_tokens(logits_BV: jax.Array, key: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """Next token per row, ``[B]`` int32."""
+    if cfg.temperature == 0.0:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    logits_BV = filter_logits(logits_BV / cfg.temperature, cfg.top_k, cfg.top_p)
+    return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
+
+
+def check_decode_length(config: ModelConfig, total_len: int) -> None:
+    if config.position == "learned" and total_len > config.max_len:
+        raise ValueError(
+            f"prompt plus max_new_tokens is {total_len} tokens, longer than the learned "
+            f"position table (max_len={config.max_len}); shorten the prompt or max_new_tokens"
+        )
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, multiple: int = 16):
+    """Right-pad to a common length (rounded up, so few shapes compile): ([B, P], lengths)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (use bos for an empty prompt)")
+    width = -(-max(len(p) for p in prompts) // multiple) * multiple
+    tokens = np.full((len(prompts), width), pad_id, np.int32)
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt
+    return tokens, np.array([len(p) for p in prompts], np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cfg", "cache_size", "on_token"))
+def _generate(model, params, tokens_BP, lengths_B, key, *, cfg, cache_size, on_token=None):
+    B = tokens_BP.shape[0]
+    model_cfg = model.config
+    cache = init_cache(model_cfg, B, cache_size)
+    logits_BPV, cache = model.apply({"params": params}, tokens_BP, cache=cache, lengths=lengths_B)
+    last_BV = logits_BPV[jnp.arange(B), lengths_B - 1]
+    stops = jnp.asarray(cfg.stop_tokens or (-1,), jnp.int32)
+
+    def emit(step, token_B, done_B):
+        token_B = jnp.where(done_B, cfg.pad_id, token_B)
+        if on_token is not None:
+            io_callback(on_token, None, step, token_B, done_B, ordered=True)
+        return token_B, done_B | jnp.isin(token_B, stops)
+
+    key, sub = jax.random.split(key)
+    first_B, done_B = emit(0, choose_tokens(last_BV, sub, cfg), jnp.zeros((B,), bool))
+    out_BN = jnp.full((B, cfg.max_new_tokens), cfg.pad_id, jnp.int32).at[:, 0].set(first_B)
+
+    def cond(carry):
+        step, _, _, done_B, _, _ = carry
+        return (step < cfg.max_new_tokens) & ~jnp.all(done_B)
+
+    def body(carry):
+        step, token_B, cache, done_B, out_BN, key = carry
+        logits_B1V, cache = model.apply(
+            {"params": params}, token_B[:, None], cache=cache, lengths=jnp.ones((B,), jnp.int32)
+        )
+        key, sub = jax.random.split(key)
+        token_B, new_done = emit(step, choose_tokens(logits_B1V[:, 0], sub, cfg), done_B)
+        out_BN = out_BN.at[:, step].set(token_B)
+        return step + 1, token_B, cache, new_done, out_BN, key
+
+    carry = (jnp.int32(1), first_B, cache, done_B, out_BN, key)
+    _, _, _, _, out_BN, _ = jax.lax.while_loop(cond, body, carry)
+    return out_BN
+
+
+def generate(
+    model,
+    params,
+    prompts: Sequence[Sequence[int]],
+    cfg: SamplingConfig = SamplingConfig(),
+    *,
+    seed: int = 0,
+    on_token: Callable | None = None,
+) -> list[list[int]]:
+    """Continue each prompt (a list of token ids); returns the new tokens of each row, cut at
+    (and including) the first stop token.
+
+    ``on_token(step, tokens_B, done_B)`` is called from inside the compiled loop as each token
+    is chosen (numpy arguments): the CLI streams text with it.
+    """
+    model_cfg: ModelConfig = model.config
+    if not model_cfg.causal and model_cfg.mask != "prefix":
+        raise ValueError(
+            f"sampling needs a causal mask, but this model uses mask={model_cfg.mask!r}; "
+            "a bidirectional encoder cannot generate left to right"
+        )
+    tokens, lengths = pad_prompts(prompts, cfg.pad_id)
+    total = int(lengths.max()) + cfg.max_new_tokens
+    check_decode_length(model_cfg, total)
+    size = required_cache_size(model_cfg, tokens.shape[1] + cfg.max_new_tokens)
+    out = _generate(
+        model, params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(seed),
+        cfg=cfg, cache_size=size, on_token=on_token,
+    )
+    results = []
+    for row in np.asarray(out).tolist():
+        for i, token in enumerate(row):
+            if token in cfg.stop_tokens:
+                row = row[: i + 1]
+                break
+        results.append(row)
+    return results
