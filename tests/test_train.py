@@ -94,9 +94,9 @@ def test_same_seed_same_losses(tmp_path):
                       eval_every=6, eval_batches=1, progress=False, run_dir=str(tmp_path))
     model = TINY_MODEL.replace(dropout=0.1)
     a = [h["loss"] for h in train(model, cfg)["history"]]
-    b = [h["loss"] for h in train(model, cfg)["history"]]
+    b = [h["loss"] for h in train(model, cfg.replace(run_dir=None))["history"]]
     assert a == b and len(a) == 6
-    c = [h["loss"] for h in train(model, cfg.replace(seed=1))["history"]]
+    c = [h["loss"] for h in train(model, cfg.replace(seed=1, run_dir=None))["history"]]
     assert a != c
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     assert {"start", "train", "eval", "final"} <= {row["kind"] for row in lines}

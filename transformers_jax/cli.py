@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -96,7 +97,66 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train}
+def cmd_sample(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tjax sample", description="Sample from a trained run.")
+    parser.add_argument("--run", required=True, help="run directory written by tjax train")
+    parser.add_argument("--prompt", default="\n", help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
+    args = parser.parse_args(argv)
+
+    from transformers_jax.runs import load_run
+    from transformers_jax.sample import SamplingConfig, generate
+
+    model, params, tokenizer, _ = load_run(args.run, args.step)
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        stop_tokens=(tokenizer.special["eos"],),
+        pad_id=tokenizer.pad_id,
+    )
+    prompt = list(tokenizer.encode(args.prompt))
+    if args.num_samples == 1:  # stream: print each token as the compiled loop emits it
+        stream = ByteStream(tokenizer)
+        sys.stdout.write(args.prompt)
+        generate(model, params, [prompt], sampling, seed=args.seed,
+                 on_token=lambda step, tokens, done: stream.push(int(tokens[0])))
+        stream.flush()
+        sys.stdout.write("\n")
+        return 0
+    outputs = generate(model, params, [prompt] * args.num_samples, sampling, seed=args.seed)
+    for i, out in enumerate(outputs):
+        print(f"--- sample {i + 1} ---\n{args.prompt}{tokenizer.decode(out)}")
+    return 0
+
+
+class ByteStream:
+    """Writes byte tokens to stdout as soon as they form whole UTF-8 characters."""
+
+    def __init__(self, tokenizer) -> None:
+        import codecs
+
+        self.tokenizer = tokenizer
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> None:
+        if 0 <= token < 256:
+            sys.stdout.write(self.decoder.decode(bytes([token])))
+            sys.stdout.flush()
+
+    def flush(self) -> None:
+        sys.stdout.write(self.decoder.decode(b"", final=True))
+        sys.stdout.flush()
+
+
+COMMANDS = {"train": cmd_train, "sample": cmd_sample}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,12 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.parse_args([command])  # prints the usage error and exits 2
-    if rest and rest[0] in ("-h", "--help"):
+    if command == "train" and rest and rest[0] in ("-h", "--help"):
         print(option_help())
         return 0
     try:
         return COMMANDS[command](rest)
     except (ConfigError, UnknownNameError, FileNotFoundError, ValueError) as err:
+        if os.environ.get("TJAX_DEBUG"):
+            raise
         print(f"tjax {command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -220,7 +220,7 @@ class TrainConfig:
     seq_len: int = 128
     learning_rate: float = 2e-3
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
-    warmup_steps: int = 60
+    warmup_steps: int | None = None  # None: 10% of steps
     weight_decay: float = 0.1
     b1: float = 0.9
     b2: float = 0.95
@@ -231,22 +231,30 @@ class TrainConfig:
     eval_every: int = 200
     eval_batches: int = 8
     log_every: int = 50
-    run_dir: str | None = None  # where metrics.jsonl (and later checkpoints) go
+    run_dir: str | None = None  # metrics.jsonl and checkpoints; None saves nothing
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 3
+    resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
     json: bool = False  # print the final metrics as one JSON object
     progress: bool = True  # tqdm progress bar
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_batches", "log_every"):
+        for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_batches", "log_every",
+                     "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 _fail(f"train.{name}", getattr(self, name), "must be a positive integer")
         if self.learning_rate <= 0:
             _fail("train.learning_rate", self.learning_rate, "must be positive")
-        if not 0 <= self.warmup_steps < self.steps:
+        if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
             _fail("train.warmup_steps", self.warmup_steps, f"must be in [0, steps={self.steps})")
         if not 0.0 < self.val_fraction < 1.0:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             _fail("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+
+    @property
+    def warmup(self) -> int:
+        return self.steps // 10 if self.warmup_steps is None else self.warmup_steps
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -13,15 +16,22 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
 from transformers_jax.data.batches import lm_batch, split_tokens
 from transformers_jax.data.corpus import read_text
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
+from transformers_jax.train.checkpoint import (
+    Checkpointer,
+    abstract_like,
+    check_same_model,
+    config_differences,
+)
 from transformers_jax.train.flops import device_peak, flops_per_token
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
-from transformers_jax.train.step import init_state, make_eval_step, make_train_step
+from transformers_jax.train.step import TrainState, init_state, make_eval_step, make_train_step
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
@@ -55,8 +65,62 @@ def evaluate(eval_step, params, batches: list[dict]) -> dict[str, float]:
     return _mean_metrics(jax.device_get(rows))
 
 
+class StopSignals:
+    """Turn SIGTERM/SIGINT (TPU preemption, Ctrl-C) into a request to save and stop cleanly."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer, step: int) -> dict:
+    """Everything besides arrays that a resumed run or a sampler needs (stored as JSON)."""
+    return {
+        "model": dataclasses.asdict(model_cfg),
+        "train": dataclasses.asdict(cfg),
+        "step": step,
+        # Batch i is a pure function of (seed, i): the next batch index is the data position.
+        "data": {"next_batch": step, "source": cfg.data or "default corpus"},
+        "tokenizer": {"kind": tokenizer.name},
+        "versions": {"jax": jax.__version__, "transformers_jax": __version__},
+    }
+
+
+def _resume(ckpt: Checkpointer, state: TrainState, model_cfg, cfg, log) -> TrainState:
+    meta = ckpt.read_meta()
+    check_same_model(meta["model"], model_cfg, cfg.run_dir)
+    ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
+              "checkpoint_every", "keep_checkpoints", "resume"}
+    diffs = [d for d in config_differences(meta["train"], dataclasses.asdict(cfg))
+             if d.split(":")[0] not in ignore]
+    if diffs:
+        log.write("warning", 0, {}, "resuming with different training settings (the run "
+                  "will not match an uninterrupted one):\n  " + "\n  ".join(diffs))
+    state, _ = ckpt.restore(abstract_like(state))
+    log.write("resume", int(state.step), {}, f"resumed from {cfg.run_dir} at step "
+              f"{int(state.step)}")
+    return state
+
+
 def train(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
-    """Train a causal LM on ``cfg.data`` (or the default corpus); return the final metrics."""
+    """Train a causal LM on ``cfg.data`` (or the default corpus); return the final metrics.
+
+    With ``cfg.run_dir`` the run is checkpointed every ``checkpoint_every`` steps, at the end
+    and on SIGTERM/SIGINT, and a later call with the same run directory resumes exactly.
+    """
     check_lengths(model_cfg, cfg.seq_len)
     tokenizer = ByteTokenizer()
     if model_cfg.vocab_size < tokenizer.vocab_size:
@@ -88,74 +152,99 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
 
     bar = tqdm(total=cfg.steps, desc="train", disable=not cfg.progress, dynamic_ncols=True)
     log = MetricsLog(cfg.run_dir, bar if cfg.progress else None)
+    ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
+    if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
+        state = _resume(ckpt, state, model_cfg, cfg, log)
+    start_step = int(state.step)
+    bar.update(start_step)
     log.write(
         "start",
-        0,
+        start_step,
         {"params": n_params, "flops_per_token": flops, "peak_flops": peak},
         f"{model_cfg.family}: {n_params / 1e6:.2f}M params, attention={model_cfg.attention}, "
         f"mask={model_cfg.mask}, position={model_cfg.position}; {len(splits.train):,} train / "
         f"{len(splits.val):,} val tokens; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})",
     )
 
+    def save(step: int) -> None:
+        if ckpt is not None:
+            ckpt.save(step, state, run_meta(model_cfg, cfg, tokenizer, step))
+
+    fault_after = int(os.environ.get("TJAX_FAULT_AFTER_STEP", "-1"))  # crash tests only
     history: list[dict] = []
     window: list[dict] = []
     compile_s = 0.0
     timed_s, timed_steps = 0.0, 0
     last_eval: dict[str, float] = {}
+    stopping = None
     t_window = time.perf_counter()
-    for step in range(cfg.steps):
-        batch = batch_at(splits.train, cfg.seed, step)
-        start = time.perf_counter()
-        state, metrics = train_step(state, batch)
-        if step == 0:  # the first call compiles; keep it out of the throughput figures
-            jax.block_until_ready(state)
-            compile_s = time.perf_counter() - start
-            t_window = time.perf_counter()
-        if window:  # keep one step in flight, so the bar tracks finished steps
-            jax.block_until_ready(window[-1]["loss"])
-        window.append(metrics)
-        bar.update(1)
+    with StopSignals() as stop:
+        for step in range(start_step, cfg.steps):
+            batch = batch_at(splits.train, cfg.seed, step)
+            start = time.perf_counter()
+            state, metrics = train_step(state, batch)
+            first = step == start_step
+            if first:  # the first call compiles; keep it out of the throughput figures
+                jax.block_until_ready(state)
+                compile_s = time.perf_counter() - start
+                t_window = time.perf_counter()
+            if window:  # keep one step in flight, so the bar tracks finished steps
+                jax.block_until_ready(window[-1]["loss"])
+            window.append(metrics)
+            bar.update(1)
 
-        last = step + 1 == cfg.steps
-        if (step + 1) % cfg.log_every == 0 or last:
-            rows = jax.device_get(window)  # waits for the queued steps
-            now = time.perf_counter()
-            steps_timed = len(rows) - (1 if step + 1 == len(rows) else 0)
-            elapsed = now - t_window
-            timed_s, timed_steps = timed_s + elapsed, timed_steps + steps_timed
-            tps = steps_timed * tokens_per_step / elapsed if steps_timed and elapsed else 0.0
-            values = {**_mean_metrics(rows), "tokens_per_s": tps, "mfu": tps * flops / peak}
-            history.append({"step": step + 1, **values})
-            bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tps:,.0f}")
-            log.write(
-                "train",
-                step + 1,
-                values,
-                f"step {step + 1:>6} | loss {values['loss']:.4f} | lr "
-                f"{values['learning_rate']:.2e} | {tps:,.0f} tokens/s | MFU "
-                f"{100 * values['mfu']:.1f}%",
-            )
-            window, t_window = [], time.perf_counter()
+            stopping = stop.requested  # read once: a signal may land at any line below
+            done = step + 1 == cfg.steps or stopping is not None
+            if (step + 1) % cfg.log_every == 0 or done:
+                rows = jax.device_get(window)  # waits for the queued steps
+                elapsed = time.perf_counter() - t_window
+                steps_timed = len(rows) - (1 if step + 1 - len(rows) == start_step else 0)
+                timed_s, timed_steps = timed_s + elapsed, timed_steps + steps_timed
+                tps = steps_timed * tokens_per_step / elapsed if steps_timed and elapsed else 0.0
+                values = {**_mean_metrics(rows), "tokens_per_s": tps, "mfu": tps * flops / peak}
+                history.append({"step": step + 1, **values})
+                bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tps:,.0f}")
+                log.write(
+                    "train",
+                    step + 1,
+                    values,
+                    f"step {step + 1:>6} | loss {values['loss']:.4f} | lr "
+                    f"{values['learning_rate']:.2e} | {tps:,.0f} tokens/s | MFU "
+                    f"{100 * values['mfu']:.1f}%",
+                )
+                window, t_window = [], time.perf_counter()
 
-        if (step + 1) % cfg.eval_every == 0 or last:
-            jax.block_until_ready(state)  # queued train steps count as training time
-            t_eval = time.perf_counter()
-            last_eval = evaluate(eval_step, state.params, eval_batches)
-            log.write(
-                "eval",
-                step + 1,
-                last_eval,
-                f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f} "
-                f"({last_eval['loss'] / math.log(2):.3f} bits/byte)",
-            )
-            t_window += time.perf_counter() - t_eval  # eval time is not training throughput
+            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+                jax.block_until_ready(state)  # queued train steps count as training time
+                t_eval = time.perf_counter()
+                last_eval = evaluate(eval_step, state.params, eval_batches)
+                log.write(
+                    "eval",
+                    step + 1,
+                    last_eval,
+                    f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f} "
+                    f"({last_eval['loss'] / math.log(2):.3f} bits/token)",
+                )
+                t_window += time.perf_counter() - t_eval  # eval time is not training throughput
+
+            if (step + 1) % cfg.checkpoint_every == 0 or done:
+                save(step + 1)
+            if step + 1 == fault_after:
+                os.kill(os.getpid(), signal.SIGKILL)  # simulate a crash (tests only)
+            if stopping:
+                log.write("stop", step + 1, {}, f"{stopping}: saved step {step + 1}, "
+                          "stopping; run the same command again to resume")
+                break
     bar.close()
+    if ckpt is not None:
+        ckpt.close()  # waits for the last asynchronous save
 
+    final_step = int(state.step)
     tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else 0.0
     final = {
-        "steps": cfg.steps,
+        "steps": final_step,
         "params": n_params,
-        "train_loss": history[-1]["loss"],
+        "train_loss": history[-1]["loss"] if history else None,
         "eval_loss": last_eval.get("loss"),
         "eval_accuracy": last_eval.get("accuracy"),
         "tokens_per_s": tokens_per_s,
@@ -165,10 +254,14 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
         "peak_source": peak_source,
         "compile_s": compile_s,
         "device": jax.devices()[0].device_kind,
+        "stopped_by": stopping if final_step < cfg.steps else None,
         "history": history,
     }
-    log.write("final", cfg.steps, {k: v for k, v in final.items() if k != "history"},
-              f"done: eval loss {final['eval_loss']:.4f}, {tokens_per_s:,.0f} tokens/s, "
-              f"MFU {100 * final['mfu']:.1f}%, first step (compile) {compile_s:.1f}s")
+    summary = (f"done: step {final_step}, {tokens_per_s:,.0f} tokens/s, MFU "
+               f"{100 * final['mfu']:.1f}%, first step (compile) {compile_s:.1f}s")
+    if final["eval_loss"] is not None:
+        summary += f", eval loss {final['eval_loss']:.4f}"
+    summary += f"; checkpoint in {cfg.run_dir}" if cfg.run_dir else "; nothing saved (no --run-dir)"
+    log.write("final", final_step, {k: v for k, v in final.items() if k != "history"}, summary)
     log.close()
     return final

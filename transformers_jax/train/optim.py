@@ -13,7 +13,7 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
     """Warm up linearly to ``learning_rate`` (first step already > 0), then cosine-decay to
     ``learning_rate * min_lr_ratio`` at the last step."""
     peak, floor = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
-    warmup, decay = cfg.warmup_steps, max(cfg.steps - cfg.warmup_steps, 1)
+    warmup, decay = cfg.warmup, max(cfg.steps - cfg.warmup, 1)
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)

@@ -17,7 +17,7 @@ class TrainState:
     step: jax.Array  # int32 scalar: number of updates applied
     params: Any
     opt_state: Any
-    rng: jax.Array  # key for dropout; split every step
+    rng: jax.Array  # raw uint32 key data (checkpoint-friendly); split every step for dropout
 
 
 def model_inputs(batch: dict) -> dict:
@@ -33,7 +33,10 @@ def init_state(
     variables = model.init(init_key, example_batch["inputs"], **model_inputs(example_batch))
     params = nn.meta.unbox(variables["params"])
     return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params), rng=rng
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        rng=jax.random.key_data(rng),
     )
 
 
@@ -63,7 +66,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, s
     """``train_step(state, batch) -> (state, metrics)``, pure and ready for ``jax.jit``."""
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        rng, dropout_rng = jax.random.split(state.rng)
+        rng, dropout_rng = jax.random.split(jax.random.wrap_key_data(state.rng))
 
         def loss_fn(params):
             logits = _forward(model, params, batch, deterministic=False, rng=dropout_rng)
@@ -77,7 +80,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, s
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         new_state = state.replace(
-            step=state.step + 1, params=params, opt_state=opt_state, rng=rng
+            step=state.step + 1, params=params, opt_state=opt_state, rng=jax.random.key_data(rng)
         )
         return new_state, metrics
 

@@ -1,0 +1,169 @@
+"""Checkpoints: exact resume after a crash or a signal, safe saves, clear errors, restore
+anywhere, and sampling from a restored run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.runs import load_run
+from transformers_jax.sample import SamplingConfig, generate
+from transformers_jax.train.checkpoint import Checkpointer, CheckpointMismatchError
+from transformers_jax.train.loop import train
+
+TINY = ["--model.n_layers=1", "--model.d_model=32", "--model.n_heads=2", "--model.dropout=0.1",
+        "--train.batch_size=4", "--train.seq_len=32", "--train.log_every=1",
+        "--train.eval_batches=1", "--no-progress"]
+
+
+def tjax(*args, env_extra=None, timeout=300):
+    exe = os.path.join(os.path.dirname(sys.executable), "tjax")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(env_extra or {})
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def losses(run_dir):
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    by_step = {}
+    for row in rows:
+        if row["kind"] == "train":
+            by_step[row["step"]] = row["loss"]  # a resumed run logs later steps again
+    return by_step
+
+
+def params_of(run_dir):
+    _, params, _, _ = load_run(run_dir)
+    return jax.tree.map(np.asarray, params)
+
+
+@pytest.mark.slow
+def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path):
+    common = ["train", *TINY, "--steps", "12", "--train.checkpoint_every=3"]
+    straight, crashed = str(tmp_path / "straight"), str(tmp_path / "crashed")
+    assert tjax(*common, "--run-dir", straight).returncode == 0
+    died = tjax(*common, "--run-dir", crashed, env_extra={"TJAX_FAULT_AFTER_STEP": "7"})
+    assert died.returncode == -signal.SIGKILL  # killed mid-run, not a clean exit
+    assert Checkpointer(crashed).latest_step() in (3, 6)  # never a half-written step
+    resumed = tjax(*common, "--run-dir", crashed)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr
+    a, b = losses(straight), losses(crashed)
+    assert sorted(a) == sorted(b) == list(range(1, 13))
+    assert [a[s] for s in range(1, 13)] == [b[s] for s in range(1, 13)]  # bit for bit
+    jax.tree.map(np.testing.assert_array_equal, params_of(straight), params_of(crashed))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_then_resumes(tmp_path):
+    run = str(tmp_path / "run")
+    exe = os.path.join(os.path.dirname(sys.executable), "tjax")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.Popen([exe, "train", *TINY, "--steps", "100000", "--run-dir", run,
+                             "--train.checkpoint_every=100000"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = os.path.join(run, "metrics.jsonl")
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(metrics) and losses(run)):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: saved step" in err
+    saved = Checkpointer(run).latest_step()
+    assert saved == max(losses(run)) and saved < 100000, (os.listdir(run + "/checkpoints"), err)
+    result = tjax("train", *TINY, "--steps", str(saved + 2), "--run-dir", run)
+    assert result.returncode == 0, result.stderr
+    assert f"resumed from {run} at step {saved}" in result.stderr
+    assert Checkpointer(run).latest_step() == saved + 2
+
+
+def small_cfgs(tmp_path, **model):
+    model_cfg = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, **model)
+    train_cfg = TrainConfig(steps=4, batch_size=2, seq_len=16, log_every=2, eval_every=4,
+                            eval_batches=1, checkpoint_every=2, progress=False,
+                            run_dir=str(tmp_path / "run"))
+    return model_cfg, train_cfg
+
+
+def test_half_written_checkpoint_is_never_latest(tmp_path):
+    model_cfg, train_cfg = small_cfgs(tmp_path)
+    train(model_cfg, train_cfg)
+    ckpt_dir = os.path.join(train_cfg.run_dir, "checkpoints")
+    # what a save killed half-way leaves: a temporary directory that was never renamed
+    partial = os.path.join(ckpt_dir, "6.orbax-checkpoint-tmp-1234567")
+    os.makedirs(os.path.join(partial, "state"))
+    open(os.path.join(partial, "state", "junk"), "w").write("half")
+    assert Checkpointer(train_cfg.run_dir).latest_step() == 4
+    _, params, _, _ = load_run(train_cfg.run_dir)
+    assert jax.tree.leaves(params)
+
+
+def test_config_mismatch_names_the_fields(tmp_path):
+    model_cfg, train_cfg = small_cfgs(tmp_path)
+    train(model_cfg, train_cfg)
+    with pytest.raises(CheckpointMismatchError) as err:
+        train(model_cfg.replace(n_layers=2, position="alibi"), train_cfg.replace(steps=6))
+    message = str(err.value)
+    assert "n_layers: checkpoint has 1, asked for 2" in message
+    assert "position: checkpoint has 'rope', asked for 'alibi'" in message
+    assert "new --run-dir" in message
+
+
+def test_missing_run_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoints in"):
+        load_run(str(tmp_path / "nowhere"))
+    result = tjax("sample", "--run", str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "no checkpoints in" in result.stderr
+
+
+def test_load_run_restores_everything_and_greedy_is_stable(tmp_path):
+    model_cfg, train_cfg = small_cfgs(tmp_path)
+    train(model_cfg, train_cfg)
+    model, params, tokenizer, config = load_run(train_cfg.run_dir)
+    assert config == model_cfg and tokenizer.vocab_size == 262
+    meta = Checkpointer(train_cfg.run_dir).read_meta()
+    assert meta["step"] == 4 and meta["data"]["next_batch"] == 4
+    sampling = SamplingConfig(max_new_tokens=8, temperature=0.0)
+    prompt = [list(tokenizer.encode("def "))]
+    first = generate(model, params, prompt, sampling, seed=0)
+    again = generate(*load_run(train_cfg.run_dir)[:2], prompt, sampling, seed=99)
+    assert first == again
+
+
+def test_restore_onto_a_mesh_of_eight_devices(tmp_path):
+    model_cfg, train_cfg = small_cfgs(tmp_path)
+    train(model_cfg, train_cfg)  # saved from one device
+    _, params, _, _ = load_run(train_cfg.run_dir)
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+
+    def shard_last_dim(leaf):  # split every array whose last dim divides by 8, else replicate
+        if leaf.ndim and leaf.shape[-1] % 8 == 0:
+            return NamedSharding(mesh, PartitionSpec(*[None] * (leaf.ndim - 1), "data"))
+        return NamedSharding(mesh, PartitionSpec())
+
+    _, sharded, _, _ = load_run(train_cfg.run_dir, shardings=shard_last_dim)
+    kernel = sharded["layer_0"]["mlp"]["up"]["kernel"]  # [32, 128]
+    assert kernel.sharding.spec == PartitionSpec(None, "data")
+    assert kernel.addressable_shards[0].data.shape == (32, 16)
+    jax.tree.map(np.testing.assert_array_equal, params, sharded)
+
+
+def test_cli_sample_streams_text(tmp_path):
+    run = str(tmp_path / "run")
+    assert tjax("train", *TINY, "--steps", "3", "--run-dir", run).returncode == 0
+    result = tjax("sample", "--run", run, "--prompt", "Hello", "--max-new-tokens", "12",
+                  "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Hello") and len(result.stdout.encode()) >= 6
+    result = tjax("sample", "--run", run, "--num-samples", "2", "--max-new-tokens", "5",
+                  "--top-k", "5", "--top-p", "0.9")
+    assert result.returncode == 0 and result.stdout.count("--- sample") == 2

@@ -1,0 +1,49 @@
+"""Restore a trained run in one call: ``model, params, tokenizer, config = load_run(RUN_DIR)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from transformers_jax.config import ModelConfig, TrainConfig, from_dict
+from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.models import build_model
+from transformers_jax.train.checkpoint import Checkpointer, abstract_like
+from transformers_jax.train.optim import make_optimizer
+from transformers_jax.train.step import init_state
+
+
+def load_tokenizer(spec: dict):
+    if spec.get("kind") == "byte":
+        return ByteTokenizer()
+    raise ValueError(f"checkpoint names tokenizer {spec!r}, which this version cannot load")
+
+
+def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None):
+    """Restore ``(model, params, tokenizer, config)`` from the latest (or given) checkpoint.
+
+    ``shardings`` restores straight onto devices (any count: a checkpoint does not remember
+    the devices it came from): one ``jax.sharding.Sharding`` for every array, a function from
+    each array's ``jax.ShapeDtypeStruct`` to its sharding, or a pytree matching the train state.
+    """
+    ckpt = Checkpointer(run_dir, create=False)
+    try:
+        meta = ckpt.read_meta(step)
+        config = from_dict(ModelConfig, meta["model"])
+        train_cfg = from_dict(TrainConfig, meta["train"])
+        model = build_model(config)
+        example = {"inputs": jnp.zeros((1, 8), jnp.int32)}
+        if config.mask == "prefix":
+            example["prefix_len"] = jnp.ones((1,), jnp.int32)
+        optimizer = make_optimizer(train_cfg)
+        target = jax.eval_shape(lambda: init_state(model, optimizer, train_cfg.seed, example))
+        if isinstance(shardings, jax.sharding.Sharding):
+            shardings = jax.tree.map(lambda _, s=shardings: s, target)
+        elif callable(shardings):
+            shardings = jax.tree.map(shardings, target)
+        state, _ = ckpt.restore(abstract_like(target, shardings), step)
+    finally:
+        ckpt.close()
+    return model, state.params, load_tokenizer(meta["tokenizer"]), config
