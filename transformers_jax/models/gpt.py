@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.nn.kvcache import advance, plan_write
+from transformers_jax.nn.kvcache import RowSlot, advance, plan_write, write_row_slot
 from transformers_jax.nn.layers import Block, dtype_of, make_norm, normal_init, softcap
 from transformers_jax.nn.masks import build_mask
 from transformers_jax.nn.positions import POSITIONS, sinusoidal_embedding
@@ -167,8 +167,19 @@ class GPT(nn.Module):
         lengths_B = jnp.full((B,), T, jnp.int32) if lengths is None else lengths
         positions_BT = cache["index"][:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
         new_valid_BT = jnp.arange(T)[None, :] < lengths_B[:, None]
-        kv_positions = jnp.concatenate([cache["positions"], positions_BT], axis=1)
-        kv_valid = jnp.concatenate([cache["valid"], new_valid_BT], axis=1)
+        if T == 1:  # decoding: write each row's token into its slot, attend over the cache
+            plan = RowSlot(cache["index"] % S)
+            new_cache = {
+                "index": cache["index"] + lengths_B,
+                "positions": write_row_slot(cache["positions"], positions_BT, plan),
+                "valid": write_row_slot(cache["valid"], new_valid_BT, plan) | cache["valid"],
+            }
+            kv_positions, kv_valid = new_cache["positions"], new_cache["valid"]
+        else:  # prefill: attend over [cached slots, new tokens], then store the new ones
+            plan = plan_write(cache["index"], lengths_B, S, T)
+            new_cache = advance(cache, positions_BT, lengths_B, plan)
+            kv_positions = jnp.concatenate([cache["positions"], positions_BT], axis=1)
+            kv_valid = jnp.concatenate([cache["valid"], new_valid_BT], axis=1)
 
         embed = Embedder(cfg, name="embed")
         # Padding slots of a prompt batch may lie past a learned table: look up row 0 for them
@@ -179,8 +190,6 @@ class GPT(nn.Module):
             kv_valid=kv_valid,
         )
         bias = relative_bias(self, cfg, positions_BT, kv_positions, bidirectional=not cfg.causal)
-        plan = plan_write(cache["index"], lengths_B, S, T)
-        new_cache = advance(cache, positions_BT, lengths_B, plan)
         for i in range(cfg.n_layers):
             name = f"layer_{i}"
             x_BTC, new_cache[name] = Block(cfg, name=name)(

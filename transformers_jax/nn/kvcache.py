@@ -31,6 +31,20 @@ class CacheWrite(NamedTuple):
     write: jax.Array  # bool [B, S]
 
 
+class RowSlot(NamedTuple):
+    """Decoding one token per row: it goes to slot ``slot[b]``, written in place before the
+    attention reads the cache (no copy of the cache per step)."""
+
+    slot: jax.Array  # int32 [B]
+
+
+def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot) -> jax.Array:
+    """Store ``new`` [B, 1, ...] at ``old[b, slot[b]]``; an in-place update inside loops."""
+    return jax.vmap(lambda o, n, s: jax.lax.dynamic_update_slice_in_dim(o, n, s, axis=0))(
+        old, new.astype(old.dtype), where.slot
+    )
+
+
 def init_cache(config: ModelConfig, batch_size: int, size: int, n_layers: int | None = None):
     """An empty cache of ``size`` slots per row for every layer."""
     N, D = config.kv_heads, config.dims_per_head

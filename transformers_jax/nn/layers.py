@@ -21,7 +21,7 @@ import numpy as np
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.nn.attention import dot_product_attention
-from transformers_jax.nn.kvcache import CacheWrite, write_slots
+from transformers_jax.nn.kvcache import CacheWrite, RowSlot, write_row_slot, write_slots
 from transformers_jax.nn.masks import AttentionMask
 from transformers_jax.nn.positions import apply_rope
 from transformers_jax.registry import Registry
@@ -182,7 +182,7 @@ class Attention(nn.Module):
         kv_inputs: jax.Array | None = None,
         kv_positions: jax.Array | None = None,
         cache: dict | None = None,
-        cache_write: CacheWrite | None = None,
+        cache_write: CacheWrite | RowSlot | None = None,
     ):
         """Returns the output ``[B, Q, C]``, or ``(output, new_cache)`` when given a cache.
 
@@ -219,7 +219,14 @@ class Attention(nn.Module):
             k_BKND = apply_rope(k_BKND, kv_positions, cfg.rope, cfg.rotary_dim)
 
         new_cache = None
-        if cache is not None:  # attend over [cached slots, new tokens]; then store the new ones
+        if isinstance(cache_write, RowSlot):  # one token per row: write it, then read the cache
+            new_cache = {
+                "key": write_row_slot(cache["key"], k_BKND, cache_write),
+                "value": write_row_slot(cache["value"], v_BKND, cache_write),
+            }
+            k_BKND = new_cache["key"].astype(q_BQHD.dtype)
+            v_BKND = new_cache["value"].astype(q_BQHD.dtype)
+        elif cache is not None:  # attend over [cached slots, new tokens]; then store them
             new_cache = {
                 "key": write_slots(cache["key"], k_BKND.astype(cache["key"].dtype), cache_write),
                 "value": write_slots(
@@ -270,7 +277,7 @@ class Block(nn.Module):
         bias: jax.Array | None = None,
         deterministic: bool = True,
         cache: dict | None = None,
-        cache_write: CacheWrite | None = None,
+        cache_write: CacheWrite | RowSlot | None = None,
     ):
         """Returns ``[B, T, C]``, or ``(output, new_cache)`` when given this layer's cache."""
         cfg = self.config

@@ -1,0 +1,94 @@
+"""Decoding speed: KV-cache decoding against recomputing the whole prefix for every token.
+
+Prints one JSON object: time to first token (prefill), decode tokens/s at batch 1 and 8 (one
+compiled loop), and the cost of one new token at growing prefix lengths with and without the
+cache. Compilation is excluded from every timing (each function runs once before timing).
+
+    python benchmarks/decode.py [--layers 4 --width 128 --heads 4 --new-tokens 240]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformers_jax import ModelConfig, build_model
+from transformers_jax.nn.kvcache import init_cache
+from transformers_jax.sample import SamplingConfig, _generate
+
+
+def best_time(fn, repeats: int = 5) -> float:
+    jax.block_until_ready(fn())  # compile and warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=262)
+    parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=240)
+    parser.add_argument("--attention", default="xla")
+    args = parser.parse_args()
+
+    cfg = ModelConfig(vocab_size=args.vocab, d_model=args.width, n_layers=args.layers,
+                      n_heads=args.heads, attention=args.attention)
+    model = build_model(cfg)
+    params = nn.meta.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    result = {"config": {"layers": args.layers, "width": args.width, "heads": args.heads,
+                         "vocab": args.vocab, "prompt": args.prompt,
+                         "new_tokens": args.new_tokens, "attention": args.attention},
+              "device": jax.devices()[0].device_kind, "jax": jax.__version__}
+
+    greedy = SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.0, stop_tokens=())
+    total = args.prompt + args.new_tokens
+    for batch in (1, 8):
+        prompts = jnp.ones((batch, args.prompt), jnp.int32)
+        lengths = jnp.full((batch,), args.prompt, jnp.int32)
+        prefill = jax.jit(lambda p, t, n, b=batch: model.apply(
+            {"params": p}, t, cache=init_cache(cfg, b, total), lengths=n))
+        ttft = best_time(lambda p=prompts, n=lengths: prefill(params, p, n))
+        run = best_time(lambda p=prompts, n=lengths: _generate(
+            model, params, p, n, jax.random.key(0), cfg=greedy, cache_size=total), repeats=3)
+        result[f"batch_{batch}"] = {
+            "time_to_first_token_ms": 1e3 * ttft,
+            "decode_tokens_per_s": batch * args.new_tokens / run,
+            "ms_per_step": 1e3 * run / args.new_tokens,
+        }
+
+    # One new token at prefix length L: cached step (cache of 1024 slots, L filled) versus a
+    # full forward pass over the L-token prefix (what decoding without a cache repeats).
+    step = jax.jit(lambda p, c, t: model.apply({"params": p}, t, cache=c))
+    full = jax.jit(lambda p, t: model.apply({"params": p}, t)[:, -1])
+    per_length = []
+    for length in (64, 128, 256, 512, 1024):
+        tokens = jnp.ones((1, length), jnp.int32)
+        cache = init_cache(cfg, 1, 1024)
+        _, cache = jax.jit(lambda p, c, t: model.apply({"params": p}, t, cache=c))(
+            params, cache, tokens[:, :-1])
+        cached_s = best_time(lambda c=cache: step(params, c, tokens[:, -1:]))
+        uncached_s = best_time(lambda t=tokens: full(params, t))
+        per_length.append({"prefix": length, "cached_ms": 1e3 * cached_s,
+                           "uncached_ms": 1e3 * uncached_s})
+    result["per_token_by_prefix_length"] = per_length
+    grow = per_length[-1]["uncached_ms"] / per_length[0]["uncached_ms"]
+    flat = per_length[-1]["cached_ms"] / per_length[0]["cached_ms"]
+    result["growth_64_to_1024"] = {"cached": flat, "uncached": grow}
+    print(json.dumps(result, indent=2, default=lambda x: float(np.asarray(x))))
+
+
+if __name__ == "__main__":
+    main()
