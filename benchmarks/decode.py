@@ -60,7 +60,7 @@ def main() -> None:
         lengths = jnp.full((batch,), args.prompt, jnp.int32)
         prefill = jax.jit(lambda p, t, n, b=batch: model.apply(
             {"params": p}, t, cache=init_cache(cfg, b, total), lengths=n))
-        ttft = best_time(lambda p=prompts, n=lengths: prefill(params, p, n))
+        ttft = best_time(lambda f=prefill, p=prompts, n=lengths: f(params, p, n))
         run = best_time(lambda p=prompts, n=lengths: _generate(
             model, params, p, n, jax.random.key(0), cfg=greedy, cache_size=total), repeats=3)
         result[f"batch_{batch}"] = {
@@ -79,7 +79,7 @@ def main() -> None:
         cache = init_cache(cfg, 1, 1024)
         _, cache = jax.jit(lambda p, c, t: model.apply({"params": p}, t, cache=c))(
             params, cache, tokens[:, :-1])
-        cached_s = best_time(lambda c=cache: step(params, c, tokens[:, -1:]))
+        cached_s = best_time(lambda c=cache, t=tokens: step(params, c, t[:, -1:]))
         uncached_s = best_time(lambda t=tokens: full(params, t))
         per_length.append({"prefix": length, "cached_ms": 1e3 * cached_s,
                            "uncached_ms": 1e3 * uncached_s})

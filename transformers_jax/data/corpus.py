@@ -14,6 +14,22 @@ def default_corpus() -> str:
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 
+def default_documents() -> list[tuple[str, str]]:
+    """The default corpus as documents: ``(topic name, text)`` per pydoc topic, sorted by name.
+
+    ``"\n\n".join(text for _, text in default_documents()) == default_corpus()``.
+    """
+    from pydoc_data.topics import topics
+
+    return [(key, topics[key]) for key in sorted(topics)]
+
+
+def expand_paths(path: str) -> list[str]:
+    """The files that ``path`` names (a file, a folder searched recursively, or a glob), sorted;
+    hidden files in folders are skipped. A missing path is a ``FileNotFoundError``."""
+    return _expand(path)
+
+
 def _expand(path: str) -> list[str]:
     if any(ch in path for ch in "*?["):
         return sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))

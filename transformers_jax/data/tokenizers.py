@@ -1,15 +1,108 @@
-"""Tokenizers. Byte-level needs no training and never meets an unknown symbol."""
+"""Tokenizers with one interface: byte-level, a character vocabulary, and SentencePiece.
+
+Every tokenizer has ``encode(text) -> int32 [N]``, ``decode(ids) -> str``, ``vocab_size``, the
+special ids ``pad_id``, ``bos_id``, ``eos_id``, ``mask_id``, ``cls_id``, ``sep_id`` (also in
+``special``), ``save(directory)``, and is restored by ``load_tokenizer(directory)``: store it
+beside a checkpoint and the ids mean the same thing when the checkpoint is restored.
+
+Undecodable input (bytes that are not UTF-8):
+- ``byte`` never fails and never changes the input: it works on bytes.
+- ``char`` and ``sentencepiece`` work on text: invalid UTF-8 bytes become U+FFFD (the Unicode
+  replacement character), exactly like ``bytes.decode("utf-8", errors="replace")``. A character
+  that the ``char`` vocabulary lacks becomes its ``unk_id`` (decoded as U+FFFD); SentencePiece
+  falls back to UTF-8 byte pieces, so it never needs an unknown token.
+``decode`` drops special tokens and never fails (a cut multi-byte character becomes U+FFFD).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import collections
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 SPECIAL_TOKENS = ("pad", "bos", "eos", "mask", "cls", "sep")
+TOKENIZER_FILE = "tokenizer.json"
+_FORMAT_VERSION = 1
+_REPLACEMENT = "\ufffd"
 
 
-class ByteTokenizer:
+def as_text(text: str | bytes) -> str:
+    """``text`` as str; invalid UTF-8 bytes become U+FFFD (the documented policy)."""
+    return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+
+
+class Tokenizer:
+    """The common interface. Subclasses set ``name``, ``special`` and implement the rest."""
+
+    name = "base"
+    special: dict[str, int]
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        """int32 ids ``[N]`` (no bos/eos: the pipeline adds them)."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        raise NotImplementedError
+
+    @property
+    def pad_id(self) -> int:
+        return self.special["pad"]
+
+    @property
+    def bos_id(self) -> int:
+        return self.special["bos"]
+
+    @property
+    def eos_id(self) -> int:
+        return self.special["eos"]
+
+    @property
+    def mask_id(self) -> int:
+        return self.special["mask"]
+
+    @property
+    def cls_id(self) -> int:
+        return self.special["cls"]
+
+    @property
+    def sep_id(self) -> int:
+        return self.special["sep"]
+
+    def _config(self) -> dict:
+        return {}
+
+    def save(self, directory: str) -> str:
+        """Write ``directory/tokenizer.json`` (and any model file); returns the JSON path."""
+        os.makedirs(directory, exist_ok=True)
+        meta = {
+            "format_version": _FORMAT_VERSION,
+            "kind": self.name,
+            "vocab_size": self.vocab_size,
+            "special": dict(self.special),
+            **self._config(),
+        }
+        path = os.path.join(directory, TOKENIZER_FILE)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=1)
+        os.replace(tmp, path)
+        return path
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer(Tokenizer):
     """UTF-8 bytes 0..255, then the special tokens (pad=256, bos=257, ...)."""
 
     name = "byte"
@@ -21,15 +114,285 @@ class ByteTokenizer:
     def vocab_size(self) -> int:
         return 256 + len(SPECIAL_TOKENS)
 
-    @property
-    def pad_id(self) -> int:
-        return self.special["pad"]
-
     def encode(self, text: str | bytes) -> np.ndarray:
         data = text.encode("utf-8") if isinstance(text, str) else text
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         # Special tokens are dropped; a cut multi-byte character becomes U+FFFD, never an error.
-        data = bytes(int(i) for i in np.asarray(ids).reshape(-1) if 0 <= int(i) < 256)
+        ids = np.asarray(ids).reshape(-1)
+        data = ids[(ids >= 0) & (ids < 256)].astype(np.uint8).tobytes()
         return data.decode("utf-8", errors="replace")
+
+
+class CharTokenizer(Tokenizer):
+    """One id per Unicode character seen in the training text.
+
+    Ids: the special tokens 0..5, ``unk`` 6, then the characters by decreasing frequency (ties by
+    code point), at most ``vocab_size`` ids in all.
+    """
+
+    name = "char"
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        self.special = {name: i for i, name in enumerate(SPECIAL_TOKENS)}
+        self.unk_id = len(SPECIAL_TOKENS)
+        self.chars = list(chars)
+        if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
+            raise ValueError("CharTokenizer: chars must be distinct single characters")
+        offset = self.unk_id + 1
+        self._id_of = {c: offset + i for i, c in enumerate(self.chars)}
+        codes = [ord(c) for c in self.chars]
+        # A dense table for the Basic Multilingual Plane makes encoding one numpy gather.
+        self._table = np.full(0x10000, self.unk_id, np.int32)
+        for c, code in zip(self.chars, codes, strict=True):
+            if code < 0x10000:
+                self._table[code] = self._id_of[c]
+        self._has_astral = any(code >= 0x10000 for code in codes)
+        self._strings = np.array(
+            [""] * offset + self.chars, dtype=object
+        )  # id -> str, specials decode to ""
+        self._strings[self.unk_id] = _REPLACEMENT
+
+    @classmethod
+    def train(cls, texts: Iterable[str | bytes], vocab_size: int | None = None) -> CharTokenizer:
+        counts: collections.Counter[str] = collections.Counter()
+        for text in texts:
+            counts.update(as_text(text))
+        if not counts:
+            raise ValueError("char tokenizer: the training text is empty; give it some text")
+        ranked = sorted(counts, key=lambda c: (-counts[c], ord(c)))
+        reserved = len(SPECIAL_TOKENS) + 1
+        if vocab_size is not None:
+            if vocab_size <= reserved:
+                raise ValueError(
+                    f"char tokenizer: vocab_size={vocab_size} leaves no room for characters "
+                    f"after the {reserved} special ids; use vocab_size > {reserved}"
+                )
+            ranked = ranked[: vocab_size - reserved]
+        return cls(ranked)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.unk_id + 1 + len(self.chars)
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        text = as_text(text)
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = self._table[np.minimum(codes, 0xFFFF)]
+        astral = codes >= 0x10000
+        if astral.any():
+            ids[astral] = [
+                self._id_of.get(chr(c), self.unk_id) if self._has_astral else self.unk_id
+                for c in codes[astral]
+            ]
+        return ids.astype(np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = ids[(ids >= 0) & (ids < self.vocab_size)]
+        return "".join(self._strings[ids])
+
+    def _config(self) -> dict:
+        return {"chars": "".join(self.chars)}
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model (unigram or BPE) trained on local text, lossless on any input.
+
+    Trained with identity normalisation, no dummy prefix, whitespace kept and byte fallback, so
+    ``decode(encode(s)) == s`` for every string. Ids: pad 0, bos 1, eos 2, unk 3 (never produced:
+    byte fallback covers every character), mask 4, cls 5, sep 6, newline 7, then the pieces.
+    """
+
+    name = "sentencepiece"
+    MODEL_FILE = "sentencepiece.model"
+
+    def __init__(self, model_proto: bytes) -> None:
+        import sentencepiece as spm
+
+        self.model_proto = bytes(model_proto)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        ids = {
+            "pad": self.sp.pad_id(),
+            "bos": self.sp.bos_id(),
+            "eos": self.sp.eos_id(),
+            "mask": self.sp.piece_to_id("[MASK]"),
+            "cls": self.sp.piece_to_id("[CLS]"),
+            "sep": self.sp.piece_to_id("[SEP]"),
+        }
+        self.special = ids
+        self.unk_id = self.sp.unk_id()
+        self._specials = np.array(sorted(set(ids.values()) | {self.unk_id}))
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str | bytes],
+        vocab_size: int,
+        model_type: str = "unigram",
+        *,
+        max_sentences: int = 2_000_000,
+        num_threads: int = 2,
+    ) -> SentencePieceTokenizer:
+        """Train on ``texts`` (documents; split into lines for training, newline is a piece)."""
+        import sentencepiece as spm
+
+        if model_type not in ("unigram", "bpe"):
+            raise ValueError(f"model_type={model_type!r}: valid choices: unigram, bpe")
+        lines = [line for text in texts for line in as_text(text).split("\n") if line.strip()]
+        if not lines:
+            raise ValueError("sentencepiece: the training text is empty; give it some text")
+        minimum = 256 + 8 + 1
+        if vocab_size < minimum:
+            raise ValueError(
+                f"sentencepiece: vocab_size={vocab_size} is too small: the 256 byte-fallback "
+                f"pieces and 8 special ids need {minimum - 1}; use vocab_size >= {minimum}, "
+                "or the char/byte tokenizer for tiny vocabularies"
+            )
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                pad_id=0,
+                bos_id=1,
+                eos_id=2,
+                unk_id=3,
+                control_symbols=["[MASK]", "[CLS]", "[SEP]"],
+                user_defined_symbols=["\n"],
+                byte_fallback=True,
+                character_coverage=1.0,
+                normalization_rule_name="identity",
+                add_dummy_prefix=False,
+                remove_extra_whitespaces=False,
+                allow_whitespace_only_pieces=True,
+                split_digits=True,
+                hard_vocab_limit=False,
+                input_sentence_size=max_sentences,
+                shuffle_input_sentence=True,
+                max_sentence_length=1 << 16,
+                num_threads=num_threads,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            found = re.search(r"required_chars\. \d+ vs (\d+)", str(e))
+            if found:
+                raise ValueError(
+                    f"sentencepiece: vocab_size={vocab_size} is too small for this text: its "
+                    f"distinct characters plus the 264 reserved pieces (256 bytes, 8 special) "
+                    f"need vocab_size >= {found.group(1)}"
+                ) from None
+            raise ValueError(
+                f"sentencepiece training failed (vocab_size={vocab_size}, "
+                f"model_type={model_type}): {e}"
+            ) from e
+        tok = cls(model.getvalue())
+        tok.model_type = model_type
+        return tok
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        return np.asarray(self.sp.encode(as_text(text)), dtype=np.int32)
+
+    def encode_batch(self, texts: Sequence[str | bytes]) -> list[np.ndarray]:
+        out = self.sp.encode([as_text(t) for t in texts])
+        return [np.asarray(ids, dtype=np.int32) for ids in out]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = ids[(ids >= 0) & (ids < self.vocab_size) & ~np.isin(ids, self._specials)]
+        return self.sp.decode(ids.tolist())
+
+    def save(self, directory: str) -> str:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, self.MODEL_FILE), "wb") as f:
+            f.write(self.model_proto)
+        return super().save(directory)
+
+    def _config(self) -> dict:
+        return {
+            "model_file": self.MODEL_FILE,
+            "model_type": getattr(self, "model_type", None),
+            "sha256": hashlib.sha256(self.model_proto).hexdigest(),
+        }
+
+
+TOKENIZERS = ("byte", "char", "sentencepiece", "sentencepiece_bpe")
+
+
+def train_tokenizer(
+    kind: str,
+    texts: Iterable[str | bytes] | None = None,
+    vocab_size: int | None = None,
+    *,
+    cache_dir: str | None = None,
+) -> Tokenizer:
+    """Build a tokenizer of ``kind`` (one of ``TOKENIZERS``) from ``texts``.
+
+    ``byte`` needs no text. ``char`` keeps the most frequent characters (all of them when
+    ``vocab_size`` is None). ``sentencepiece`` (unigram) and ``sentencepiece_bpe`` need
+    ``vocab_size``. With ``cache_dir``, a trained tokenizer is saved under a hash of the text and
+    settings, and a second call with the same inputs loads it instead of training again.
+    """
+    if kind not in TOKENIZERS:
+        raise ValueError(f"tokenizer={kind!r} is not known; valid choices: {', '.join(TOKENIZERS)}")
+    if kind == "byte":
+        return ByteTokenizer()
+    if texts is None:
+        raise ValueError(f"tokenizer={kind!r} is trained on text: pass texts")
+    texts = list(texts)
+    if kind.startswith("sentencepiece") and vocab_size is None:
+        raise ValueError(f"tokenizer={kind!r} needs a vocab_size (e.g. 1024)")
+    cached = None
+    if cache_dir is not None:
+        h = hashlib.blake2b(f"{kind}|{vocab_size}|{_FORMAT_VERSION}".encode(), digest_size=16)
+        for text in texts:
+            data = text.encode("utf-8") if isinstance(text, str) else text
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+        cached = os.path.join(cache_dir, f"{kind}-{h.hexdigest()}")
+        if os.path.exists(os.path.join(cached, TOKENIZER_FILE)):
+            return load_tokenizer(cached)
+    if kind == "char":
+        tok: Tokenizer = CharTokenizer.train(texts, vocab_size)
+    else:
+        model_type = "bpe" if kind == "sentencepiece_bpe" else "unigram"
+        tok = SentencePieceTokenizer.train(texts, vocab_size, model_type)
+    if cached is not None:
+        tok.save(cached)
+    return tok
+
+
+def load_tokenizer(directory: str) -> Tokenizer:
+    """Restore the tokenizer that ``Tokenizer.save(directory)`` wrote."""
+    path = os.path.join(directory, TOKENIZER_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"no tokenizer saved in {directory!r} (expected {TOKENIZER_FILE}); save one with "
+            "tokenizer.save(directory)"
+        )
+    with open(path) as f:
+        meta = json.load(f)
+    kind = meta.get("kind")
+    if kind == "byte":
+        tok: Tokenizer = ByteTokenizer()
+    elif kind == "char":
+        tok = CharTokenizer(list(meta["chars"]))
+    elif kind == "sentencepiece":
+        with open(os.path.join(directory, meta["model_file"]), "rb") as f:
+            proto = f.read()
+        if hashlib.sha256(proto).hexdigest() != meta["sha256"]:
+            raise ValueError(f"{directory!r}: the SentencePiece model does not match its hash")
+        tok = SentencePieceTokenizer(proto)
+        tok.model_type = meta.get("model_type")
+    else:
+        raise ValueError(f"{path}: unknown tokenizer kind {kind!r}")
+    if tok.vocab_size != meta["vocab_size"] or tok.special != meta["special"]:
+        raise ValueError(f"{path}: the restored tokenizer's ids differ from the saved ones")
+    return tok

@@ -1,0 +1,382 @@
+"""Text sources by spec: tfds catalog datasets, local text, the default corpus.
+
+A source spec is a string:
+
+- ``None``, ``""`` or ``"default"``: the embedded default corpus (one document per pydoc topic),
+  prepared through the local-text tfds builder;
+- ``"tfds:NAME"`` (``NAME`` may carry a config and version, ``"imdb_reviews/plain_text:1.0.0"``):
+  a tfds catalog dataset, read with ``tfds.data_source`` (ArrayRecord, no TensorFlow); it must
+  already be prepared in ``data_dir`` (or ``$TFDS_DATA_DIR``) unless ``download=True``;
+- ``"lines:PATH"``: local text with one document per non-blank line;
+- anything else: a file, folder or glob of local text, one document per file.
+
+``open_documents(spec, role)`` returns a random-access ``Documents`` (``len`` and ``[i]``, what
+Grain's ``MapDataset.source`` reads) whose items are ``Piece(text: bytes, first, last)``.
+Documents are cut into pieces of at most ``max_piece_bytes`` (at line breaks where possible)
+when the source has few records, so that a one-file corpus or ``tiny_shakespeare`` (one huge
+record per split) can still be shuffled, sharded across hosts and split for evaluation;
+``first``/``last`` say whether the piece starts or ends its document (the pipeline adds bos/eos
+only there). The held-out ("eval") role uses the dataset's ``validation`` or ``test`` split
+when it has one, and otherwise the last ``val_fraction`` of the pieces (which training then
+skips).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from transformers_jax.registry import UnknownNameError
+
+KNOWN_TEXT_DATASETS = (
+    "tiny_shakespeare",
+    "lm1b",
+    "imdb_reviews",
+    "pg19",
+    "scientific_papers",
+    "huggingface:wikitext/wikitext-103-raw-v1",
+)
+ROLES = ("train", "eval")
+_SCAN_LIMIT = 10_000  # sources with at most this many records are scanned and cut into pieces
+
+
+class DatasetNotPreparedError(FileNotFoundError):
+    """A tfds dataset that is not on local disk while downloading is off or impossible."""
+
+
+class UnknownDatasetError(UnknownNameError):
+    """A dataset, task or source name that does not exist; the message lists valid ones."""
+
+
+class Piece(NamedTuple):
+    text: bytes
+    first: bool  # the piece starts its document
+    last: bool  # the piece ends its document
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceInfo:
+    spec: str
+    kind: str  # "tfds" or "local"
+    name: str  # tfds name
+    split: str
+    data_dir: str | None
+    text_key: str
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, np.ndarray) and value.dtype.kind in "SO":
+        return _as_bytes(value.item())
+    raise TypeError(f"expected a text feature (bytes or str), got {type(value).__name__}")
+
+
+class TextSource:
+    """Random access to the raw bytes of each record's text feature."""
+
+    def __init__(self, data_source: Sequence[Any], text_key: str, info: SourceInfo):
+        self._source = data_source
+        self.text_key = text_key
+        self.info = info
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> bytes:
+        return _as_bytes(self._source[index][self.text_key])
+
+    def __repr__(self) -> str:
+        return f"TextSource({self.info.spec!r}, split={self.info.split!r}, {len(self)} records)"
+
+
+# ----------------------------------------------------------------------------- tfds catalog
+
+
+def _did_you_mean(message: str) -> str:
+    for line in message.splitlines():
+        if line.startswith("Did you mean"):
+            return " " + line.strip()
+    return ""
+
+
+def _not_prepared_message(name: str, data_dir: str | None, cause: BaseException) -> str:
+    where = data_dir or "the default tfds data_dir (~/tensorflow_datasets or $TFDS_DATA_DIR)"
+    return (
+        f"tfds dataset {name!r} is not prepared in {where} and it cannot be downloaded here "
+        f"({type(cause).__name__}). Prepare it on a machine with network access, in the "
+        f"ArrayRecord format that random access needs: `tfds build {name.split('/')[0]} "
+        f"--data_dir=DIR --file_format=array_record` (or in Python: tfds.builder({name!r}, "
+        "data_dir=DIR, file_format='array_record').download_and_prepare()); then copy DIR "
+        "here and pass it as data_dir (or set TFDS_DATA_DIR). Pass download=True to let tfds "
+        "download it when this machine has network access."
+    )
+
+
+def _text_key(features: Any, name: str, text_key: str | None) -> str:
+    import tensorflow_datasets as tfds
+
+    items = dict(features.items()) if hasattr(features, "items") else {}
+    texts = sorted(k for k, f in items.items() if isinstance(f, tfds.features.Text))
+    if text_key is not None:
+        if items and text_key not in items:
+            raise ValueError(
+                f"text_key={text_key!r} is not a feature of {name!r}; its features: "
+                f"{', '.join(sorted(items))} (text features: {', '.join(texts) or 'none'})"
+            )
+        return text_key
+    if "text" in texts:
+        return "text"
+    if len(texts) == 1:
+        return texts[0]
+    raise ValueError(
+        f"tfds dataset {name!r} has {'no' if not texts else 'several'} text features "
+        f"({', '.join(texts) or 'none'}); choose one with text_key= (features: "
+        f"{', '.join(sorted(items))})"
+    )
+
+
+def _tfds_builder(name: str, data_dir: str | None):
+    import tensorflow_datasets as tfds
+
+    from transformers_jax.data.local_text import quiet_tfds
+
+    try:
+        with quiet_tfds():
+            return tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise UnknownDatasetError(
+            f"tfds dataset {name!r} is not in the catalog.{_did_you_mean(str(e))} Text "
+            f"datasets known to work: {', '.join(KNOWN_TEXT_DATASETS)} (any tfds catalog "
+            "dataset with a Text feature can be used; some need extra packages or TensorFlow)"
+        ) from None
+
+
+def available_splits(name: str, data_dir: str | None = None) -> list[str]:
+    """The splits a prepared tfds dataset records (empty when unknown, e.g. not prepared)."""
+    return list(_tfds_builder(name, data_dir).info.splits)
+
+
+def open_tfds(
+    name: str,
+    split: str = "train",
+    *,
+    data_dir: str | None = None,
+    text_key: str | None = None,
+    download: bool = False,
+) -> TextSource:
+    """A tfds catalog dataset's text, random access through ``tfds.data_source``."""
+    import tensorflow_datasets as tfds
+
+    from transformers_jax.data.local_text import quiet_tfds
+
+    builder = _tfds_builder(name, data_dir)
+    key = _text_key(builder.info.features, name, text_key)
+    try:
+        with quiet_tfds():
+            source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+    except Exception as e:
+        if builder.is_prepared():
+            splits = list(builder.info.splits)
+            if splits and split.split("[")[0] not in splits:
+                raise ValueError(
+                    f"tfds dataset {name!r} has no split {split!r}; its splits: {', '.join(splits)}"
+                ) from e
+            raise
+        raise DatasetNotPreparedError(_not_prepared_message(name, data_dir, e)) from e
+    info = SourceInfo(f"tfds:{name}", "tfds", name, split, data_dir, key)
+    return TextSource(source, key, info)
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    kind: str  # "tfds" or "local"
+    name: str | None  # tfds name, or the local path (None: default corpus)
+    unit: str = "file"
+
+
+def parse_spec(spec: str | None, unit: str | None = None) -> SourceSpec:
+    """``None``/"default" -> default corpus; "tfds:NAME"; "lines:PATH"; else a local path."""
+    if spec is None or spec in ("", "default"):
+        return SourceSpec("local", None, unit or "file")
+    if spec.startswith("tfds:"):
+        name = spec[len("tfds:") :]
+        if not name:
+            raise UnknownDatasetError(
+                f"--data {spec!r}: name a dataset, e.g. tfds:{KNOWN_TEXT_DATASETS[0]}; known "
+                f"text datasets: {', '.join(KNOWN_TEXT_DATASETS)}"
+            )
+        return SourceSpec("tfds", name)
+    if spec.startswith("lines:"):
+        return SourceSpec("local", spec[len("lines:") :], "line")
+    return SourceSpec("local", spec, unit or "file")
+
+
+def open_source(
+    spec: str | None,
+    split: str = "train",
+    *,
+    data_dir: str | None = None,
+    text_key: str | None = None,
+    unit: str | None = None,
+    download: bool = False,
+) -> TextSource:
+    """The raw records of one split of ``spec`` (see the module docstring), in stored order.
+
+    Local text is prepared (once, cached by content hash) by the ``tjax_local_text`` builder
+    and then read with ``tfds.data_source`` exactly like a catalog dataset.
+    """
+    parsed = parse_spec(spec, unit)
+    if parsed.kind == "tfds":
+        return open_tfds(
+            parsed.name, split, data_dir=data_dir, text_key=text_key, download=download
+        )
+    import tensorflow_datasets as tfds
+
+    from transformers_jax.data.local_text import prepare_local_text, quiet_tfds
+
+    prepared = prepare_local_text(parsed.name, parsed.unit, data_dir)
+    with quiet_tfds():
+        source = tfds.data_source(prepared.name, split=split, data_dir=prepared.data_dir)
+    info = SourceInfo(spec or "default", "local", prepared.name, split, prepared.data_dir, "text")
+    return TextSource(source, "text", info)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def _cut_points(data: bytes, max_bytes: int) -> list[int]:
+    """Cut ``data`` into pieces of at most ``max_bytes``, after a newline when one lies in the
+    second half of the window, else at a UTF-8 character boundary."""
+    cuts, start, n = [0], 0, len(data)
+    while n - start > max_bytes:
+        end = start + max_bytes
+        nl = data.rfind(b"\n", start + max_bytes // 2, end)
+        if nl >= 0:
+            end = nl + 1
+        else:
+            while end > start + 1 and (data[end] & 0xC0) == 0x80:  # inside a character
+                end -= 1
+        cuts.append(end)
+        start = end
+    cuts.append(n)
+    return cuts
+
+
+class Documents:
+    """Random-access pieces of a ``TextSource``: ``[i] -> Piece(text, first, last)``.
+
+    Sources with at most ``10_000`` records are read once to cut long documents into pieces of
+    at most ``max_piece_bytes``; larger sources are used record by record (their documents are
+    usually short, and scanning them would take long). ``select`` keeps a contiguous range of
+    pieces (the held-out tail, or the training head).
+    """
+
+    def __init__(
+        self,
+        source: TextSource,
+        max_piece_bytes: int | None = 8192,
+        select: slice | None = None,
+    ):
+        self.source = source
+        self._index: np.ndarray | None = None  # [N, 3] int64: record, start, end
+        if max_piece_bytes is not None and len(source) <= _SCAN_LIMIT:
+            rows, lengths = [], []
+            for r in range(len(source)):
+                data = source[r]
+                cuts = _cut_points(data, max_piece_bytes)
+                rows.extend((r, a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True))
+                lengths.append(len(data))
+            self._index = np.asarray(rows, np.int64).reshape(-1, 3)
+            self._lengths = np.asarray(lengths, np.int64)
+        n = len(self._index) if self._index is not None else len(source)
+        self._range = range(n)[select] if select is not None else range(n)
+        self._cache = threading.local()
+
+    def subset(self, select: slice) -> Documents:
+        """The pieces ``select`` picks (indices into this object), sharing the scan."""
+        other = copy.copy(self)
+        other._range = self._range[select]
+        other._cache = threading.local()
+        return other
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def _record(self, r: int) -> bytes:
+        cache = self._cache
+        if getattr(cache, "r", None) != r:
+            cache.r, cache.data = r, self.source[r]
+        return cache.data
+
+    def __getitem__(self, index: int) -> Piece:
+        i = self._range[index]
+        if self._index is None:
+            return Piece(self.source[i], True, True)
+        r, a, b = (int(v) for v in self._index[i])
+        return Piece(self._record(r)[a:b], a == 0, b == self._lengths[r])
+
+    def num_bytes(self) -> int:
+        """Total bytes in these pieces (reads them all)."""
+        return sum(len(self[i].text) for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"Documents({self.source!r}, {len(self)} pieces)"
+
+
+def open_documents(
+    spec: str | None,
+    role: str = "train",
+    *,
+    val_fraction: float = 0.05,
+    split: str | None = None,
+    data_dir: str | None = None,
+    text_key: str | None = None,
+    unit: str | None = None,
+    download: bool = False,
+    max_piece_bytes: int | None = 8192,
+) -> Documents:
+    """The training (``role="train"``) or held-out (``role="eval"``) documents of ``spec``.
+
+    ``split`` overrides the choice of split (a tfds split string such as ``"test[:10%]"``);
+    then no piece is held out.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}: valid choices: {', '.join(ROLES)}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction={val_fraction}: must be in [0, 1)")
+    parsed = parse_spec(spec, unit)
+    kw = dict(data_dir=data_dir, text_key=text_key, unit=unit, download=download)
+    if split is not None:
+        return Documents(open_source(spec, split, **kw), max_piece_bytes)
+    if parsed.kind == "tfds" and role == "eval":
+        splits = available_splits(parsed.name, data_dir)
+        for candidate in ("validation", "test"):
+            if not splits or candidate in splits:  # no split list: not prepared, or a mock
+                return Documents(open_source(spec, candidate, **kw), max_piece_bytes)
+    if parsed.kind == "tfds" and role == "train":
+        splits = available_splits(parsed.name, data_dir)
+        if not splits or "validation" in splits or "test" in splits:
+            return Documents(open_source(spec, "train", **kw), max_piece_bytes)
+    # Hold out the last val_fraction of the pieces of the train split.
+    docs = Documents(open_source(spec, "train", **kw), max_piece_bytes)
+    n = len(docs)
+    n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
+    if role == "eval" and n_val == 0:
+        raise ValueError(f"{spec!r}: val_fraction=0 leaves no held-out text for evaluation")
+    if n - n_val < 1:
+        raise ValueError(
+            f"{spec!r}: {n} piece(s) of text is too little to hold out {val_fraction:.0%} for "
+            "evaluation; use more text or val_fraction=0"
+        )
+    return docs.subset(slice(n - n_val, n) if role == "eval" else slice(0, n - n_val))
