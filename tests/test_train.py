@@ -127,3 +127,26 @@ def test_cli_errors_are_clear():
     assert "no such file, folder or glob" in result.stderr
     result = tjax("train", "--model.n_heads=3")
     assert result.returncode == 2 and "must divide d_model=128" in result.stderr
+
+
+def test_trained_tokenizer_is_saved_with_the_run_and_restored(tmp_path):
+    from transformers_jax.runs import load_run
+
+    run = str(tmp_path / "run")
+    cfg = TrainConfig(steps=2, batch_size=2, seq_len=16, log_every=1, eval_every=2,
+                      eval_batches=1, progress=False, run_dir=run, tokenizer="char")
+    final = train(TINY_MODEL, cfg, auto_vocab=True)
+    assert final["steps"] == 2
+    _, _, tokenizer, config = load_run(run)
+    assert tokenizer.name == "char" and config.vocab_size == tokenizer.vocab_size < 262
+    text = "def f(x): return x"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_prefix_lm_on_text_and_a_synthetic_task_train():
+    prefix = TrainConfig(steps=3, batch_size=2, seq_len=16, log_every=1, eval_every=3,
+                         eval_batches=1, progress=False)
+    assert train(TINY_MODEL.replace(mask="prefix"), prefix)["steps"] == 3
+    task = prefix.replace(task="reverse", train_lengths=(1, 5), seq_len=16)
+    final = train(TINY_MODEL, task)
+    assert final["steps"] == 3 and final["eval_loss"] is not None

@@ -20,7 +20,6 @@ from transformers_jax.config import (
     apply_overrides,
     from_dict,
 )
-from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.registry import UnknownNameError
 
 ALIASES = {
@@ -29,6 +28,8 @@ ALIASES = {
     "--run-dir": "train.run_dir",
     "--seed": "train.seed",
     "--family": "model.family",
+    "--task": "train.task",
+    "--tokenizer": "train.tokenizer",
 }
 FLAGS = {"--json": "train.json", "--no-progress": ("train.progress", "false")}
 
@@ -74,9 +75,7 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
     if config_file:
         with open(config_file) as f:
             base = json.load(f)
-    # Byte tokenizer by default: the vocabulary follows it unless set explicitly.
-    model_data = {"vocab_size": ByteTokenizer().vocab_size, **base.get("model", {})}
-    model_cfg = from_dict(ModelConfig, model_data)
+    model_cfg = from_dict(ModelConfig, base.get("model", {}))
     train_cfg = from_dict(TrainConfig, base.get("train", {}))
     sections = {"model": {}, "train": {}}
     for key, value in overrides.items():
@@ -91,7 +90,9 @@ def cmd_train(argv: list[str]) -> int:
     model_cfg, train_cfg = build_configs(argv)
     from transformers_jax.train.loop import train  # imports JAX: after the configs are valid
 
-    final = train(model_cfg, train_cfg)
+    # The vocabulary follows the tokenizer unless given explicitly.
+    explicit = model_cfg.vocab_size != ModelConfig().vocab_size
+    final = train(model_cfg, train_cfg, auto_vocab=not explicit)
     if train_cfg.json:
         print(json.dumps({k: v for k, v in final.items() if k != "history"}, indent=None))
     return 0

@@ -68,7 +68,7 @@ class ModelConfig:
     """Everything that defines a model's architecture and numerics."""
 
     family: str = "gpt"
-    vocab_size: int = 256
+    vocab_size: int = 262  # the byte tokenizer's 256 bytes + 6 special tokens
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -226,7 +226,15 @@ class TrainConfig:
     b2: float = 0.95
     grad_clip: float = 1.0
     seed: int = 0
-    data: str | None = None  # text file, folder or glob; None: the embedded default corpus
+    data: str | None = None  # PATH, lines:PATH, tfds:NAME; None: the embedded default corpus
+    data_dir: str | None = None  # tfds data_dir (catalog datasets, prepared local text)
+    text_key: str | None = None  # tfds text feature (auto-detected when None)
+    tokenizer: str = "byte"  # byte, char, sentencepiece, sentencepiece_bpe
+    tokenizer_vocab: int | None = None  # vocabulary size of a trained tokenizer
+    pack: str = "concat"  # concat, first_fit, none
+    task: str | None = None  # a synthetic task instead of text (copy, reverse, addition, ...)
+    train_lengths: tuple[int, int] = (1, 20)  # task lengths seen in training
+    test_lengths: tuple[int, int] = (21, 80)  # task lengths for the extrapolation test
     val_fraction: float = 0.05
     eval_every: int = 200
     eval_batches: int = 8
@@ -249,6 +257,14 @@ class TrainConfig:
             _fail("train.warmup_steps", self.warmup_steps, f"must be in [0, steps={self.steps})")
         if not 0.0 < self.val_fraction < 1.0:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
+        _check_choice("train.tokenizer", self.tokenizer,
+                      ("byte", "char", "sentencepiece", "sentencepiece_bpe"))
+        _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
+        for name in ("train_lengths", "test_lengths"):
+            lo_hi = tuple(getattr(self, name))
+            if len(lo_hi) != 2 or not 1 <= lo_hi[0] <= lo_hi[1]:
+                _fail(f"train.{name}", lo_hi, "must be 'low,high' with 1 <= low <= high")
+            object.__setattr__(self, name, lo_hi)  # JSON gives lists
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             _fail("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
 
@@ -288,6 +304,11 @@ def _coerce(text: str, annotation: Any, name: str) -> Any:
                 return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(text, inner[0], name)
+    if origin is tuple:  # "1,20" -> (1, 20)
+        inner = [a for a in args if a is not Ellipsis]
+        parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
+        return tuple(_coerce(p.strip(), inner[min(i, len(inner) - 1)], name)
+                     for i, p in enumerate(parts))
     if annotation is bool:
         if text.lower() in ("1", "true", "yes", "on"):
             return True

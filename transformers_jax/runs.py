@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig, TrainConfig, from_dict
-from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.data.tokenizers import ByteTokenizer, load_tokenizer
 from transformers_jax.models import build_model
 from transformers_jax.train.checkpoint import Checkpointer, abstract_like
+from transformers_jax.train.data import TOKENIZER_DIR
 from transformers_jax.train.optim import make_optimizer
 from transformers_jax.train.step import init_state
 
 
-def load_tokenizer(spec: dict):
+def run_tokenizer(run_dir: str, spec: dict):
+    """The tokenizer saved beside the checkpoints (byte-level needs no files)."""
+    directory = os.path.join(run_dir, spec.get("dir", TOKENIZER_DIR))
+    if os.path.isdir(directory):
+        return load_tokenizer(directory)
     if spec.get("kind") == "byte":
         return ByteTokenizer()
-    raise ValueError(f"checkpoint names tokenizer {spec!r}, which this version cannot load")
+    raise FileNotFoundError(
+        f"the run uses a {spec.get('kind')!r} tokenizer but {directory} is missing; copy the "
+        "whole run directory, not only its checkpoints"
+    )
 
 
 def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None):
@@ -46,4 +55,4 @@ def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None
         state, _ = ckpt.restore(abstract_like(target, shardings), step)
     finally:
         ckpt.close()
-    return model, state.params, load_tokenizer(meta["tokenizer"]), config
+    return model, state.params, run_tokenizer(run_dir, meta["tokenizer"]), config

@@ -18,9 +18,6 @@ from tqdm import tqdm
 
 from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
-from transformers_jax.data.batches import lm_batch, split_tokens
-from transformers_jax.data.corpus import read_text
-from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
 from transformers_jax.train.checkpoint import (
@@ -29,6 +26,7 @@ from transformers_jax.train.checkpoint import (
     check_same_model,
     config_differences,
 )
+from transformers_jax.train.data import TOKENIZER_DIR, RunData, make_run_data, run_tokenizer
 from transformers_jax.train.flops import device_peak, flops_per_token
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.step import TrainState, init_state, make_eval_step, make_train_step
@@ -86,20 +84,19 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
-def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer, step: int) -> dict:
+def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int) -> dict:
     """Everything besides arrays that a resumed run or a sampler needs (stored as JSON)."""
     return {
         "model": dataclasses.asdict(model_cfg),
         "train": dataclasses.asdict(cfg),
         "step": step,
-        # Batch i is a pure function of (seed, i): the next batch index is the data position.
-        "data": {"next_batch": step, "source": cfg.data or "default corpus"},
-        "tokenizer": {"kind": tokenizer.name},
+        "data": {"iterator": data.train.get_state(), "description": data.description},
+        "tokenizer": {"kind": data.tokenizer.name, "dir": TOKENIZER_DIR},
         "versions": {"jax": jax.__version__, "transformers_jax": __version__},
     }
 
 
-def _resume(ckpt: Checkpointer, state: TrainState, model_cfg, cfg, log) -> TrainState:
+def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg, log):
     meta = ckpt.read_meta()
     check_same_model(meta["model"], model_cfg, cfg.run_dir)
     ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
@@ -110,41 +107,41 @@ def _resume(ckpt: Checkpointer, state: TrainState, model_cfg, cfg, log) -> Train
         log.write("warning", 0, {}, "resuming with different training settings (the run "
                   "will not match an uninterrupted one):\n  " + "\n  ".join(diffs))
     state, _ = ckpt.restore(abstract_like(state))
+    data.train.set_state(meta["data"]["iterator"])  # continue with exactly the next batch
     log.write("resume", int(state.step), {}, f"resumed from {cfg.run_dir} at step "
               f"{int(state.step)}")
     return state
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
-    """Train a causal LM on ``cfg.data`` (or the default corpus); return the final metrics.
+def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) -> dict[str, Any]:
+    """Train on ``cfg.data`` (or the default corpus, or ``cfg.task``); return final metrics.
+
+    ``auto_vocab``: set ``model_cfg.vocab_size`` from the tokenizer (the CLI does this unless
+    ``--model.vocab_size`` is given); otherwise a vocabulary smaller than the tokenizer's fails.
 
     With ``cfg.run_dir`` the run is checkpointed every ``checkpoint_every`` steps, at the end
     and on SIGTERM/SIGINT, and a later call with the same run directory resumes exactly.
     """
     check_lengths(model_cfg, cfg.seq_len)
-    tokenizer = ByteTokenizer()
-    if model_cfg.vocab_size < tokenizer.vocab_size:
+    tokenizer = run_tokenizer(cfg)
+    if auto_vocab:
+        model_cfg = model_cfg.replace(vocab_size=tokenizer.vocab_size)
+    elif model_cfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(
             f"model.vocab_size={model_cfg.vocab_size} is smaller than the {tokenizer.name} "
             f"tokenizer's {tokenizer.vocab_size} ids; set model.vocab_size>="
-            f"{tokenizer.vocab_size}"
+            f"{tokenizer.vocab_size} (or leave it unset to follow the tokenizer)"
         )
-    splits = split_tokens(tokenizer.encode(read_text(cfg.data)), cfg.val_fraction, cfg.seq_len)
+    data = make_run_data(model_cfg, cfg, tokenizer)
 
     model = build_model(model_cfg)
     schedule = learning_rate_schedule(cfg)
     optimizer = make_optimizer(cfg)
-    prefix = model_cfg.mask == "prefix"
-
-    def batch_at(tokens, seed, index):
-        return lm_batch(tokens, cfg.batch_size, cfg.seq_len, seed, index, prefix=prefix)
-
-    state = init_state(model, optimizer, cfg.seed, batch_at(splits.train, cfg.seed, 0))
+    # initialise from an eval batch: the first training batch is not consumed
+    state = init_state(model, optimizer, cfg.seed, data.eval_batches[0])
     train_step = jax.jit(make_train_step(model, optimizer, schedule), donate_argnums=0)
     eval_step = jax.jit(make_eval_step(model))
-
-    # The same held-out windows at every evaluation, so eval losses are comparable.
-    eval_batches = [batch_at(splits.val, -1, i) for i in range(cfg.eval_batches)]
+    eval_batches = data.eval_batches
     n_params = count_params(state.params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
@@ -154,7 +151,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
     log = MetricsLog(cfg.run_dir, bar if cfg.progress else None)
     ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
     if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
-        state = _resume(ckpt, state, model_cfg, cfg, log)
+        state = _resume(ckpt, state, data, model_cfg, cfg, log)
     start_step = int(state.step)
     bar.update(start_step)
     log.write(
@@ -162,13 +159,13 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
         start_step,
         {"params": n_params, "flops_per_token": flops, "peak_flops": peak},
         f"{model_cfg.family}: {n_params / 1e6:.2f}M params, attention={model_cfg.attention}, "
-        f"mask={model_cfg.mask}, position={model_cfg.position}; {len(splits.train):,} train / "
-        f"{len(splits.val):,} val tokens; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})",
+        f"mask={model_cfg.mask}, position={model_cfg.position}; data: {data.description}; "
+        f"peak {peak / 1e9:.0f} GFLOP/s ({peak_source})",
     )
 
     def save(step: int) -> None:
         if ckpt is not None:
-            ckpt.save(step, state, run_meta(model_cfg, cfg, tokenizer, step))
+            ckpt.save(step, state, run_meta(model_cfg, cfg, data, step))
 
     fault_after = int(os.environ.get("TJAX_FAULT_AFTER_STEP", "-1"))  # crash tests only
     history: list[dict] = []
@@ -180,7 +177,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
     t_window = time.perf_counter()
     with StopSignals() as stop:
         for step in range(start_step, cfg.steps):
-            batch = batch_at(splits.train, cfg.seed, step)
+            batch = next(data.train)
             start = time.perf_counter()
             state, metrics = train_step(state, batch)
             first = step == start_step
