@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax import ModelConfig, build_model
+from transformers_jax.bench import bench_decoding
 from transformers_jax.nn.kvcache import init_cache
-from transformers_jax.sample import SamplingConfig, _generate
 
 
 def best_time(fn, repeats: int = 5) -> float:
@@ -53,21 +53,7 @@ def main() -> None:
                          "new_tokens": args.new_tokens, "attention": args.attention},
               "device": jax.devices()[0].device_kind, "jax": jax.__version__}
 
-    greedy = SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.0, stop_tokens=())
-    total = args.prompt + args.new_tokens
-    for batch in (1, 8):
-        prompts = jnp.ones((batch, args.prompt), jnp.int32)
-        lengths = jnp.full((batch,), args.prompt, jnp.int32)
-        prefill = jax.jit(lambda p, t, n, b=batch: model.apply(
-            {"params": p}, t, cache=init_cache(cfg, b, total), lengths=n))
-        ttft = best_time(lambda f=prefill, p=prompts, n=lengths: f(params, p, n))
-        run = best_time(lambda p=prompts, n=lengths: _generate(
-            model, params, p, n, jax.random.key(0), cfg=greedy, cache_size=total), repeats=3)
-        result[f"batch_{batch}"] = {
-            "time_to_first_token_ms": 1e3 * ttft,
-            "decode_tokens_per_s": batch * args.new_tokens / run,
-            "ms_per_step": 1e3 * run / args.new_tokens,
-        }
+    result.update(bench_decoding(cfg, args.prompt, args.new_tokens))
 
     # One new token at prefix length L: cached step (cache of 1024 slots, L filled) versus a
     # full forward pass over the L-token prefix (what decoding without a cache repeats).

@@ -157,7 +157,13 @@ class ByteStream:
         sys.stdout.flush()
 
 
-COMMANDS = {"train": cmd_train, "sample": cmd_sample}
+def cmd_bench(argv: list[str]) -> int:
+    from transformers_jax.bench import main as bench_main
+
+    return bench_main(argv)
+
+
+COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
