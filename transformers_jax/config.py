@@ -243,6 +243,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
+    init_from: str | None = None  # fine-tune: start from this run's params (fresh optimizer)
     json: bool = False  # print the final metrics as one JSON object
     progress: bool = True  # tqdm progress bar
 

@@ -113,6 +113,24 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
     return state
 
 
+def _init_from(run_dir: str, state: TrainState, optimizer, log) -> TrainState:
+    """Fine-tuning: take another run's parameters (any position scaling, context length or
+    training settings), with a fresh optimizer and step 0."""
+    from transformers_jax.runs import load_run
+
+    _, params, _, source_cfg = load_run(run_dir)
+    want = jax.tree.map(lambda x: (x.shape, str(x.dtype)), state.params)
+    have = jax.tree.map(lambda x: (x.shape, str(x.dtype)), params)
+    if jax.tree.structure(want) != jax.tree.structure(have) or want != have:
+        raise ValueError(
+            f"cannot initialise from {run_dir}: its parameters ({source_cfg.n_layers} layers, "
+            f"d_model={source_cfg.d_model}, position={source_cfg.position}) do not have the "
+            "shapes this model needs; fine-tuning keeps the architecture"
+        )
+    log.write("init", 0, {}, f"initialised parameters from {run_dir}")
+    return state.replace(params=params, opt_state=optimizer.init(params))
+
+
 def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) -> dict[str, Any]:
     """Train on ``cfg.data`` (or the default corpus, or ``cfg.task``); return final metrics.
 
@@ -152,6 +170,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
     ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
     if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
         state = _resume(ckpt, state, data, model_cfg, cfg, log)
+    elif cfg.init_from:
+        state = _init_from(cfg.init_from, state, optimizer, log)
     start_step = int(state.step)
     bar.update(start_step)
     log.write(
