@@ -27,3 +27,15 @@ def test_length_extrapolation_tiny(results_dir):
     table = (results_dir / "length_extrapolation_tiny.md").read_text()
     assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
     assert (results_dir / "length_extrapolation_tiny.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_rope_extension_tiny(results_dir):
+    from experiments import rope_extension
+
+    rope_extension.main(["--scale", "tiny", "--seeds", "1", "--scalings", "none,yarn"])
+    out = json.loads((results_dir / "rope_extension_tiny.json").read_text())
+    assert set(out["results"]) == {"none", "yarn"}
+    zero_shot = {k: v[0]["zero_shot"] for k, v in out["results"].items()}
+    assert zero_shot["none"] != zero_shot["yarn"]  # the scaling changes the numbers
+    assert (results_dir / "rope_extension_tiny.png").exists()

@@ -1,0 +1,129 @@
+"""Experiment 2: RoPE context extension.
+
+A RoPE model trained at L tokens is evaluated at 4L with no scaling, linear position
+interpolation (PI), NTK-aware, dynamic NTK and YaRN (factor 4, original length L), first as is
+(zero-shot) and then after a short fine-tune at 4L. The published picture to echo (Chen et al.
+2023; Peng et al. 2023): without scaling the loss blows up past L; PI needs fine-tuning to
+recover; NTK/dynamic NTK/YaRN do better zero-shot; after a short fine-tune all scalings are
+close, YaRN best.
+
+    python -m experiments.rope_extension                  # default scale, ~8 min on 2 cores
+    python -m experiments.rope_extension --scale large
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+from experiments.common import (
+    eval_loss,
+    markdown_table,
+    mean_std,
+    text_tokens,
+    train_and_load,
+    write_results,
+)
+from transformers_jax import ModelConfig, RopeConfig, TrainConfig
+from transformers_jax.models import build_model
+
+SCALINGS = ["none", "linear", "ntk", "dynamic_ntk", "yarn"]
+FACTOR = 4
+
+SCALES = {
+    "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=16, batch_size=4, seq_len=16),
+             4, 2_000),
+    "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=400, batch_size=16,
+                seq_len=64), 60, 24_000),
+    "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=64,
+              seq_len=256), 400, 400_000),
+}
+
+
+def rope_for(scaling: str, train_len: int) -> RopeConfig:
+    if scaling == "none":
+        return RopeConfig()
+    return RopeConfig(scaling=scaling, factor=float(FACTOR), original_max_len=train_len)
+
+
+def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS)) -> dict:
+    model_fields, train_fields, tune_steps, n_eval = SCALES[scale]
+    L = train_fields["seq_len"]
+    results: dict = {}
+    baseline_1x = []
+    for seed in range(seeds):
+        with tempfile.TemporaryDirectory() as tmp:
+            base_dir = os.path.join(tmp, "base")
+            base_cfg = ModelConfig(position="rope", **model_fields)
+            train_cfg = TrainConfig(seed=seed, data=data, eval_every=train_fields["steps"],
+                                    log_every=max(train_fields["steps"] // 4, 1), **train_fields)
+            _, params, tokenizer, _ = train_and_load(base_cfg, train_cfg, base_dir)
+            tokens = text_tokens(tokenizer, data, n_eval)
+            base_model = build_model(base_cfg.replace(vocab_size=tokenizer.vocab_size))
+            baseline_1x.append(eval_loss(base_model, params, tokens, L))
+            for scaling in scalings:
+                cfg = base_cfg.replace(rope=rope_for(scaling, L), vocab_size=tokenizer.vocab_size)
+                zero_shot = eval_loss(build_model(cfg), params, tokens, FACTOR * L)
+                tune = train_cfg.replace(steps=tune_steps, seq_len=FACTOR * L,
+                                         batch_size=max(train_fields["batch_size"] // FACTOR, 1),
+                                         init_from=base_dir, warmup_steps=0,
+                                         learning_rate=train_cfg.learning_rate / 4,
+                                         eval_every=tune_steps)
+                model, tuned, _, _ = train_and_load(cfg, tune)
+                tuned_loss = eval_loss(model, tuned, tokens, FACTOR * L)
+                results.setdefault(scaling, []).append({"zero_shot": zero_shot,
+                                                        "fine_tuned": tuned_loss})
+                print(f"seed {seed} {scaling}: zero-shot {zero_shot:.3f}, fine-tuned "
+                      f"{tuned_loss:.3f}", flush=True)
+    return {"scale": scale, "seeds": seeds, "train_len": L, "eval_len": FACTOR * L,
+            "factor": FACTOR, "fine_tune_steps": tune_steps, "loss_at_train_len": baseline_1x,
+            "results": results}
+
+
+def report(out: dict) -> None:
+    rows, means = [], {}
+    for scaling, runs in out["results"].items():
+        zs = mean_std([r["zero_shot"] for r in runs])
+        ft = mean_std([r["fine_tuned"] for r in runs])
+        means[scaling] = (zs[0], ft[0])
+        rows.append([scaling, f"{zs[0]:.3f} ± {zs[1]:.3f}", f"{ft[0]:.3f} ± {ft[1]:.3f}"])
+    base = mean_std(out["loss_at_train_len"])
+    table = (f"Held-out loss (nats/token) at {out['eval_len']} tokens of a RoPE model trained at "
+             f"{out['train_len']} (its loss at {out['train_len']}: {base[0]:.3f}); fine-tune: "
+             f"{out['fine_tune_steps']} steps at {out['eval_len']}; mean ± std over "
+             f"{out['seeds']} seeds.\n\n"
+             + markdown_table(["scaling", "zero-shot", "after fine-tune"], rows))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = list(means)
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], [means[n][0] for n in names], width=0.4, label="zero-shot")
+    ax.bar([x + 0.2 for x in xs], [means[n][1] for n in names], width=0.4, label="fine-tuned")
+    ax.axhline(base[0], color="black", linestyle="--", linewidth=0.8,
+               label=f"at training length {out['train_len']}")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel(f"held-out loss at {out['eval_len']} tokens")
+    ax.legend(fontsize=8)
+    paths = write_results(f"rope_extension_{out['scale']}", out, table, fig)
+    print(table)
+    print(f"wrote {', '.join(paths.values())}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", choices=sorted(SCALES), default="default")
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--scalings", default=",".join(SCALINGS))
+    args = parser.parse_args(argv)
+    report(run(args.scale, args.seeds, args.data, args.scalings.split(",")))
+
+
+if __name__ == "__main__":
+    main()
