@@ -54,7 +54,9 @@ def text_tokens(tokenizer, data: str | None, max_tokens: int, role: str = "eval"
     return np.concatenate(parts)[:max_tokens].astype(np.int32)
 
 
-def _loss_fn(model):
+def window_losses(model):
+    """A jitted ``(params, inputs, targets) -> per-token loss [B, T]``."""
+
     @jax.jit
     def losses(params, inputs, targets):
         logits = model.apply({"params": params}, inputs)
@@ -77,7 +79,7 @@ def eval_loss(model, params, tokens: np.ndarray, length: int, stride: int | None
     starts = list(range(0, len(tokens) - length - 1, step))
     if not starts:
         raise ValueError(f"held-out stream of {len(tokens)} tokens is too short for {length}")
-    losses_fn = _loss_fn(model)
+    losses_fn = window_losses(model)
     total, count = 0.0, 0
     for i in range(0, len(starts), batch_size):
         chunk = starts[i : i + batch_size]

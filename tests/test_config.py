@@ -42,7 +42,7 @@ def test_bad_values_name_field_and_fix(changes, fragments):
         ("mask", "bidirectional, causal, prefix, sliding_window"),
         ("position", "alibi, fire, learned, none, rope, sinusoidal, t5"),
         ("norm", "layernorm, rmsnorm"),
-        ("mlp", "gelu, relu, swiglu"),
+        ("mlp", "geglu, gelu, gelu_exact, relu, swiglu"),
     ],
 )
 def test_unknown_names_list_valid_ones(field, valid):

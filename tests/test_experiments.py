@@ -39,3 +39,32 @@ def test_rope_extension_tiny(results_dir):
     zero_shot = {k: v[0]["zero_shot"] for k, v in out["results"].items()}
     assert zero_shot["none"] != zero_shot["yarn"]  # the scaling changes the numbers
     assert (results_dir / "rope_extension_tiny.png").exists()
+
+
+@pytest.mark.slow
+def test_context_usage_tiny(results_dir):
+    from experiments import context_usage
+
+    context_usage.main(["--scale", "tiny"])
+    out = json.loads((results_dir / "context_usage_tiny.json").read_text())
+    assert set(out["results"]) == {"gpt", "lstm"}
+    row = out["results"]["lstm"][0]
+    assert {"truncate/4", "shuffle/16", "shuffle_spans/4", "random/16"} <= set(row)
+    assert (results_dir / "context_usage_tiny.png").exists()
+
+
+def test_perturbations_touch_only_the_far_context():
+    import numpy as np
+
+    from experiments.context_usage import perturb
+
+    rng = np.random.default_rng(0)
+    window = np.arange(100)
+    for kind in ("shuffle", "shuffle_spans", "random"):
+        out = perturb(window, 60, kind, rng, vocab=1000)
+        assert len(out) == 100 and np.array_equal(out[60:], window[60:])
+        assert not np.array_equal(out[:60], window[:60])
+    spans = perturb(window, 60, "shuffle_spans", rng, vocab=1000)
+    for start in range(0, 60, 20):  # each span keeps its own tokens
+        assert sorted(spans[start : start + 20]) == list(range(start, start + 20))
+    assert np.array_equal(perturb(window, 60, "truncate", rng, 1000), window[60:])

@@ -115,6 +115,11 @@ def cmd_sample(argv: list[str]) -> int:
     from transformers_jax.sample import SamplingConfig, generate
 
     model, params, tokenizer, _ = load_run(args.run, args.step)
+    if tokenizer is None:
+        raise ValueError(
+            f"{args.run} has no tokenizer this project can load (converted weights with an "
+            "external tokenizer): sample from Python with token ids instead"
+        )
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -124,7 +129,7 @@ def cmd_sample(argv: list[str]) -> int:
         pad_id=tokenizer.pad_id,
     )
     prompt = list(tokenizer.encode(args.prompt))
-    if args.num_samples == 1:  # stream: print each token as the compiled loop emits it
+    if args.num_samples == 1 and tokenizer.name == "byte":  # stream bytes as they are emitted
         stream = ByteStream(tokenizer)
         sys.stdout.write(args.prompt)
         generate(model, params, [prompt], sampling, seed=args.seed,
@@ -133,6 +138,9 @@ def cmd_sample(argv: list[str]) -> int:
         sys.stdout.write("\n")
         return 0
     outputs = generate(model, params, [prompt] * args.num_samples, sampling, seed=args.seed)
+    if args.num_samples == 1:
+        print(f"{args.prompt}{tokenizer.decode(outputs[0])}")
+        return 0
     for i, out in enumerate(outputs):
         print(f"--- sample {i + 1} ---\n{args.prompt}{tokenizer.decode(out)}")
     return 0
@@ -157,13 +165,20 @@ class ByteStream:
         sys.stdout.flush()
 
 
+def cmd_convert(argv: list[str]) -> int:
+    from transformers_jax.convert import main as convert_main
+
+    return convert_main(argv)
+
+
 def cmd_bench(argv: list[str]) -> int:
     from transformers_jax.bench import main as bench_main
 
     return bench_main(argv)
 
 
-COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench}
+COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench,
+            "convert": cmd_convert}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return COMMANDS[command](rest)
-    except (ConfigError, UnknownNameError, FileNotFoundError, ValueError) as err:
+    except (ConfigError, UnknownNameError, FileNotFoundError, FileExistsError, ValueError) as err:
         if os.environ.get("TJAX_DEBUG"):
             raise
         print(f"tjax {command}: error: {err}", file=sys.stderr)

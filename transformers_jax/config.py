@@ -18,6 +18,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 NORM_POSITIONS = ("pre", "post")
 ROPE_PAIRINGS = ("rotate_half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+REMAT_POLICIES = ("none", "full", "nothing_saveable", "dots_saveable",
+                  "dots_with_no_batch_dims_saveable", "everything_saveable")
+STRATEGIES = ("single", "pmap", "shard_map", "jit")
 
 
 class ConfigError(ValueError):
@@ -103,6 +106,8 @@ class ModelConfig:
     init_std: float = 0.02
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"  # storage dtype of parameters
+    remat: str = "none"  # recompute each layer in the backward pass: a REMAT_POLICIES name
+    scan_layers: bool = False  # one nn.scan over the layers; params stacked under "layers"
 
     def __post_init__(self) -> None:
         # Registries live beside their implementations; import lazily to keep config JAX-free
@@ -152,6 +157,7 @@ class ModelConfig:
         _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("param_dtype", self.param_dtype, DTYPES)
+        _check_choice("remat", self.remat, REMAT_POLICIES)
         if not 0.0 <= self.dropout < 1.0:
             _fail("dropout", self.dropout, "must be in [0, 1)")
         for name in ("attn_logit_softcap", "final_logit_softcap"):
@@ -191,7 +197,7 @@ class ModelConfig:
     def ff_dim(self) -> int:
         if self.d_ff is not None:
             return self.d_ff
-        if self.mlp == "swiglu":  # keep the parameter count of a 4x GELU MLP
+        if self.mlp in ("swiglu", "geglu"):  # gated: keep the parameter count of a 4x MLP
             return 8 * ((8 * self.d_model // 3 + 7) // 8)
         return 4 * self.d_model
 
@@ -244,6 +250,13 @@ class TrainConfig:
     keep_checkpoints: int = 3
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
     init_from: str | None = None  # fine-tune: start from this run's params (fresh optimizer)
+    # Scaling out (see parallel/): strategy, device mesh, micro-batches, multi-host.
+    strategy: str = "single"  # single, pmap, shard_map, jit
+    mesh: str | None = None  # e.g. "data=4,fsdp=2,tensor=1"; default: all devices on data
+    grad_accum: int = 1  # micro-batches per step (the batch is split, the update is the same)
+    coordinator: str | None = None  # HOST:PORT of process 0 for multi-host runs
+    num_processes: int | None = None
+    process_id: int | None = None
     json: bool = False  # print the final metrics as one JSON object
     progress: bool = True  # tqdm progress bar
 
@@ -261,6 +274,17 @@ class TrainConfig:
         _check_choice("train.tokenizer", self.tokenizer,
                       ("byte", "char", "sentencepiece", "sentencepiece_bpe"))
         _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
+        _check_choice("train.strategy", self.strategy, STRATEGIES)
+        if self.grad_accum < 1 or self.batch_size % self.grad_accum:
+            _fail("train.grad_accum", self.grad_accum,
+                  f"must be >= 1 and divide train.batch_size={self.batch_size}")
+        if self.mesh is not None and self.strategy == "single":
+            _fail("train.mesh", self.mesh, "needs train.strategy=pmap, shard_map or jit")
+        multihost = (self.coordinator, self.num_processes, self.process_id)
+        if any(x is not None for x in multihost) and any(x is None for x in multihost):
+            _fail("train.coordinator", self.coordinator, "multi-host needs all of "
+                  "train.coordinator, train.num_processes and train.process_id (or none of "
+                  "them: TPU VMs and GPU clusters are detected automatically)")
         for name in ("train_lengths", "test_lengths"):
             lo_hi = tuple(getattr(self, name))
             if len(lo_hi) != 2 or not 1 <= lo_hi[0] <= lo_hi[1]:

@@ -18,7 +18,10 @@ from transformers_jax.train.step import init_state
 
 
 def run_tokenizer(run_dir: str, spec: dict):
-    """The tokenizer saved beside the checkpoints (byte-level needs no files)."""
+    """The tokenizer saved beside the checkpoints (byte-level needs no files); None when the
+    checkpoint came from elsewhere with a tokenizer this project cannot load (ids only)."""
+    if spec.get("kind") == "external":  # converted weights whose tokenizer we cannot load
+        return None
     directory = os.path.join(run_dir, spec.get("dir", TOKENIZER_DIR))
     if os.path.isdir(directory):
         return load_tokenizer(directory)

@@ -380,6 +380,10 @@ def load_tokenizer(directory: str) -> Tokenizer:
     with open(path) as f:
         meta = json.load(f)
     kind = meta.get("kind")
+    if kind == "huggingface":  # a converted checkpoint's own tokenizer (needs transformers)
+        from transformers_jax.convert.tokenizer import HFTokenizer
+
+        return HFTokenizer.load(directory)
     if kind == "byte":
         tok: Tokenizer = ByteTokenizer()
     elif kind == "char":

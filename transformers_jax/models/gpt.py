@@ -14,6 +14,7 @@ from transformers_jax.nn.kvcache import RowSlot, advance, plan_write, write_row_
 from transformers_jax.nn.layers import Block, dtype_of, make_norm, normal_init, softcap
 from transformers_jax.nn.masks import build_mask
 from transformers_jax.nn.positions import POSITIONS, sinusoidal_embedding
+from transformers_jax.parallel.remat import apply_layers
 
 
 def default_positions(tokens_BT: jax.Array) -> jax.Array:
@@ -134,11 +135,10 @@ class GPT(nn.Module):
             self, cfg, positions_BT, positions_BT, bidirectional=not cfg.causal
         )
 
-        for i in range(cfg.n_layers):
-            x_BTC = Block(cfg, name=f"layer_{i}")(
-                x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
-                deterministic=deterministic,
-            )
+        x_BTC = apply_layers(
+            cfg, x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
+            deterministic=deterministic, remat=cfg.remat, scan=cfg.scan_layers,
+        )
         return self._logits(embed, x_BTC)
 
     def _logits(self, embed: Embedder, x_BTC: jax.Array) -> jax.Array:
@@ -162,6 +162,12 @@ class GPT(nn.Module):
     def _cached(self, tokens_BT, cache: dict, lengths, prefix_len):
         """The forward pass over new tokens that attend to [cached slots, themselves]."""
         cfg = self.config
+        if cfg.scan_layers:
+            raise ValueError(
+                "KV-cache decoding reads each layer's parameters by name: convert scanned "
+                "parameters with parallel.remat.unstack_layer_params and decode with "
+                "scan_layers=False"
+            )
         B, T = tokens_BT.shape
         S = cache["positions"].shape[1]
         lengths_B = jnp.full((B,), T, jnp.int32) if lengths is None else lengths

@@ -122,9 +122,11 @@ class MLPKind:
 
 
 MLPS: Registry[MLPKind] = Registry("mlp")
-MLPS.add("gelu", MLPKind(lambda x: nn.gelu(x, approximate=True), gated=False))
+MLPS.add("gelu", MLPKind(lambda x: nn.gelu(x, approximate=True), gated=False))  # GPT-2's tanh
+MLPS.add("gelu_exact", MLPKind(lambda x: nn.gelu(x, approximate=False), gated=False))  # BERT
 MLPS.add("relu", MLPKind(nn.relu, gated=False))
-MLPS.add("swiglu", MLPKind(nn.silu, gated=True))
+MLPS.add("swiglu", MLPKind(nn.silu, gated=True))  # Llama
+MLPS.add("geglu", MLPKind(lambda x: nn.gelu(x, approximate=True), gated=True))  # T5 v1.1
 
 
 class MLP(nn.Module):

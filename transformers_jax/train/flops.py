@@ -32,6 +32,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True) -> fl
     two attention matmuls (scores and weighted sum) over the full ``seq_len`` keys, the
     convention of the PaLM paper's MFU (causal masking is not subtracted).
     """
+    if cfg.family == "lstm":  # four gates, each an input and a recurrent matmul, per layer
+        forward = 2 * (cfg.n_layers * 8 * cfg.d_model**2 + cfg.d_model * cfg.vocab_size)
+        return 3 * forward if training else forward
     C, H, N, D, F, V = (
         cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dims_per_head, cfg.ff_dim, cfg.vocab_size,
     )

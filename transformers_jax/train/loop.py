@@ -20,6 +20,8 @@ from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
+from transformers_jax.parallel import multihost
+from transformers_jax.parallel.strategies import make_trainer
 from transformers_jax.train.checkpoint import (
     Checkpointer,
     abstract_like,
@@ -29,7 +31,7 @@ from transformers_jax.train.checkpoint import (
 from transformers_jax.train.data import TOKENIZER_DIR, RunData, make_run_data, run_tokenizer
 from transformers_jax.train.flops import device_peak, flops_per_token
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
-from transformers_jax.train.step import TrainState, init_state, make_eval_step, make_train_step
+from transformers_jax.train.step import TrainState
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
@@ -39,8 +41,8 @@ def _mean_metrics(rows: list[dict]) -> dict[str, float]:
 class MetricsLog:
     """Console lines (through tqdm, so the bar stays intact) and an optional JSONL file."""
 
-    def __init__(self, run_dir: str | None, bar: tqdm | None):
-        self.bar = bar
+    def __init__(self, run_dir: str | None, bar: tqdm | None, quiet: bool = False):
+        self.bar, self.quiet = bar, quiet
         self.file = None
         if run_dir:
             os.makedirs(run_dir, exist_ok=True)
@@ -50,7 +52,8 @@ class MetricsLog:
         if self.file:
             self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
             self.file.flush()
-        (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
+        if not self.quiet:
+            (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
 
     def close(self) -> None:
         if self.file:
@@ -96,7 +99,8 @@ def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int)
     }
 
 
-def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg, log):
+def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg, log,
+            shardings=None):
     meta = ckpt.read_meta()
     check_same_model(meta["model"], model_cfg, cfg.run_dir)
     ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
@@ -106,8 +110,9 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
     if diffs:
         log.write("warning", 0, {}, "resuming with different training settings (the run "
                   "will not match an uninterrupted one):\n  " + "\n  ".join(diffs))
-    state, _ = ckpt.restore(abstract_like(state))
-    data.train.set_state(meta["data"]["iterator"])  # continue with exactly the next batch
+    state, _ = ckpt.restore(abstract_like(state, shardings))  # onto this run's devices
+    if meta["data"].get("iterator") is not None:  # None: a converted checkpoint, no data yet
+        data.train.set_state(meta["data"]["iterator"])  # continue with exactly the next batch
     log.write("resume", int(state.step), {}, f"resumed from {cfg.run_dir} at step "
               f"{int(state.step)}")
     return state
@@ -140,6 +145,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
     With ``cfg.run_dir`` the run is checkpointed every ``checkpoint_every`` steps, at the end
     and on SIGTERM/SIGINT, and a later call with the same run directory resumes exactly.
     """
+    if cfg.coordinator is not None:  # before any other JAX call
+        multihost.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
     check_lengths(model_cfg, cfg.seq_len)
     tokenizer = run_tokenizer(cfg)
     if auto_vocab:
@@ -155,24 +162,36 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
     model = build_model(model_cfg)
     schedule = learning_rate_schedule(cfg)
     optimizer = make_optimizer(cfg)
-    # initialise from an eval batch: the first training batch is not consumed
-    state = init_state(model, optimizer, cfg.seed, data.eval_batches[0])
-    train_step = jax.jit(make_train_step(model, optimizer, schedule), donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(model))
-    eval_batches = data.eval_batches
+    # The strategy (single device, pmap, shard_map, jit over a mesh) owns placement; batches
+    # arrive as this host's rows. Shapes come from an eval batch: no training batch is used up.
+    example = {k: np.concatenate([v] * jax.process_count()) for k, v in
+               data.eval_batches[0].items()}
+    trainer = make_trainer(cfg.strategy, model, optimizer, example, mesh=cfg.mesh,
+                           schedule=schedule, grad_accum=cfg.grad_accum)
+    state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
+    eval_batches = [trainer.place_batch(b, local=True) for b in data.eval_batches]
+    eval_step = trainer.eval_step
+
+    def train_step(state, batch):
+        return trainer.step(state, trainer.place_batch(batch, local=True))
     n_params = count_params(state.params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
+    if cfg.strategy != "single":  # the whole mesh works on each step
+        peak, peak_source = peak * trainer.mesh.size, f"{peak_source}, x{trainer.mesh.size}"
     tokens_per_step = cfg.batch_size * cfg.seq_len
 
-    bar = tqdm(total=cfg.steps, desc="train", disable=not cfg.progress, dynamic_ncols=True)
-    log = MetricsLog(cfg.run_dir, bar if cfg.progress else None)
+    main = multihost.is_main_process()  # every process trains and saves; one of them talks
+    bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main),
+               dynamic_ncols=True)
+    log = MetricsLog(cfg.run_dir if main else None, bar if cfg.progress else None, quiet=not main)
     ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
     if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
-        state = _resume(ckpt, state, data, model_cfg, cfg, log)
+        state = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
     elif cfg.init_from:
         state = _init_from(cfg.init_from, state, optimizer, log)
-    start_step = int(state.step)
+    state = trainer.place_state(state)
+    start_step = int(trainer.unreplicate(state).step)
     bar.update(start_step)
     log.write(
         "start",
@@ -185,7 +204,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
 
     def save(step: int) -> None:
         if ckpt is not None:
-            ckpt.save(step, state, run_meta(model_cfg, cfg, data, step))
+            ckpt.save(step, trainer.unreplicate(state), run_meta(model_cfg, cfg, data, step))
 
     fault_after = int(os.environ.get("TJAX_FAULT_AFTER_STEP", "-1"))  # crash tests only
     history: list[dict] = []
@@ -256,7 +275,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
     if ckpt is not None:
         ckpt.close()  # waits for the last asynchronous save
 
-    final_step = int(state.step)
+    final_step = int(trainer.unreplicate(state).step)
     tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else 0.0
     final = {
         "steps": final_step,

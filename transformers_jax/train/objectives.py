@@ -8,11 +8,14 @@ plus the batch keys its model reads. ``OBJECTIVES`` maps names to them and
 ``encdec`` -> ``seq2seq``). ``make_train_step``/``make_eval_step``/``init_state`` are the
 objective-aware versions of those in ``train/step.py`` (same ``TrainState``, same contract).
 
-Batch makers follow ``data/batches.py``: batch ``i`` is a pure function of ``(seed, i)``.
+Batches (pure functions of ``(seed, index)``, like the rest of the data code):
 
-- ``mlm_batch``: corpus windows framed ``[CLS] ... [SEP]``, corrupted by ``data/mlm.py``.
-- ``seq2seq_batch``: a synthetic task (``reverse``, ``copy``, ``addition``) over digit strings;
-  ``pack_seq2seq`` turns any (source ids, target ids) pairs into an encoder-decoder batch.
+- ``MaskedBatches`` / ``mask_eval_batches``: the training loop's text-pipeline batches turned
+  into masked-LM batches by ``data/mlm.py`` (padding and special ids are never chosen).
+- ``mlm_batch``: the same from a plain token array, rows framed ``[CLS] ... [SEP]``.
+- ``seq2seq_batch``: a synthetic task of ``data/synthetic.py`` (``reverse``, ``copy``,
+  ``addition``...) as an encoder-decoder batch; ``pack_seq2seq`` does the same for any
+  (source ids, target ids) pairs, and ``seq2seq_exact_match`` scores greedy decoding per length.
 - ``prefix_lm_batch``: the same pairs as one decoder-only row, ``[bos] src [sep] tgt [eos]``,
   with ``prefix_len`` covering ``[bos] src [sep]`` and the loss on the target only.
 - ``load_classification`` + ``classification_batch``: a tfds classification dataset
@@ -31,8 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformers_jax.data.batches import lm_batch
-from transformers_jax.data.mlm import MaskingConfig, mask_tokens, special_ids_of
+from transformers_jax.data.mlm import (
+    BERT_MASKING,
+    MaskingConfig,
+    mask_batch,
+    mask_tokens,
+    special_ids_of,
+)
+from transformers_jax.data.synthetic import get_task
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.encdec import greedy_decode
 from transformers_jax.registry import Registry
@@ -162,7 +171,7 @@ def init_state(model, optimizer: optax.GradientTransformation, seed: int, exampl
     init_key, rng = jax.random.split(jax.random.key(seed))
     params = objective.init_params(model, init_key, example_batch)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(params), rng=rng)
+                      opt_state=optimizer.init(params), rng=jax.random.key_data(rng))
 
 
 def make_train_step(model, optimizer: optax.GradientTransformation, objective: Objective,
@@ -170,7 +179,7 @@ def make_train_step(model, optimizer: optax.GradientTransformation, objective: O
     """``train_step(state, batch) -> (state, metrics)`` for ``objective``; pure, jit it."""
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        rng, dropout_rng = jax.random.split(state.rng)
+        rng, dropout_rng = jax.random.split(jax.random.wrap_key_data(state.rng))
 
         def loss_fn(params):
             return objective.loss(model, params, batch, dropout_rng, False)
@@ -182,7 +191,7 @@ def make_train_step(model, optimizer: optax.GradientTransformation, objective: O
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                             rng=rng), metrics
+                             rng=jax.random.key_data(rng)), metrics
 
     return train_step
 
@@ -207,7 +216,7 @@ def mlm_batch(
     index: int,
     *,
     tokenizer=None,
-    masking: MaskingConfig = MaskingConfig(),  # noqa: B008 (frozen)
+    masking: MaskingConfig = BERT_MASKING,
     vocab_size: int | None = None,
 ) -> dict:
     """Random corpus windows as ``[CLS] w_1 .. w_{T-2} [SEP]``, masked for the MLM loss.
@@ -241,68 +250,27 @@ def mlm_batch(
     return batch
 
 
-# Synthetic sequence-to-sequence tasks ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Seq2SeqTask:
-    """A string task over digits: ``make(rng, n)`` gives (source, target) for size n, and the
-    longest source and target a size can produce (for fixed batch shapes)."""
-
-    make: Callable[[np.random.Generator, int], tuple[str, str]]
-    source_len: Callable[[int], int]
-    target_len: Callable[[int], int]
-
-
-def _digits(rng: np.random.Generator, n: int) -> str:
-    return "".join(str(d) for d in rng.integers(0, 10, size=n))
-
-
-def _number(rng: np.random.Generator, n: int) -> int:
-    """A number of exactly n digits (0 allowed when n = 1)."""
-    low = 0 if n == 1 else 10 ** (n - 1)
-    return int(rng.integers(low, 10**n))
-
-
-def _addition(rng: np.random.Generator, n: int) -> tuple[str, str]:
-    a, b = _number(rng, n), _number(rng, n)
-    return f"{a}+{b}", str(a + b)
-
-
-def _addition_reversed(rng: np.random.Generator, n: int) -> tuple[str, str]:
-    """Addition with every number written least-significant digit first: each output digit
-    then depends on the aligned input digits and one carry, in the order it is produced."""
-    a, b = _number(rng, n), _number(rng, n)
-    return f"{str(a)[::-1]}+{str(b)[::-1]}", str(a + b)[::-1]
-
-
-SEQ2SEQ_TASKS: Registry[Seq2SeqTask] = Registry("seq2seq task")
-SEQ2SEQ_TASKS.add("copy", Seq2SeqTask(lambda r, n: (s := _digits(r, n), s), lambda n: n,
-                                      lambda n: n))
-SEQ2SEQ_TASKS.add("reverse", Seq2SeqTask(lambda r, n: (s := _digits(r, n), s[::-1]),
-                                         lambda n: n, lambda n: n))
-# n digits per operand: "a+b" is 2n + 1 long, the sum at most n + 1.
-SEQ2SEQ_TASKS.add("addition", Seq2SeqTask(_addition, lambda n: 2 * n + 1, lambda n: n + 1))
-SEQ2SEQ_TASKS.add("addition_reversed",
-                  Seq2SeqTask(_addition_reversed, lambda n: 2 * n + 1, lambda n: n + 1))
+# Synthetic sequence-to-sequence tasks (the tasks of data/synthetic.py) --------------------------
 
 
 def task_pairs(task: str, sizes: Sequence[int], seed: int, tokenizer=None) -> list[tuple]:
-    """(source ids, target ids) for each size in ``sizes``, from one generator seeded by seed."""
+    """(prompt ids, answer ids) of ``data/synthetic.py``'s ``task``, one per size in ``sizes``
+    (string length, or digits per operand for addition), from one generator seeded by seed."""
     tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
-    spec = SEQ2SEQ_TASKS.get(task)
+    make = get_task(task).make
     rng = np.random.default_rng([seed & 0xFFFFFFFF, 7])
     pairs = []
     for n in sizes:
-        src, tgt = spec.make(rng, int(n))
+        src, tgt = make(rng, int(n))
         pairs.append((tokenizer.encode(src), tokenizer.encode(tgt)))
     return pairs
 
 
 def task_shapes(task: str, max_size: int) -> tuple[int, int]:
-    """(S, T): encoder and decoder lengths that hold every example up to ``max_size`` (+ eos)."""
-    spec = SEQ2SEQ_TASKS.get(task)
-    return spec.source_len(max_size) + 1, spec.target_len(max_size) + 1
+    """(S, T): encoder and decoder lengths that hold every example up to ``max_size`` (+ eos),
+    for one byte/char token per character."""
+    prompt_chars, answer_chars = get_task(task).max_chars(max_size)
+    return prompt_chars + 1, answer_chars + 1
 
 
 def pack_seq2seq(pairs: Sequence[tuple], source_len: int, target_len: int,
@@ -344,8 +312,9 @@ def pack_seq2seq(pairs: Sequence[tuple], source_len: int, target_len: int,
 
 def seq2seq_batch(task: str, batch_size: int, seed: int, index: int, *, min_size: int = 1,
                   max_size: int = 8, tokenizer=None) -> dict:
-    """A batch of ``task`` with sizes uniform in ``[min_size, max_size]`` (digits; per operand
-    for addition), padded to the shapes of ``max_size``. Pure in (seed, index)."""
+    """A batch of ``task`` with sizes uniform in ``[min_size, max_size]`` (string length;
+    digits per operand for addition), padded to the shapes of ``max_size``. Pure in (seed,
+    index)."""
     if not 1 <= min_size <= max_size:
         raise ValueError(f"task sizes [{min_size}, {max_size}]: need 1 <= min_size <= max_size")
     rng = np.random.default_rng([seed & 0xFFFFFFFF, index])
@@ -517,45 +486,59 @@ def classification_batch_at(data: ClassificationSource, batch_size: int, seq_len
                                 tokenizer)
 
 
-# One entry point for the training loop -------------------------------------------------------
+# Masked-LM on the training loop's text pipeline -----------------------------------------------
 
 
-def make_batch_fn(
-    family: str,
-    *,
-    batch_size: int,
-    seq_len: int,
-    mask: str = "causal",
-    task: str | None = None,
-    tokenizer=None,
-    masking: MaskingConfig = MaskingConfig(),  # noqa: B008 (frozen)
-    vocab_size: int | None = None,
-    min_size: int = 1,
-    max_size: int = 8,
-) -> Callable[[np.ndarray, int, int], dict]:
-    """``batch_at(tokens, seed, index) -> batch`` for a family's default objective, with the
-    signature of ``train/loop.py``'s ``batch_at``.
+def mlm_key(seed: int, index: int, stream: int = 0) -> jax.Array:
+    """The corruption key of batch ``index``: a pure function of (seed, stream, index)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed & 0xFFFFFFFF), stream),
+                              index)
 
-    gpt: ``lm_batch`` (prefix-LM rows when ``mask == "prefix"``); bert: ``mlm_batch``; encdec:
-    ``seq2seq_batch`` of ``task`` (the corpus ``tokens`` are then unused; sizes in
-    ``[min_size, max_size]``).
+
+class MaskedBatches:
+    """Wraps a batch iterator of the text pipeline (``inputs``, ``segment_ids``, ...) into
+    masked-LM batches: ``inputs`` becomes the corrupted tokens, ``targets`` the original ones,
+    ``weights`` 1 on the chosen positions (never padding: ``segment_ids == 0``, never a special
+    id). The pipeline's next-token ``targets`` and ``weights`` are replaced; positions and
+    segment ids pass through, so packed documents stay apart.
+
+    The key of batch i is ``mlm_key(seed, i)``; the state to resume is the inner iterator's
+    plus the batch count (``get_state``/``set_state``, like the pipeline's iterators).
     """
-    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
-    if family == "gpt":
-        return lambda tokens, seed, index: lm_batch(tokens, batch_size, seq_len, seed, index,
-                                                    prefix=mask == "prefix")
-    if family == "bert":
-        return lambda tokens, seed, index: mlm_batch(
-            tokens, batch_size, seq_len, seed, index, tokenizer=tokenizer, masking=masking,
-            vocab_size=vocab_size,
-        )
-    if family == "encdec":
-        if task is None:
-            raise ValueError(f"the encoder-decoder trains on a synthetic task for now: pass "
-                             f"--task with one of {', '.join(SEQ2SEQ_TASKS.names())}")
-        SEQ2SEQ_TASKS.get(task)  # fail early on an unknown name
-        return lambda tokens, seed, index: seq2seq_batch(
-            task, batch_size, seed, index, min_size=min_size, max_size=max_size,
-            tokenizer=tokenizer,
-        )
-    raise ValueError(f"no batch maker for family {family!r}; known: gpt, bert, encdec")
+
+    def __init__(self, inner, seed: int, tokenizer, masking: MaskingConfig = BERT_MASKING,
+                 vocab_size: int | None = None):
+        self.inner, self.seed, self.count = inner, seed, 0
+        self.tokenizer, self.masking, self.vocab_size = tokenizer, masking, vocab_size
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        batch = next(self.inner)
+        key = mlm_key(self.seed, self.count)
+        self.count += 1
+        return mask_for_mlm(key, batch, self.tokenizer, self.masking, self.vocab_size)
+
+    def get_state(self) -> dict:
+        return {"inner": self.inner.get_state(), "count": self.count}
+
+    def set_state(self, state: dict) -> None:
+        self.inner.set_state(state["inner"])
+        self.count = state["count"]
+
+
+def mask_for_mlm(key: jax.Array, batch: dict, tokenizer, masking: MaskingConfig = BERT_MASKING,
+                 vocab_size: int | None = None) -> dict:
+    """One text-pipeline batch as a masked-LM batch (numpy arrays, like the pipeline's)."""
+    batch = {k: v for k, v in batch.items() if k != "prefix_len"}
+    out = mask_batch(key, batch, tokenizer, masking, vocab_size)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def mask_eval_batches(batches: Sequence[dict], seed: int, tokenizer,
+                      masking: MaskingConfig = BERT_MASKING,
+                      vocab_size: int | None = None) -> list[dict]:
+    """Fixed held-out masked-LM batches (their own key stream), the same at every evaluation."""
+    return [mask_for_mlm(mlm_key(seed, i, stream=1), b, tokenizer, masking, vocab_size)
+            for i, b in enumerate(batches)]

@@ -26,8 +26,14 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """Weight decay on matrices only: never on biases, norm scales or 1-D parameters."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """Weight decay on matrices only: never on biases, norm scales or 1-D parameters (also
+    when ``scan_layers`` stacks every layer's parameters under a leading ``layers`` axis)."""
+
+    def is_matrix(path, p) -> bool:
+        stacked = any(getattr(k, "key", None) == "layers" for k in path)
+        return p.ndim - int(stacked) >= 2
+
+    return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

@@ -1,0 +1,296 @@
+"""The BERT family: encoder properties, the masked-LM head, fine-tuning heads and their data."""
+
+import contextlib
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from transformers_jax import ModelConfig, build_model
+from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.models.bert import BERT, encode_with_masks, fill_mask
+from transformers_jax.models.heads import build_classifier, init_from_mlm
+from transformers_jax.train import objectives as O
+
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
+TOK = ByteTokenizer()
+
+
+def tiny(**changes) -> ModelConfig:
+    base = dict(family="bert", vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_len=32,
+                mask="bidirectional")
+    return ModelConfig(**{**base, **changes})
+
+
+@contextlib.contextmanager
+def warnings_are_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def init(cfg, T=12, B=2, seed=0, **inputs):
+    model = build_model(cfg)
+    tokens = jax.random.randint(jax.random.key(seed + 1), (B, T), 0, cfg.vocab_size)
+    variables = model.init(jax.random.key(seed), tokens, **inputs)
+    return model, nn.meta.unbox(variables["params"]), tokens
+
+
+def embedding_jacobian(model, params, tokens, query: int, **inputs):
+    """d(sum of logits at ``query``) / d(embedded inputs), ``[B, T, C]``."""
+    perturbations = model.init(jax.random.key(0), tokens, **inputs)["perturbations"]
+
+    def out(p):
+        logits = model.apply({"params": params, "perturbations": p}, tokens, **inputs)
+        return logits[:, query].sum()
+
+    return np.asarray(jax.grad(out)(perturbations)["encoder"]["embeddings"])
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_forward_deterministic_and_appended_padding_changes_nothing(position, norm_position):
+    cfg = tiny(position=position, norm_position=norm_position, init_std=0.2)
+    model, params, tokens = init(cfg, T=10)
+    types = jnp.array([[0] * 5 + [1] * 5] * 2)
+    real = model.apply({"params": params}, tokens, token_types=types,
+                       segment_ids=jnp.ones_like(tokens))
+    assert real.shape == (2, 10, 64) and real.dtype == jnp.float32
+    assert np.isfinite(np.asarray(real)).all()
+    np.testing.assert_array_equal(real, model.apply({"params": params}, tokens, token_types=types,
+                                                    segment_ids=jnp.ones_like(tokens)))
+    padded = jnp.concatenate([tokens, jnp.full((2, 6), 3)], axis=1)
+    segments = jnp.concatenate([jnp.ones((2, 10), jnp.int32), jnp.zeros((2, 6), jnp.int32)], 1)
+    types = jnp.concatenate([types, jnp.zeros((2, 6), jnp.int32)], axis=1)
+    out = model.apply({"params": params}, padded, token_types=types, segment_ids=segments)
+    np.testing.assert_allclose(out[:, :10], real, atol=1e-5, rtol=1e-5)
+
+
+def test_bidirectional_sees_both_sides_and_segments_isolate():
+    model, params, tokens = init(tiny(), T=10)
+    grad = embedding_jacobian(model, params, tokens, 4)
+    assert np.all(np.abs(grad).sum(-1) > 0), "every token should reach every other"
+    segments = jnp.array([[1] * 6 + [2] * 4] * 2)
+    grad = embedding_jacobian(model, params, tokens, 4, segment_ids=segments)
+    assert np.all(grad[:, 6:] == 0.0) and np.all(np.abs(grad[:, :6]).sum(-1) > 0)
+    grad = embedding_jacobian(model, params, tokens, 8, segment_ids=segments)
+    assert np.all(grad[:, :6] == 0.0) and np.all(np.abs(grad[:, 6:]).sum(-1) > 0)
+
+
+def test_causal_mask_warns_and_never_leaks():
+    cfg = tiny(mask="causal", position="t5")
+    with pytest.warns(UserWarning, match="masked-LM"):
+        model, params, tokens = init(cfg)
+    with pytest.warns(UserWarning, match="bidirectional"):
+        grad = embedding_jacobian(model, params, tokens, 5)
+    assert np.all(grad[:, 6:] == 0.0) and np.all(np.abs(grad[:, :6]).sum(-1) > 0)
+
+
+@pytest.mark.parametrize("position", ["rope", "t5", "learned"])
+def test_every_attention_implementation_gives_the_same_model(position):
+    """Same logits through every implementation, with packed segments and padding; same
+    gradients too with a bias scheme (the bias gradient is the extra path)."""
+    segments = jnp.array([[1] * 7 + [2] * 3 + [0] * 2, [1] * 12])
+    results = {}
+    for impl in ("reference", "xla", "chunked"):
+        cfg = tiny(position=position, attention=impl, attention_chunk=4, n_kv_heads=2,
+                   n_layers=1)
+        model, params, tokens = init(cfg, segment_ids=segments)
+
+        def loss(p, model=model, tokens=tokens):
+            out = model.apply({"params": p}, tokens, segment_ids=segments)
+            return (out[:, :10] ** 2).mean(), out
+
+        if position == "t5":
+            results[impl] = jax.jit(jax.grad(loss, has_aux=True))(params)[::-1]
+        else:
+            results[impl] = (loss(params)[1], None)
+    ref_logits, ref_grads = results["reference"]
+    for impl in ("xla", "chunked"):
+        logits, grads = results[impl]
+        np.testing.assert_allclose(logits, ref_logits, atol=1e-5, rtol=1e-5)
+        if grads is not None:
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+                         grads, ref_grads)
+
+
+def test_norm_layout_token_types_and_head_tying():
+    _, post, _ = init(tiny(norm_position="post"))
+    _, pre, _ = init(tiny(norm_position="pre"))
+    assert "embed_norm" in post["encoder"] and "final_norm" not in post["encoder"]
+    assert "final_norm" in pre["encoder"] and "embed_norm" not in pre["encoder"]
+    assert post["encoder"]["token_type_embed"]["embedding"].shape == (2, 32)
+    head = pre["mlm_head"]
+    assert set(head) == {"transform", "norm", "output_bias"}  # tied: no output kernel
+    assert head["output_bias"].shape == (64,)
+    _, untied, _ = init(tiny(tie_embeddings=False))
+    assert untied["mlm_head"]["output"]["kernel"].shape == (32, 64)
+
+    model, params, tokens = init(tiny())
+    a = model.apply({"params": params}, tokens, token_types=jnp.zeros_like(tokens))
+    b = model.apply({"params": params}, tokens, token_types=jnp.ones_like(tokens))
+    assert np.abs(np.asarray(a - b)).max() > 1e-4
+    np.testing.assert_array_equal(a, model.apply({"params": params}, tokens))  # default type 0
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(n_kv_heads=1, mlp="swiglu", norm="rmsnorm", use_bias=False),
+        dict(norm_position="post", mlp="relu", qk_norm=True, dropout=0.1),
+        dict(mask="prefix"),
+        dict(attention="chunked", attn_logit_softcap=5.0, final_logit_softcap=3.0),
+    ],
+)
+def test_block_options(changes):
+    cfg = tiny(**changes)
+    inputs = {"prefix_len": jnp.array([4, 6])} if cfg.mask == "prefix" else {}
+    with pytest.warns(UserWarning) if cfg.mask != "bidirectional" else warnings_are_errors():
+        model, params, tokens = init(cfg, **inputs)
+        logits = model.apply({"params": params}, tokens, **inputs)
+    assert np.isfinite(np.asarray(logits)).all()
+    if cfg.final_logit_softcap:
+        assert np.abs(np.asarray(logits)).max() <= cfg.final_logit_softcap
+    if cfg.dropout:
+        dropped = model.apply({"params": params}, tokens, deterministic=False,
+                              rngs={"dropout": jax.random.key(1)})
+        assert np.abs(np.asarray(dropped - logits)).max() > 1e-4
+
+
+# Fine-tuning heads -----------------------------------------------------------------------------
+
+
+def test_classifiers_start_from_the_masked_lm_encoder():
+    cfg = tiny(position="t5")
+    mlm_model, mlm_params, tokens = init(cfg)
+    clf = build_classifier(cfg, num_labels=3)
+    params = init_from_mlm(clf, mlm_params, jax.random.key(5), tokens)
+    assert set(params) == {"encoder", "pooler", "classifier"}
+    jax.tree.map(np.testing.assert_array_equal, params["encoder"], mlm_params["encoder"])
+    logits = clf.apply({"params": params}, tokens)
+    assert logits.shape == (2, 3) and logits.dtype == jnp.float32
+    # The classifier's encoder computes exactly the masked-LM encoder's hidden states.
+    hidden = mlm_model.apply({"params": mlm_params}, tokens, method=BERT.encode)
+    pooled = jnp.tanh(hidden[:, 0] @ params["pooler"]["dense"]["kernel"]
+                      + params["pooler"]["dense"]["bias"])
+    expected = pooled @ params["classifier"]["kernel"] + params["classifier"]["bias"]
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+
+    token_clf = build_classifier(cfg, num_labels=5, kind="token")
+    token_params = init_from_mlm(token_clf, mlm_params, jax.random.key(5), tokens)
+    assert token_clf.apply({"params": token_params}, tokens).shape == (2, 12, 5)
+
+    with pytest.raises(ValueError, match="does not fit"):
+        init_from_mlm(build_classifier(tiny(position="t5", d_model=16), 3), mlm_params,
+                      jax.random.key(0), tokens)
+    with pytest.raises(ValueError, match="no 'encoder'"):
+        init_from_mlm(clf, {"mlm_head": {}}, jax.random.key(0), tokens)
+
+
+def contains_task(n: int, seed: int, T: int = 16, needle: int = ord("x")):
+    """Rows ``[CLS] w_1 .. w_14 [SEP]`` over the letters a-h; label 1 iff ``needle`` occurs."""
+    rng = np.random.default_rng(seed)
+    body = rng.integers(ord("a"), ord("h") + 1, size=(n, T - 2))
+    labels = rng.integers(0, 2, size=n)
+    where = rng.integers(0, T - 2, size=n)
+    body[labels == 1, where[labels == 1]] = needle
+    rows = np.concatenate([np.full((n, 1), TOK.special["cls"]), body,
+                           np.full((n, 1), TOK.special["sep"])], axis=1).astype(np.int32)
+    return {"inputs": rows, "labels": labels.astype(np.int32)}
+
+
+def train(model, params, objective, batches, lr=3e-3):
+    optimizer = optax.adamw(lr, weight_decay=0.0)
+    state = O.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                         opt_state=optimizer.init(params),
+                         rng=jax.random.key_data(jax.random.key(0)))
+    step = jax.jit(O.make_train_step(model, optimizer, objective))
+    for batch in batches:
+        state, metrics = step(state, batch)
+    return state.params, metrics
+
+
+def test_fine_tuning_learns_a_synthetic_classification_task():
+    cfg = tiny(vocab_size=TOK.vocab_size, n_layers=1, position="rope", dropout=0.0)
+    mlm_model = build_model(cfg)
+    example = contains_task(2, 0)
+    mlm_params = nn.meta.unbox(mlm_model.init(jax.random.key(0), example["inputs"])["params"])
+    clf = build_classifier(cfg, num_labels=2)
+    params = init_from_mlm(clf, mlm_params, jax.random.key(1), example["inputs"])
+    objective = O.OBJECTIVES.get("sequence_classification")
+    params, _ = train(clf, params, objective, (contains_task(64, 100 + i) for i in range(150)))
+    held_out = contains_task(512, 1)
+    _, metrics = objective.loss(clf, params, held_out, None, True)
+    print("held-out accuracy", float(metrics["accuracy"]))
+    assert float(metrics["accuracy"]) >= 0.95, metrics
+
+
+def test_tfds_classification_loader_on_mocked_imdb(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
+        data = O.load_classification("imdb_reviews", "train")
+        assert data.text_keys == ("text",) and data.num_labels == 2 and len(data) == 12
+        batch = O.classification_batch_at(data, 4, 24, seed=0, index=0)
+        again = O.classification_batch_at(data, 4, 24, seed=0, index=0)
+        with pytest.raises(ValueError, match="no feature"):
+            O.load_classification("imdb_reviews", "train", text_key="sentence")
+    for k in batch:
+        np.testing.assert_array_equal(batch[k], again[k])
+    assert batch["inputs"].shape == batch["segment_ids"].shape == (4, 24)
+    assert np.all(batch["inputs"][:, 0] == TOK.special["cls"])
+    assert np.all(np.isin(batch["labels"], [0, 1]))
+    # ...and the batch feeds a classifier (a finite loss, a probability per label).
+    cfg = tiny(vocab_size=TOK.vocab_size, n_layers=1)
+    clf = build_classifier(cfg, data.num_labels)
+    objective = O.OBJECTIVES.get("sequence_classification")
+    params = objective.init_params(clf, jax.random.key(0), batch)
+    loss, metrics = objective.loss(clf, params, batch, None, True)
+    assert np.isfinite(float(loss)) and 0.0 <= float(metrics["accuracy"]) <= 1.0
+
+
+def test_sentence_pairs_get_token_types_and_truncate_the_longer_text():
+    ids, types = O.encode_classification_example(["abcdefgh", "xy"], 10)
+    sp = TOK.special
+    assert list(ids) == [sp["cls"], *b"abcde", sp["sep"], *b"xy", sp["sep"]]
+    assert list(types) == [0] * 7 + [1] * 3
+    ids, types = O.encode_classification_example([b"ab"], 6)
+    assert list(ids) == [sp["cls"], *b"ab", sp["sep"], sp["pad"], sp["pad"]]
+
+
+# Masked-LM training end to end, and fill-mask -------------------------------------------------
+
+
+def test_masked_lm_trains_and_fill_mask_recovers_the_masked_byte():
+    corpus = TOK.encode("the cat sat on the mat; " * 40)
+    cfg = tiny(vocab_size=TOK.vocab_size, d_model=64, n_layers=1, position="rope")
+    model = build_model(cfg)
+    objective = O.objective_for("bert")
+
+    def batch_at(tokens, seed, index):
+        return O.mlm_batch(tokens, 32, 26, seed, index)
+
+    params = objective.init_params(model, jax.random.key(0), batch_at(corpus, 0, 0))
+    evaluate = jax.jit(lambda p, b: objective.loss(model, p, b, None, True))
+    first = evaluate(params, batch_at(corpus, 0, 0))[0]
+    params, _ = train(model, params, objective, (batch_at(corpus, 0, i) for i in range(300)))
+    _, metrics = evaluate(params, batch_at(corpus, -1, 0))
+    assert float(metrics["loss"]) < 0.1 * float(first), (first, metrics)  # 5.45 -> 0.25
+    assert float(metrics["accuracy"]) > 0.8, metrics  # 0.91 measured
+
+    predictions = fill_mask(model, params, TOK, "the cat s[MASK]t on the m[MASK]t; the", top_k=3)
+    assert len(predictions) == 2 and all(len(p) == 3 for p in predictions)
+    assert [p[0]["token"] for p in predictions] == ["a", "a"], predictions
+    scores = [c["score"] for c in predictions[0]]
+    assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1 + 1e-6
+    with pytest.raises(ValueError, match="no \\[MASK\\]"):
+        fill_mask(model, params, TOK, "no mask here")
+
+
+def test_encode_with_masks_frames_the_text():
+    sp = TOK.special
+    ids = encode_with_masks(TOK, "a[MASK]b")
+    assert list(ids) == [sp["cls"], ord("a"), sp["mask"], ord("b"), sp["sep"]]

@@ -1,0 +1,215 @@
+"""BERT (``BertForMaskedLM``, ``BertForPreTraining``) <-> our ``bert`` family.
+
+BERT is our masked-LM encoder with learned positions, token-type embeddings, post-LayerNorm
+blocks (``norm1`` after attention, ``norm2`` after the MLP, ``embed_norm`` on the embedding
+sum), biases everywhere and the MLM head ``transform -> act -> LayerNorm -> tied projection +
+bias``. ``torch.nn.Linear`` weights are ``[out, in]``.
+
+BERT's own ``hidden_act="gelu"`` is the exact (erf) GELU. This project's ``gelu`` MLP is the tanh
+approximation, so such checkpoints convert only once an exact-GELU MLP is registered (under
+``EXACT_GELU``); until then they are an error naming the field. ``gelu_new`` (tanh) and ``relu``
+checkpoints convert now. The pooler and next-sentence head of ``BertForPreTraining`` do not
+affect masked-LM logits and are left out (an exported model has none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from transformers_jax.config import ModelConfig
+from transformers_jax.convert.common import (
+    ARCHITECTURES,
+    EXACT_GELU,
+    Architecture,
+    HFConfig,
+    Rule,
+    activation_from_hf,
+    activation_to_hf,
+    build_config,
+    copy,
+    linear,
+    require_ours,
+    reshape,
+    unsupported,
+)
+
+DEFAULTS = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "initializer_range": 0.02,
+    "layer_norm_eps": 1e-12,
+    "is_decoder": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
+    "position_embedding_type": "absolute",
+}
+def _has_type_vocab_field() -> bool:
+    return "type_vocab_size" in {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+def config_from_hf(raw: dict) -> ModelConfig:
+    from transformers_jax.models.bert import DEFAULT_TYPE_VOCAB_SIZE
+
+    hf = HFConfig(raw, DEFAULTS, "bert")
+    hf.require("is_decoder", False, "a causal BERT is not the masked-LM encoder this maps to")
+    hf.require("add_cross_attention", False, "BERT with cross-attention is a decoder")
+    hf.require("position_embedding_type", "absolute",
+               "relative-key position embeddings are not implemented here")
+    extra = {}
+    if _has_type_vocab_field():
+        extra["type_vocab_size"] = hf["type_vocab_size"]
+    elif hf["type_vocab_size"] != DEFAULT_TYPE_VOCAB_SIZE:
+        raise unsupported("bert", "type_vocab_size", hf["type_vocab_size"],
+                          f"ModelConfig has no type_vocab_size field; the BERT model has "
+                          f"{DEFAULT_TYPE_VOCAB_SIZE} token types")
+    return build_config(
+        "bert",
+        family="bert",
+        vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"],
+        d_ff=hf["intermediate_size"],
+        max_len=hf["max_position_embeddings"],
+        mask="bidirectional",
+        position="learned",
+        norm="layernorm",
+        norm_position="post",
+        norm_eps=float(hf["layer_norm_eps"]),
+        mlp=activation_from_hf("bert", "hidden_act", hf["hidden_act"]),
+        use_bias=True,
+        tie_embeddings=bool(hf["tie_word_embeddings"]),
+        init_std=float(hf["initializer_range"]),
+        dropout=0.0,
+        **extra,
+    )
+
+
+def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
+    from transformers_jax.models.bert import type_vocab_size
+
+    arch = "bert"
+    require_ours(config, arch, "family", "bert", "BERT is a masked-LM encoder")
+    require_ours(config, arch, "mask", "bidirectional", "BERT attends both ways")
+    require_ours(config, arch, "position", "learned", "BERT learns a position table")
+    require_ours(config, arch, "norm", "layernorm", "BERT uses LayerNorm")
+    require_ours(config, arch, "norm_position", "post", "BERT normalises after each block")
+    require_ours(config, arch, "mlp", ("gelu", "relu", EXACT_GELU), "BERT's MLP is not gated")
+    require_ours(config, arch, "use_bias", True, "BERT has biases everywhere")
+    require_ours(config, arch, "n_kv_heads", (None, config.n_heads), "BERT has no GQA")
+    require_ours(config, arch, "head_dim", (None, config.d_model // config.n_heads),
+                 "BERT heads are d_model / n_heads wide")
+    require_ours(config, arch, "qk_norm", False, "BERT does not normalise q and k")
+    for name in ("attn_logit_softcap", "final_logit_softcap"):
+        require_ours(config, arch, name, None, "BERT does not soft-cap logits")
+    require_ours(config, arch, "attention_scale", (None, config.dims_per_head**-0.5),
+                 "BERT scales attention by 1/sqrt(head_dim)")
+    hf = dict(base or {})
+    hf.update(
+        architectures=["BertForMaskedLM"],
+        model_type="bert",
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        intermediate_size=config.ff_dim,
+        hidden_act=activation_to_hf(config.mlp),
+        max_position_embeddings=config.max_len,
+        type_vocab_size=type_vocab_size(config),
+        layer_norm_eps=config.norm_eps,
+        tie_word_embeddings=config.tie_embeddings,
+        is_decoder=False,
+        add_cross_attention=False,
+        initializer_range=config.init_std,
+    )
+    hf.pop("position_embedding_type", None)
+    if base is None:
+        hf.update(hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=0.0)
+    return hf
+
+
+def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
+    C, H, D, F = config.d_model, config.n_heads, config.dims_per_head, config.ff_dim
+    enc, emb = "encoder/", "embeddings."
+    out = [
+        copy(emb + "word_embeddings.weight", enc + "embed/tokens/embedding"),
+        copy(emb + "position_embeddings.weight", enc + "embed/table/embedding"),
+        copy(emb + "LayerNorm.weight", enc + "embed_norm/scale"),
+        copy(emb + "LayerNorm.bias", enc + "embed_norm/bias"),
+        linear("cls.predictions.transform.dense.weight", "mlm_head/transform/kernel", (C,), (C,)),
+        copy("cls.predictions.transform.dense.bias", "mlm_head/transform/bias"),
+        copy("cls.predictions.transform.LayerNorm.weight", "mlm_head/norm/scale"),
+        copy("cls.predictions.transform.LayerNorm.bias", "mlm_head/norm/bias"),
+    ]
+    from transformers_jax.models.bert import type_vocab_size
+
+    if type_vocab_size(config):
+        out.append(copy(emb + "token_type_embeddings.weight",
+                        enc + "token_type_embed/embedding"))
+    if config.tie_embeddings:
+        out.append(copy("cls.predictions.bias", "mlm_head/output_bias"))
+    else:  # untied, transformers computes with the decoder's own bias; `bias` is unused then
+        out += [
+            linear("cls.predictions.decoder.weight", "mlm_head/output/kernel", (C,),
+                   (config.vocab_size,)),
+            Rule(("cls.predictions.decoder.bias", "cls.predictions.bias"),
+                 ("mlm_head/output_bias",), lambda used, unused: (used,), lambda b: (b, b)),
+        ]
+    for i in range(config.n_layers):
+        hf, ours = f"encoder.layer.{i}.", f"{enc}layer_{i}/"
+        att = ours + "attention/"
+        for name in ("query", "key", "value"):
+            out += [
+                linear(hf + f"attention.self.{name}.weight", att + f"{name}/kernel", (C,), (H, D)),
+                reshape(hf + f"attention.self.{name}.bias", att + f"{name}/bias", (H * D,),
+                        (H, D)),
+            ]
+        out += [
+            linear(hf + "attention.output.dense.weight", att + "out/kernel", (H, D), (C,)),
+            copy(hf + "attention.output.dense.bias", att + "out/bias"),
+            copy(hf + "attention.output.LayerNorm.weight", ours + "norm1/scale"),
+            copy(hf + "attention.output.LayerNorm.bias", ours + "norm1/bias"),
+            linear(hf + "intermediate.dense.weight", ours + "mlp/up/kernel", (C,), (F,)),
+            copy(hf + "intermediate.dense.bias", ours + "mlp/up/bias"),
+            linear(hf + "output.dense.weight", ours + "mlp/down/kernel", (F,), (C,)),
+            copy(hf + "output.dense.bias", ours + "mlp/down/bias"),
+            copy(hf + "output.LayerNorm.weight", ours + "norm2/scale"),
+            copy(hf + "output.LayerNorm.bias", ours + "norm2/bias"),
+        ]
+    return out
+
+
+def _rename(name: str) -> str:
+    """Old TensorFlow-era names: ``LayerNorm.gamma``/``beta`` are ``weight``/``bias``."""
+    if name.endswith(".gamma"):
+        return name[: -len("gamma")] + "weight"
+    if name.endswith(".beta"):
+        return name[: -len("beta")] + "bias"
+    return name
+
+
+ARCHITECTURES.add(
+    "bert",
+    Architecture(
+        model_type="bert",
+        hf_classes=("BertForMaskedLM", "BertForPreTraining"),
+        config_from_hf=config_from_hf,
+        config_to_hf=config_to_hf,
+        rules=rules,
+        prefixes=("bert.",),
+        export_prefix="bert.",
+        top_level=("cls.",),
+        # buffers, and the parts of BertForPreTraining that masked-LM logits never use
+        ignore=r"^(embeddings\.position_ids|pooler\.|cls\.seq_relationship\.)",
+        tied_heads=("cls.predictions.decoder.weight",),
+        tied_aliases={"cls.predictions.bias": ("cls.predictions.decoder.bias",)},
+        rename=_rename,
+        hf_auto="AutoModelForMaskedLM",
+    ),
+)

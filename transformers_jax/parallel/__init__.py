@@ -1,0 +1,37 @@
+"""Scaling out: meshes, the logical-axis rules table, parallel train steps, remat, multi-host.
+
+``make_trainer(strategy, model, optimizer, example_batch, mesh="data=4,fsdp=2,tensor=1")``
+gives the steps of one strategy (``single``, ``pmap``, ``shard_map``, ``jit``); all of them
+compute the same update as one device on the same global batch.
+"""
+
+from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh, parse_mesh
+from transformers_jax.parallel.multihost import fetch, initialize, is_main_process
+from transformers_jax.parallel.remat import REMAT_POLICIES, apply_layers, remat_policy
+from transformers_jax.parallel.rules import LOGICAL_RULES, check_batch, check_shardable
+from transformers_jax.parallel.strategies import (
+    STRATEGIES,
+    ParallelTrainer,
+    make_trainer,
+    mesh_rules,
+)
+
+__all__ = [
+    "LOGICAL_RULES",
+    "MESH_AXES",
+    "REMAT_POLICIES",
+    "STRATEGIES",
+    "ParallelTrainer",
+    "apply_layers",
+    "check_batch",
+    "check_shardable",
+    "fetch",
+    "format_mesh",
+    "initialize",
+    "is_main_process",
+    "make_mesh",
+    "make_trainer",
+    "mesh_rules",
+    "parse_mesh",
+    "remat_policy",
+]

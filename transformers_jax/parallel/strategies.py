@@ -1,0 +1,521 @@
+"""One train step, four ways to run it: ``single``, ``pmap``, ``shard_map`` and ``jit``.
+
+Shape legend: B global batch, b per-device batch, T length, k micro-batches (grad_accum).
+
+Every strategy computes the same thing as one device on the whole global batch: the
+token-weighted mean loss ``sum(w * loss) / sum(w)`` over *all* tokens (not a mean of per-shard
+means, which differs whenever shards carry different weight totals), its gradient, and one
+optimizer update. What differs is who holds what:
+
+- ``single``: one device, plain ``jax.jit``; the reference.
+- ``pmap``: state replicated on every local device, the batch split ``[devices, b, T]``; each
+  device differentiates its weighted loss *sum*, and one ``lax.psum`` adds sums and gradients.
+- ``shard_map``: the same data parallelism written over a mesh axis. With ``check_vma=True``
+  (the default) a replicated (``P()``) input's gradient is already summed over the mapped axis,
+  so the pmap idiom ``pmean(grads)`` would give N times the gradient. We differentiate the
+  global loss ``psum(local sum)`` instead and let JAX insert the one all-reduce.
+- ``jit``: global arrays on a ``data x fsdp x tensor`` mesh. Parameters and optimizer state are
+  placed by the logical-axis rules (``rules.LOGICAL_RULES``): FSDP shards them over ``fsdp``,
+  tensor parallelism splits heads, MLP width and vocabulary over ``tensor``; activations follow
+  the model's logical constraints. XLA (GSPMD) inserts the collectives.
+
+Gradient accumulation (``grad_accum=k``) scans over k micro-batches inside the step, adding
+weighted loss sums and gradients of sums, and normalises once by the global weight: exactly the
+large-batch step, with the activation memory of one micro-batch.
+
+Dropout: the key is split from ``state.rng`` as ``train.step`` does; pmap and shard_map fold in
+the device index and micro-batches their index, so masks differ from a one-device run (same
+distribution). The "same numbers as one device" guarantee is for ``dropout=0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from transformers_jax.config import ConfigError
+from transformers_jax.parallel import multihost
+from transformers_jax.parallel.mesh import make_mesh, mesh_shape
+from transformers_jax.parallel.rules import (
+    LOGICAL_RULES,
+    LogicalRules,
+    abstract_variables,
+    batch_shardings,
+    batch_spec,
+    check_batch,
+    check_shardable,
+    mesh_shardings,
+)
+from transformers_jax.train.step import TrainState, init_state, lm_loss, model_inputs
+
+STRATEGIES = ("single", "pmap", "shard_map", "jit")
+DATA_AXIS = "data"
+
+
+# The math shared by every strategy -------------------------------------------------------------
+def weighted_sums(
+    model: nn.Module,
+    params: Any,
+    batch: dict,
+    *,
+    deterministic: bool,
+    rng: jax.Array | None = None,
+    objective: Any = None,
+) -> tuple[dict[str, jax.Array], jax.Array]:
+    """``(sums, weight)`` of one batch (or shard, or micro-batch): its token weight ``W`` (the
+    sum of ``weights``; the row count for row-level objectives) and every metric times ``W``.
+
+    Adding these over shards and dividing by the added weights gives exactly the metrics of
+    the whole batch on one device. ``objective=None`` is next-token prediction through
+    ``train.step.lm_loss`` (``make_train_step``'s loss); otherwise a
+    ``train.objectives.Objective``, whose mean loss and metrics are weighted by its ``tokens``
+    metric when it reports one. (Both divide by ``max(W, 1)``, and so does this.)
+    """
+    if objective is None:
+        logits_BTV = model.apply(
+            {"params": params},
+            batch["inputs"],
+            **model_inputs(batch),
+            deterministic=deterministic,
+            rngs=None if rng is None else {"dropout": rng},
+        )
+        weights_BT = batch.get("weights")
+        if weights_BT is None:
+            weights_BT = jnp.ones(batch["targets"].shape, jnp.float32)
+        weights_BT = weights_BT.astype(jnp.float32)
+        loss, accuracy = lm_loss(logits_BTV, batch["targets"], weights_BT)
+        metrics, weight = {"loss": loss, "accuracy": accuracy}, weights_BT.sum()
+    else:
+        loss, metrics = objective.loss(model, params, batch, rng, deterministic)
+        metrics = {**metrics, "loss": loss}
+        weight = metrics.get("tokens")
+        if weight is None:  # a mean over rows
+            weight = jnp.shape(batch["inputs"])[0]
+        weight = jnp.asarray(weight, jnp.float32)
+    count = jnp.maximum(weight, 1.0)
+    sums = {k: jnp.asarray(v, jnp.float32) * (1.0 if k == "tokens" else count)
+            for k, v in metrics.items()}
+    return sums, weight
+
+
+def finish_metrics(sums: dict, weight: jax.Array) -> dict:
+    """Global metrics from global sums: each divided by the global weight (a ``tokens``
+    count stays a sum)."""
+    count = jnp.maximum(weight, 1.0)
+    return {k: v if k == "tokens" else v / count for k, v in sums.items()}
+
+
+def split_micro_batches(batch: dict, k: int) -> dict:
+    """``[B, ...] -> [k, B/k, ...]``; row r goes to micro-batch ``r % k``.
+
+    Interleaving (rather than cutting B into k contiguous blocks) keeps every micro-batch
+    spread evenly over the data-parallel devices when B is sharded.
+    """
+
+    def split(x):
+        x = jnp.asarray(x)
+        return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def sums_and_grads(
+    model: nn.Module,
+    params: Any,
+    batch: dict,
+    rng: jax.Array,
+    grad_accum: int = 1,
+    *,
+    objective: Any = None,
+    vary: Callable[[Any], Any] = lambda t: t,
+    constrain_grads: Callable[[Any], Any] = lambda g: g,
+) -> tuple[dict, jax.Array, Any]:
+    """``(sums, weight, grad of sums["loss"])`` over ``batch`` (see ``weighted_sums``).
+
+    With ``grad_accum > 1`` the batch is split into micro-batches and a ``lax.scan`` adds their
+    sums and gradients (one micro-batch's activations alive at a time). Inside ``shard_map``,
+    ``vary`` marks the zero scalar accumulators as device-varying (the gradient accumulators
+    take the kind of ``params``); under ``jit``, ``constrain_grads`` keeps the gradient
+    accumulator sharded like the parameters (FSDP).
+    """
+
+    def one(mb: dict, key: jax.Array):
+        def loss_sum(p):
+            sums, weight = weighted_sums(model, p, mb, deterministic=False, rng=key,
+                                         objective=objective)
+            return sums["loss"], (sums, weight)
+
+        (_, (sums, weight)), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+        return sums, weight, constrain_grads(grads)
+
+    if grad_accum == 1:
+        return one(batch, rng)
+
+    micro = split_micro_batches(batch, grad_accum)
+    first = jax.tree.map(lambda x: x[0], micro)
+    shapes = jax.eval_shape(lambda: one(first, rng)[:2])  # the metric names and dtypes
+    zero_sums = jax.tree.map(lambda s: vary(jnp.zeros(s.shape, s.dtype)), shapes)
+    init = (*zero_sums, constrain_grads(jax.tree.map(jnp.zeros_like, params)))
+
+    def body(carry, xs):
+        index, mb = xs
+        return jax.tree.map(jnp.add, carry, one(mb, jax.random.fold_in(rng, index))), None
+
+    (sums, weight, grads), _ = lax.scan(body, init, (jnp.arange(grad_accum), micro))
+    return sums, weight, grads
+
+
+def split_rng(rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(next state rng, dropout key)`` exactly as ``make_train_step`` splits it; the state
+    keeps whichever form it had (raw ``uint32`` key data or a typed key)."""
+    typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    new, dropout = jax.random.split(rng if typed else jax.random.wrap_key_data(rng))
+    return (new if typed else jax.random.key_data(new)), dropout
+
+
+def apply_update(
+    optimizer: optax.GradientTransformation,
+    state: TrainState,
+    rng: jax.Array,
+    sums: dict,
+    weight: jax.Array,
+    grad_of_sum: Any,
+    schedule: Callable | None,
+) -> tuple[TrainState, dict]:
+    """Normalise the global sums by the global weight, update, and report metrics."""
+    count = jnp.maximum(weight, 1.0)
+    grads = jax.tree.map(lambda g: g / count, grad_of_sum)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**finish_metrics(sums, weight), "grad_norm": optax.tree.norm(grads)}
+    if schedule is not None:
+        metrics["learning_rate"] = schedule(state.step)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
+    return new_state, metrics
+
+
+def _init(model, optimizer, seed: int, example_batch: dict, objective: Any = None,
+          out_shardings=None) -> TrainState:
+    """``init_state`` (``train.step``'s, or ``train.objectives``' for an objective) compiled
+    as one program: much faster than op by op, and the same values whichever strategy asks.
+    With ``out_shardings`` every array is created directly in its shards, so a model too big
+    for one device never has to fit on one."""
+    example = {k: jnp.zeros(np.shape(v), np.asarray(v).dtype) for k, v in example_batch.items()}
+
+    def fresh():
+        if objective is None:
+            return init_state(model, optimizer, seed, example)
+        from transformers_jax.train.objectives import init_state as objective_init_state
+
+        return objective_init_state(model, optimizer, seed, example, objective)
+
+    return jax.jit(fresh, out_shardings=out_shardings)()
+
+
+# The trainer -----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class ParallelTrainer:
+    """A strategy's compiled steps plus the placement of state and batches.
+
+    ``state = trainer.init_state(seed)``, then ``state, metrics = trainer.step(state, batch)``
+    with a host (numpy) global batch or one already placed by ``trainer.place_batch``;
+    ``trainer.eval_step(state.params, batch)`` evaluates without dropout.
+    ``trainer.unreplicate(state)`` gives the plain ``TrainState`` (one copy of every array);
+    ``trainer.place_state(state)`` does the reverse (e.g. for a restored checkpoint).
+
+    Several processes: each may build only its own rows of the global batch,
+    ``batch[trainer.local_rows(B)]``, and pass them as ``trainer.place_batch(rows,
+    local=True)``; or every process passes the whole global batch and keeps its rows.
+    """
+
+    strategy: str
+    mesh: Mesh
+    grad_accum: int
+    rules: LogicalRules
+    init_state: Callable[[int], TrainState]
+    place_state: Callable[[TrainState], TrainState]
+    place_batch: Callable[..., dict]  # (batch, local=False) -> the batch as the step wants it
+    local_rows: Callable[[int], slice]  # global batch size -> this process's rows
+    unreplicate: Callable[[TrainState], TrainState]
+    _train_step: Callable
+    _eval_step: Callable
+    state_shardings: Any = None  # jit/single: the NamedSharding of every state leaf
+
+    def _context(self):
+        if self.strategy in ("jit", "single"):
+            return mesh_rules(self.mesh, self.rules)
+        return contextlib.nullcontext()
+
+    def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        if _is_host_batch(batch):
+            batch = self.place_batch(batch)
+        with self._context():
+            return self._train_step(state, batch)
+
+    def eval_step(self, params: Any, batch: dict) -> dict:
+        """Metrics of ``params`` (as held in this strategy's state) on a global batch."""
+        if _is_host_batch(batch):
+            batch = self.place_batch(batch)
+        with self._context():
+            return self._eval_step(params, batch)
+
+
+@contextlib.contextmanager
+def mesh_rules(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES):
+    """``jax.set_mesh(mesh)`` and ``nn.logical_axis_rules(rules)`` while a step is traced: the
+    model's ``nn.with_logical_constraint`` calls then become real sharding constraints (with
+    no mesh or no rules they are no-ops, which is what pmap and shard_map want)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        yield
+
+
+def _is_host_batch(batch: dict) -> bool:
+    return any(isinstance(v, np.ndarray) for v in batch.values())
+
+
+def _check_strategy_mesh(strategy: str, mesh: Mesh) -> None:
+    shape = mesh_shape(mesh)
+    if strategy in ("pmap", "shard_map") and (shape["fsdp"] != 1 or shape["tensor"] != 1):
+        raise ConfigError(
+            f"train.strategy={strategy!r} is data parallel only, so the mesh must be "
+            f"'data=N' (got fsdp={shape['fsdp']}, tensor={shape['tensor']}); use "
+            "train.strategy=jit to shard parameters (fsdp) or heads/MLP (tensor)"
+        )
+
+
+def make_trainer(
+    strategy: str,
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    example_batch: dict,
+    *,
+    mesh: Mesh | str | None = None,
+    schedule: Callable | None = None,
+    grad_accum: int = 1,
+    objective: Any = None,
+    rules: LogicalRules = LOGICAL_RULES,
+    donate: bool = True,
+) -> ParallelTrainer:
+    """Build the train/eval steps of ``strategy`` for global batches shaped like
+    ``example_batch`` (a host dict of ``[B, ...]`` arrays).
+
+    ``mesh``: a ``Mesh`` or a spec string (``"data=4,fsdp=2,tensor=1"``; default: every device
+    on ``data``); ``single`` ignores it and uses the first device. ``objective``: a
+    ``train.objectives.Objective`` (default: next-token LM, as ``train.step``). ``donate``:
+    the step reuses the input state's buffers (do not touch a state after passing it in).
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"train.strategy={strategy!r}: valid choices: {', '.join(STRATEGIES)}")
+    if grad_accum < 1:
+        raise ConfigError(f"train.grad_accum={grad_accum}: must be a positive integer")
+    if strategy == "single":
+        if jax.process_count() > 1:
+            raise ConfigError(
+                f"train.strategy='single' runs on one device, but this is one of "
+                f"{jax.process_count()} processes; use train.strategy=jit (or pmap/shard_map)"
+            )
+        mesh = make_mesh("data=1", devices=jax.devices()[:1])
+    elif not isinstance(mesh, Mesh):
+        mesh = make_mesh(mesh)
+    _check_strategy_mesh(strategy, mesh)
+    check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules)
+    build = _pmap_trainer if strategy == "pmap" else (
+        _shard_map_trainer if strategy == "shard_map" else _jit_trainer)
+    return build(_Setup(strategy, model, optimizer, example_batch, mesh, schedule, grad_accum,
+                        objective, rules, (0,) if donate else ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    strategy: str
+    model: nn.Module
+    optimizer: optax.GradientTransformation
+    example_batch: dict
+    mesh: Mesh
+    schedule: Callable | None
+    grad_accum: int
+    objective: Any
+    rules: LogicalRules
+    donate: tuple[int, ...]
+
+    def init(self, seed: int, out_shardings=None) -> TrainState:
+        return _init(self.model, self.optimizer, seed, self.example_batch, self.objective,
+                     out_shardings)
+
+    def inputs(self, batch: dict) -> dict:
+        if self.objective is None:
+            return model_inputs(batch)
+        return self.objective.inputs(batch)
+
+
+def _jit_trainer(c: _Setup) -> ParallelTrainer:
+    mesh, rules = c.mesh, c.rules
+    abstract = abstract_variables(c.model, c.example_batch, c.inputs)
+    check_shardable(abstract["params"], mesh, rules)
+    param_sh = mesh_shardings(abstract["params"], mesh, rules)
+    replicated = NamedSharding(mesh, P())
+    abstract_state = jax.eval_shape(lambda: c.init(0))
+    opt_sh = optax.tree_utils.tree_map_params(
+        c.optimizer, lambda _, s: s, abstract_state.opt_state, param_sh,
+        transform_non_params=lambda _: replicated,
+    )
+    state_sh = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated)
+
+    def train_step(state, batch):
+        rng, dropout_rng = split_rng(state.rng)
+        sums, weight, grads = sums_and_grads(
+            c.model, state.params, batch, dropout_rng, c.grad_accum, objective=c.objective,
+            constrain_grads=lambda g: lax.with_sharding_constraint(g, param_sh),
+        )
+        return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
+
+    def eval_step(params, batch):
+        return finish_metrics(*weighted_sums(c.model, params, batch, deterministic=True,
+                                             objective=c.objective))
+
+    def place_batch(batch: dict, local: bool = False) -> dict:
+        return multihost.global_batch(batch, batch_shardings(batch, mesh, rules), local=local)
+
+    def local_rows(batch_size: int) -> slice:
+        return multihost.local_rows(NamedSharding(mesh, batch_spec(1, rules)), (batch_size,))
+
+    def init(seed: int) -> TrainState:
+        with mesh_rules(mesh, rules):
+            return c.init(seed, out_shardings=state_sh)
+
+    return ParallelTrainer(
+        strategy=c.strategy, mesh=mesh, grad_accum=c.grad_accum, rules=rules, init_state=init,
+        place_state=lambda state: jax.device_put(state, state_sh),
+        place_batch=place_batch, local_rows=local_rows, unreplicate=lambda state: state,
+        _train_step=jax.jit(train_step, out_shardings=(state_sh, replicated),
+                            donate_argnums=c.donate),
+        _eval_step=jax.jit(eval_step, out_shardings=replicated),
+        state_shardings=state_sh,
+    )
+
+
+def _pmap_trainer(c: _Setup) -> ParallelTrainer:
+    devices = jax.local_devices()
+    n_local = len(devices)
+
+    def train_step(state, batch):
+        rng, dropout_rng = split_rng(state.rng)
+        dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(DATA_AXIS))
+        sums, weight, grads = sums_and_grads(c.model, state.params, batch, dropout_rng,
+                                             c.grad_accum, objective=c.objective)
+        # One all-reduce of the sums and of the gradients of the loss *sum*; apply_update
+        # divides by the global weight, so shards with more (weighted) tokens count for more.
+        sums, weight, grads = lax.psum((sums, weight, grads), DATA_AXIS)
+        return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
+
+    def eval_step(params, batch):
+        sums = weighted_sums(c.model, params, batch, deterministic=True, objective=c.objective)
+        return finish_metrics(*lax.psum(sums, DATA_AXIS))
+
+    p_step = jax.pmap(train_step, axis_name=DATA_AXIS, donate_argnums=c.donate)
+    p_eval = jax.pmap(eval_step, axis_name=DATA_AXIS)
+
+    def local_rows(batch_size: int) -> slice:
+        per = batch_size // jax.process_count()
+        return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+
+    per_device = NamedSharding(Mesh(np.array(devices), (DATA_AXIS,)), P(DATA_AXIS))
+
+    def place_batch(batch: dict, local: bool = False) -> dict:
+        """This process's rows as ``[local devices, b, ...]``, one slice on each device."""
+        if not local:
+            rows = local_rows(int(np.shape(batch["inputs"])[0]))
+            batch = {k: np.asarray(v)[rows] for k, v in batch.items()}
+        return {k: jax.device_put(np.asarray(v).reshape(n_local, -1, *np.shape(v)[1:]),
+                                  per_device) for k, v in batch.items()}
+
+    def first(tree):
+        return jax.tree.map(lambda x: x[0], tree)
+
+    def step(state, batch):
+        state, metrics = p_step(state, batch)
+        return state, first(metrics)
+
+    return ParallelTrainer(
+        strategy=c.strategy, mesh=c.mesh, grad_accum=c.grad_accum, rules=c.rules,
+        init_state=lambda seed: _replicate(c.init(seed), devices),
+        place_state=lambda state: _replicate(state, devices),
+        place_batch=place_batch, local_rows=local_rows, unreplicate=first,
+        _train_step=step, _eval_step=lambda params, batch: first(p_eval(params, batch)),
+    )
+
+
+def _replicate(tree: Any, devices: list) -> Any:
+    """One copy of every leaf per device, stacked on a new leading axis (pmap's layout).
+    Laid out as pmap itself returns arrays (a 1-D mesh named after its axis), so the state it
+    hands back matches the one it was given and the step is not compiled twice."""
+    sharding = NamedSharding(Mesh(np.array(devices), (DATA_AXIS,)), P(DATA_AXIS))
+    return jax.tree.map(lambda x: jax.device_put(jnp.stack([x] * len(devices)), sharding), tree)
+
+
+def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
+    mesh = c.mesh
+    replicated, data = NamedSharding(mesh, P()), P(DATA_AXIS)
+
+    def vary(x):  # mark a value as differing across 'data'
+        return lax.pcast(x, DATA_AXIS, to="varying")
+
+    def train_step(state, batch):
+        rng, dropout_rng = split_rng(state.rng)
+        dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(DATA_AXIS))
+        if c.grad_accum == 1:
+            # Differentiate the *global* loss sum. The parameters are replicated (P()), so with
+            # check_vma=True the transpose of their implicit broadcast already sums the
+            # gradient over 'data': no pmean/psum of gradients (that would count N times).
+            def global_sum(p):
+                local = weighted_sums(c.model, p, batch, deterministic=False, rng=dropout_rng,
+                                      objective=c.objective)
+                sums, weight = lax.psum(local, DATA_AXIS)
+                return sums["loss"], (sums, weight)
+
+            (_, (sums, weight)), grads = jax.value_and_grad(global_sum, has_aux=True)(
+                state.params
+            )
+        else:
+            # Accumulate local gradients (of device-varying copies of the parameters, so no
+            # communication per micro-batch), then one explicit all-reduce.
+            local_params = jax.tree.map(vary, state.params)
+            sums, weight, grads = sums_and_grads(
+                c.model, local_params, batch, dropout_rng, c.grad_accum, objective=c.objective,
+                vary=vary,
+            )
+            sums, weight, grads = lax.psum((sums, weight, grads), DATA_AXIS)
+        return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
+
+    def eval_step(params, batch):
+        sums = weighted_sums(c.model, params, batch, deterministic=True, objective=c.objective)
+        return finish_metrics(*lax.psum(sums, DATA_AXIS))
+
+    sm_step = jax.shard_map(train_step, mesh=mesh, in_specs=(P(), data), out_specs=(P(), P()))
+    sm_eval = jax.shard_map(eval_step, mesh=mesh, in_specs=(P(), data), out_specs=P())
+
+    def place_batch(batch: dict, local: bool = False) -> dict:
+        return multihost.global_batch(batch, {k: NamedSharding(mesh, data) for k in batch},
+                                      local=local)
+
+    def local_rows(batch_size: int) -> slice:
+        return multihost.local_rows(NamedSharding(mesh, data), (batch_size,))
+
+    return ParallelTrainer(
+        strategy=c.strategy, mesh=mesh, grad_accum=c.grad_accum, rules=c.rules,
+        init_state=lambda seed: jax.device_put(c.init(seed), replicated),
+        place_state=lambda state: jax.device_put(state, replicated),
+        place_batch=place_batch, local_rows=local_rows, unreplicate=lambda state: state,
+        _train_step=jax.jit(sm_step, donate_argnums=c.donate), _eval_step=jax.jit(sm_eval),
+    )
