@@ -15,6 +15,7 @@ from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.bert import BERT, encode_with_masks, fill_mask
 from transformers_jax.models.heads import build_classifier, init_from_mlm
 from transformers_jax.train import objectives as O
+from transformers_jax.train.step import make_train_step
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 TOK = ByteTokenizer()
@@ -208,7 +209,7 @@ def train(model, params, objective, batches, lr=3e-3):
     state = O.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                          opt_state=optimizer.init(params),
                          rng=jax.random.key_data(jax.random.key(0)))
-    step = jax.jit(O.make_train_step(model, optimizer, objective))
+    step = jax.jit(make_train_step(model, optimizer, objective=objective))
     for batch in batches:
         state, metrics = step(state, batch)
     return state.params, metrics

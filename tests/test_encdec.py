@@ -11,6 +11,7 @@ from transformers_jax import ModelConfig, build_model
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.encdec import EncoderDecoder
 from transformers_jax.train import objectives as O
+from transformers_jax.train.step import init_state, make_train_step
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 TOK = ByteTokenizer()
@@ -212,8 +213,8 @@ def fit(cfg, objective, batch_at, steps, lr=3e-3):
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 50, steps, lr / 30)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, b2=0.98, weight_decay=0.01))
-    state = O.init_state(model, optimizer, 0, batch_at(0), objective)
-    step = jax.jit(O.make_train_step(model, optimizer, objective))
+    state = init_state(model, optimizer, 0, batch_at(0), objective)
+    step = jax.jit(make_train_step(model, optimizer, objective=objective))
     for i in range(steps):
         state, _ = step(state, batch_at(i))
     return model, state.params

@@ -74,9 +74,9 @@ def reference(cfg: ModelConfig, packed: bool = True, objective=None):
         init = lambda: init_state(model, OPTIMIZER, 0, batches[0])
         train_step, eval_step = make_train_step(model, OPTIMIZER), make_eval_step(model)
     else:
-        init = lambda: objectives.init_state(model, OPTIMIZER, 0, batches[0], objective)
-        train_step = objectives.make_train_step(model, OPTIMIZER, objective)
-        eval_step = objectives.make_eval_step(model, objective)
+        init = lambda: init_state(model, OPTIMIZER, 0, batches[0], objective)
+        train_step = make_train_step(model, OPTIMIZER, objective=objective)
+        eval_step = make_eval_step(model, objective)
     state, step = jax.jit(init)(), jax.jit(train_step)
     losses, norms = [], []
     for batch in batches:

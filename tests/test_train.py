@@ -172,3 +172,25 @@ def test_init_from_another_run_fine_tunes_with_new_settings(tmp_path):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params, base_params)
     with pytest.raises(ValueError, match="do not have the shapes"):
         train(TINY_MODEL.replace(n_layers=2), cfg.replace(run_dir=None, init_from=base))
+
+
+def test_bert_and_encdec_train_through_the_same_loop(tmp_path):
+    from transformers_jax.runs import load_run
+
+    common = dict(steps=3, batch_size=4, seq_len=24, log_every=1, eval_every=3,
+                  eval_batches=1, progress=False)
+    bert = ModelConfig(family="bert", mask="bidirectional", d_model=32, n_layers=1, n_heads=2)
+    final = train(bert, TrainConfig(run_dir=str(tmp_path / "bert"), **common))
+    assert final["steps"] == 3 and 0 < final["eval_accuracy"] <= 1
+    model, params, tokenizer, config = load_run(str(tmp_path / "bert"))
+    assert config.family == "bert" and "mlm_head" in params
+
+    encdec = ModelConfig(family="encdec", position="t5", d_model=32, n_layers=1, n_heads=2)
+    final = train(encdec, TrainConfig(task="reverse", train_lengths=(1, 6),
+                                      run_dir=str(tmp_path / "encdec"), **common))
+    assert final["steps"] == 3
+    assert load_run(str(tmp_path / "encdec"))[3].family == "encdec"
+    with pytest.raises(ValueError, match="pass --task reverse"):
+        train(encdec, TrainConfig(**common))
+    with pytest.raises(ValueError, match="bidirectional"):
+        ModelConfig(family="encdec", mask="bidirectional")

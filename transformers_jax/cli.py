@@ -81,6 +81,10 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
     for key, value in overrides.items():
         section, _, rest = key.partition(".")
         sections[section][rest] = value
+    if (model_cfg.family == "bert" or sections["model"].get("family") == "bert") and (
+        "mask" not in sections["model"] and "mask" not in base.get("model", {})
+    ):
+        sections["model"]["mask"] = "bidirectional"  # BERT's natural mask unless asked otherwise
     model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
     train_cfg = apply_overrides(train_cfg, sections["train"], "train.")
     return model_cfg, train_cfg
@@ -165,6 +169,27 @@ class ByteStream:
         sys.stdout.flush()
 
 
+def cmd_fill_mask(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tjax fill-mask",
+                                     description="Top predictions for each [MASK] of a text.")
+    parser.add_argument("--run", required=True, help="run directory of a --family bert run")
+    parser.add_argument("--text", required=True, help='e.g. "The [MASK] statement"')
+    parser.add_argument("--top-k", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    from transformers_jax.models.bert import fill_mask
+    from transformers_jax.runs import load_run
+
+    model, params, tokenizer, config = load_run(args.run)
+    if config.family != "bert":
+        raise ValueError(f"{args.run} holds a {config.family!r} model; fill-mask needs a masked "
+                         "LM (train with --family bert)")
+    for i, options in enumerate(fill_mask(model, params, tokenizer, args.text, args.top_k)):
+        shown = ", ".join(f"{o['token']!r} {o['score']:.3f}" for o in options)
+        print(f"[MASK] {i + 1}: {shown}")
+    return 0
+
+
 def cmd_convert(argv: list[str]) -> int:
     from transformers_jax.convert import main as convert_main
 
@@ -178,7 +203,7 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench,
-            "convert": cmd_convert}
+            "convert": cmd_convert, "fill-mask": cmd_fill_mask}
 
 
 def main(argv: list[str] | None = None) -> int:

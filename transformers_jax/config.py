@@ -79,6 +79,8 @@ class ModelConfig:
     head_dim: int | None = None  # None: d_model // n_heads
     d_ff: int | None = None  # None: 4 * d_model (gelu) or 8/3 * d_model rounded to 8 (swiglu)
     max_len: int = 256  # rows of the learned position table (other schemes have no limit)
+    type_vocab_size: int = 2  # bert: token-type (segment A/B) embeddings; 0 for none
+    n_decoder_layers: int | None = None  # encdec: decoder depth (None: same as n_layers)
 
     # The three independent switches (each a registry name).
     attention: str = "xla"  # reference, xla, chunked, cudnn
@@ -154,6 +156,14 @@ class ModelConfig:
                 _fail("window", self.window, "mask=sliding_window needs a positive window")
         elif self.window is not None:
             _fail("window", self.window, f"only used with mask=sliding_window, not {self.mask!r}")
+        if self.type_vocab_size < 0:
+            _fail("type_vocab_size", self.type_vocab_size, "must be >= 0 (0: no token types)")
+        if self.n_decoder_layers is not None and self.n_decoder_layers <= 0:
+            _fail("n_decoder_layers", self.n_decoder_layers, "must be positive or None")
+        if self.family == "encdec" and self.mask == "bidirectional":
+            _fail("mask", self.mask, "the encoder-decoder's mask switch sets decoder "
+                  "self-attention, which must not see later targets: use causal, "
+                  "sliding_window or prefix (the encoder is always bidirectional)")
         _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("param_dtype", self.param_dtype, DTYPES)
@@ -250,6 +260,10 @@ class TrainConfig:
     keep_checkpoints: int = 3
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
     init_from: str | None = None  # fine-tune: start from this run's params (fresh optimizer)
+    # Masked LM (family bert): share of tokens predicted, and how their inputs are corrupted.
+    mlm_rate: float = 0.15
+    mlm_mask_fraction: float = 0.8  # of the chosen: [MASK]
+    mlm_random_fraction: float = 0.1  # of the chosen: a random token (the rest: unchanged)
     # Scaling out (see parallel/): strategy, device mesh, micro-batches, multi-host.
     strategy: str = "single"  # single, pmap, shard_map, jit
     mesh: str | None = None  # e.g. "data=4,fsdp=2,tensor=1"; default: all devices on data
@@ -275,6 +289,12 @@ class TrainConfig:
                       ("byte", "char", "sentencepiece", "sentencepiece_bpe"))
         _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
         _check_choice("train.strategy", self.strategy, STRATEGIES)
+        if not 0 < self.mlm_rate <= 1 or not 0 <= self.mlm_mask_fraction <= 1 or not (
+            0 <= self.mlm_random_fraction <= 1 - self.mlm_mask_fraction + 1e-9
+        ):
+            _fail("train.mlm_rate", (self.mlm_rate, self.mlm_mask_fraction,
+                                     self.mlm_random_fraction),
+                  "need 0 < mlm_rate <= 1 and mlm_mask_fraction + mlm_random_fraction <= 1")
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
             _fail("train.grad_accum", self.grad_accum,
                   f"must be >= 1 and divide train.batch_size={self.batch_size}")

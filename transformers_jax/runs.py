@@ -13,6 +13,7 @@ from transformers_jax.data.tokenizers import ByteTokenizer, load_tokenizer
 from transformers_jax.models import build_model
 from transformers_jax.train.checkpoint import Checkpointer, abstract_like
 from transformers_jax.train.data import TOKENIZER_DIR
+from transformers_jax.train.objectives import objective_for
 from transformers_jax.train.optim import make_optimizer
 from transformers_jax.train.step import init_state
 
@@ -49,8 +50,13 @@ def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None
         example = {"inputs": jnp.zeros((1, 8), jnp.int32)}
         if config.mask == "prefix":
             example["prefix_len"] = jnp.ones((1,), jnp.int32)
+        if config.family == "encdec":
+            example["encoder_inputs"] = jnp.zeros((1, 8), jnp.int32)
         optimizer = make_optimizer(train_cfg)
-        target = jax.eval_shape(lambda: init_state(model, optimizer, train_cfg.seed, example))
+        objective = objective_for(config.family)
+        target = jax.eval_shape(
+            lambda: init_state(model, optimizer, train_cfg.seed, example, objective)
+        )
         if isinstance(shardings, jax.sharding.Sharding):
             shardings = jax.tree.map(lambda _, s=shardings: s, target)
         elif callable(shardings):

@@ -207,18 +207,14 @@ def apply_update(
 
 def _init(model, optimizer, seed: int, example_batch: dict, objective: Any = None,
           out_shardings=None) -> TrainState:
-    """``init_state`` (``train.step``'s, or ``train.objectives``' for an objective) compiled
+    """``train.step.init_state`` (for any objective) compiled
     as one program: much faster than op by op, and the same values whichever strategy asks.
     With ``out_shardings`` every array is created directly in its shards, so a model too big
     for one device never has to fit on one."""
     example = {k: jnp.zeros(np.shape(v), np.asarray(v).dtype) for k, v in example_batch.items()}
 
     def fresh():
-        if objective is None:
-            return init_state(model, optimizer, seed, example)
-        from transformers_jax.train.objectives import init_state as objective_init_state
-
-        return objective_init_state(model, optimizer, seed, example, objective)
+        return init_state(model, optimizer, seed, example, objective)
 
     return jax.jit(fresh, out_shardings=out_shardings)()
 

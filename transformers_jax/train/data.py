@@ -86,9 +86,22 @@ def run_tokenizer(cfg: TrainConfig) -> Tokenizer:
     return tokenizer
 
 
+def masking_of(cfg: TrainConfig):
+    from transformers_jax.data.mlm import MaskingConfig
+
+    return MaskingConfig(rate=cfg.mlm_rate, mask_fraction=cfg.mlm_mask_fraction,
+                         random_fraction=cfg.mlm_random_fraction)
+
+
 def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> RunData:
     max_len = model_cfg.max_len if model_cfg.position == "learned" else None
     prefix = model_cfg.mask == "prefix"
+    if model_cfg.family == "encdec" and not cfg.task:
+        raise ValueError("family=encdec trains on a sequence-to-sequence task: pass --task "
+                         "reverse (or copy, sort, addition, ...)")
+    if model_cfg.family == "bert" and cfg.task:
+        raise ValueError("family=bert trains a masked LM on text: drop --task (tasks are for "
+                         "gpt and encdec)")
     if cfg.task:
         fmt = "encdec" if model_cfg.family == "encdec" else "decoder"
         common = dict(train_lengths=cfg.train_lengths, fmt=fmt, prefix=prefix and fmt == "decoder",
@@ -109,7 +122,13 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
     held_out = make_lm_eval_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size,
                                      pack=cfg.pack, num_epochs=None, **common)
     eval_batches = take(held_out, cfg.eval_batches)
-    if prefix:
+    if model_cfg.family == "bert":  # corrupt 15% of tokens: the masked-LM batches
+        from transformers_jax.train.objectives import MaskedBatches, mask_eval_batches
+
+        masking = masking_of(cfg)
+        train = MaskedBatches(train, cfg.seed, tokenizer, masking)
+        eval_batches = mask_eval_batches(eval_batches, cfg.seed, tokenizer, masking)
+    elif prefix:
         train = _WithPrefix(train, cfg.seed)
         rng = np.random.default_rng([cfg.seed & 0xFFFFFFFF, 1 << 30])
         eval_batches = [add_random_prefix(b, rng) for b in eval_batches]

@@ -40,8 +40,13 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True) -> fl
     )
     mlp_mats = 3 if MLPS.get(cfg.mlp).gated else 2
     per_layer = C * H * D + 2 * C * N * D + H * D * C + mlp_mats * C * F
-    weight_macs = cfg.n_layers * per_layer + C * V
-    attention_macs = cfg.n_layers * 2 * seq_len * H * D
+    layers, cross_layers = cfg.n_layers, 0
+    if cfg.family == "encdec":  # encoder and decoder over equally long sequences (approx.)
+        cross_layers = cfg.n_decoder_layers or cfg.n_layers
+        layers += cross_layers
+    cross = C * H * D + 2 * C * N * D + H * D * C  # cross-attention projections
+    weight_macs = layers * per_layer + cross_layers * cross + C * V
+    attention_macs = (layers + cross_layers) * 2 * seq_len * H * D
     forward = 2 * (weight_macs + attention_macs)
     return 3 * forward if training else forward
 

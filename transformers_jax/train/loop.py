@@ -30,6 +30,7 @@ from transformers_jax.train.checkpoint import (
 )
 from transformers_jax.train.data import TOKENIZER_DIR, RunData, make_run_data, run_tokenizer
 from transformers_jax.train.flops import device_peak, flops_per_token
+from transformers_jax.train.objectives import objective_for
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.step import TrainState
 
@@ -167,7 +168,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
     example = {k: np.concatenate([v] * jax.process_count()) for k, v in
                data.eval_batches[0].items()}
     trainer = make_trainer(cfg.strategy, model, optimizer, example, mesh=cfg.mesh,
-                           schedule=schedule, grad_accum=cfg.grad_accum)
+                           schedule=schedule, grad_accum=cfg.grad_accum,
+                           objective=objective_for(model_cfg.family))
     state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
     eval_batches = [trainer.place_batch(b, local=True) for b in data.eval_batches]
     eval_step = trainer.eval_step

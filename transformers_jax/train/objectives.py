@@ -5,8 +5,8 @@ Shape legend: B batch, T (decoder/model) length, S encoder length, V vocabulary,
 An objective is a loss function ``(model, params, batch, rng, deterministic) -> (loss, metrics)``
 plus the batch keys its model reads. ``OBJECTIVES`` maps names to them and
 ``FAMILY_OBJECTIVES`` gives each family its default (``gpt`` -> ``lm``, ``bert`` -> ``mlm``,
-``encdec`` -> ``seq2seq``). ``make_train_step``/``make_eval_step``/``init_state`` are the
-objective-aware versions of those in ``train/step.py`` (same ``TrainState``, same contract).
+``encdec`` -> ``seq2seq``). ``train/step.py``'s ``init_state``, ``make_train_step`` and
+``make_eval_step`` take any of them (``objective=``; default ``lm``).
 
 Batches (pure functions of ``(seed, index)``, like the rest of the data code):
 
@@ -45,7 +45,7 @@ from transformers_jax.data.synthetic import get_task
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.encdec import greedy_decode
 from transformers_jax.registry import Registry
-from transformers_jax.train.step import TrainState, lm_loss
+from transformers_jax.train.step import lm_loss
 
 LossFn = Callable[[nn.Module, Any, dict, "jax.Array | None", bool], tuple[jax.Array, dict]]
 
@@ -151,7 +151,7 @@ for _objective in (
     Objective("token_classification", token_classification_objective, BERT_INPUTS),
 ):
     OBJECTIVES.add(_objective.name, _objective)
-FAMILY_OBJECTIVES = {"gpt": "lm", "bert": "mlm", "encdec": "seq2seq"}
+FAMILY_OBJECTIVES = {"gpt": "lm", "bert": "mlm", "encdec": "seq2seq", "lstm": "lm"}
 
 
 def objective_for(family: str) -> Objective:
@@ -160,52 +160,6 @@ def objective_for(family: str) -> Objective:
         raise ValueError(f"family {family!r} has no default objective; known: "
                          f"{', '.join(sorted(FAMILY_OBJECTIVES))}")
     return OBJECTIVES.get(FAMILY_OBJECTIVES[family])
-
-
-# Train and eval steps ------------------------------------------------------------------------
-
-
-def init_state(model, optimizer: optax.GradientTransformation, seed: int, example_batch: dict,
-               objective: Objective) -> TrainState:
-    """``train.step.init_state`` for any objective."""
-    init_key, rng = jax.random.split(jax.random.key(seed))
-    params = objective.init_params(model, init_key, example_batch)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(params), rng=jax.random.key_data(rng))
-
-
-def make_train_step(model, optimizer: optax.GradientTransformation, objective: Objective,
-                    schedule=None):
-    """``train_step(state, batch) -> (state, metrics)`` for ``objective``; pure, jit it."""
-
-    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        rng, dropout_rng = jax.random.split(jax.random.wrap_key_data(state.rng))
-
-        def loss_fn(params):
-            return objective.loss(model, params, batch, dropout_rng, False)
-
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        if schedule is not None:
-            metrics["learning_rate"] = schedule(state.step)
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                             rng=jax.random.key_data(rng)), metrics
-
-    return train_step
-
-
-def make_eval_step(model, objective: Objective):
-    """``eval_step(params, batch) -> metrics`` without dropout."""
-
-    def eval_step(params, batch: dict) -> dict:
-        return objective.loss(model, params, batch, None, True)[1]
-
-    return eval_step
-
-
-# Masked-LM batches ---------------------------------------------------------------------------
 
 
 def mlm_batch(

@@ -25,13 +25,26 @@ def model_inputs(batch: dict) -> dict:
     return {k: batch.get(k) for k in ("positions", "segment_ids", "prefix_len")}
 
 
+def _objective(objective):
+    """The given objective, or next-token LM (``train/objectives.py`` holds them all)."""
+    if objective is not None:
+        return objective
+    from transformers_jax.train.objectives import OBJECTIVES
+
+    return OBJECTIVES.get("lm")
+
+
 def init_state(
-    model: nn.Module, optimizer: optax.GradientTransformation, seed: int, example_batch: dict
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    seed: int,
+    example_batch: dict,
+    objective=None,
 ) -> TrainState:
-    """Initialise parameters (unboxed from their logical-axis metadata) and optimizer state."""
+    """Initialise parameters (unboxed from their logical-axis metadata) and optimizer state;
+    ``objective`` says which batch keys the model reads (default: next-token LM)."""
     init_key, rng = jax.random.split(jax.random.key(seed))
-    variables = model.init(init_key, example_batch["inputs"], **model_inputs(example_batch))
-    params = nn.meta.unbox(variables["params"])
+    params = _objective(objective).init_params(model, init_key, example_batch)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -51,32 +64,23 @@ def lm_loss(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array 
     return (losses * weights_BT).sum() / count, (correct * weights_BT).sum() / count
 
 
-def _forward(model, params, batch, *, deterministic, rng=None):
-    rngs = None if rng is None else {"dropout": rng}
-    return model.apply(
-        {"params": params},
-        batch["inputs"],
-        **model_inputs(batch),
-        deterministic=deterministic,
-        rngs=rngs,
-    )
-
-
-def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, schedule=None):
-    """``train_step(state, batch) -> (state, metrics)``, pure and ready for ``jax.jit``."""
+def make_train_step(
+    model: nn.Module, optimizer: optax.GradientTransformation, schedule=None, objective=None
+):
+    """``train_step(state, batch) -> (state, metrics)`` for ``objective`` (default LM); pure,
+    ready for ``jax.jit``."""
+    objective = _objective(objective)
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         rng, dropout_rng = jax.random.split(jax.random.wrap_key_data(state.rng))
 
         def loss_fn(params):
-            logits = _forward(model, params, batch, deterministic=False, rng=dropout_rng)
-            loss, accuracy = lm_loss(logits, batch["targets"], batch.get("weights"))
-            return loss, accuracy
+            return objective.loss(model, params, batch, dropout_rng, False)
 
-        (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
         if schedule is not None:
             metrics["learning_rate"] = schedule(state.step)
         new_state = state.replace(
@@ -87,12 +91,11 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, s
     return train_step
 
 
-def make_eval_step(model: nn.Module):
+def make_eval_step(model: nn.Module, objective=None):
     """``eval_step(params, batch) -> metrics`` without dropout."""
+    objective = _objective(objective)
 
     def eval_step(params, batch: dict) -> dict:
-        logits = _forward(model, params, batch, deterministic=True)
-        loss, accuracy = lm_loss(logits, batch["targets"], batch.get("weights"))
-        return {"loss": loss, "accuracy": accuracy}
+        return objective.loss(model, params, batch, None, True)[1]
 
     return eval_step
