@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.nn.kvcache import RowSlot, advance, plan_write, write_row_slot
+from transformers_jax.nn.kvcache import plan_step
 from transformers_jax.nn.layers import Block, dtype_of, make_norm, normal_init, softcap
 from transformers_jax.nn.masks import build_mask
 from transformers_jax.nn.positions import POSITIONS, sinusoidal_embedding
@@ -55,7 +55,10 @@ class Embedder(nn.Module):
         if cfg.position == "learned":
             x_BTC = x_BTC + self.table(positions_BT)
         elif cfg.position == "sinusoidal":
-            x_BTC = x_BTC + sinusoidal_embedding(positions_BT, cfg.d_model).astype(x_BTC.dtype)
+            # Scaled by d**-0.5: at amplitude 1 the fixed table drowns token embeddings of std
+            # 0.02 and the model barely learns (measured: loss stuck at the unigram level).
+            table = sinusoidal_embedding(positions_BT, cfg.d_model) * cfg.d_model**-0.5
+            x_BTC = x_BTC + table.astype(x_BTC.dtype)
         return x_BTC
 
     def attend(self, x_BTC: jax.Array) -> jax.Array:
@@ -168,38 +171,22 @@ class GPT(nn.Module):
                 "parameters with parallel.remat.unstack_layer_params and decode with "
                 "scan_layers=False"
             )
-        B, T = tokens_BT.shape
-        S = cache["positions"].shape[1]
-        lengths_B = jnp.full((B,), T, jnp.int32) if lengths is None else lengths
-        positions_BT = cache["index"][:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-        new_valid_BT = jnp.arange(T)[None, :] < lengths_B[:, None]
-        if T == 1:  # decoding: write each row's token into its slot, attend over the cache
-            plan = RowSlot(cache["index"] % S)
-            new_cache = {
-                "index": cache["index"] + lengths_B,
-                "positions": write_row_slot(cache["positions"], positions_BT, plan),
-                "valid": write_row_slot(cache["valid"], new_valid_BT, plan) | cache["valid"],
-            }
-            kv_positions, kv_valid = new_cache["positions"], new_cache["valid"]
-        else:  # prefill: attend over [cached slots, new tokens], then store the new ones
-            plan = plan_write(cache["index"], lengths_B, S, T)
-            new_cache = advance(cache, positions_BT, lengths_B, plan)
-            kv_positions = jnp.concatenate([cache["positions"], positions_BT], axis=1)
-            kv_valid = jnp.concatenate([cache["valid"], new_valid_BT], axis=1)
-
+        step = plan_step(cache, tokens_BT.shape[1], lengths)
         embed = Embedder(cfg, name="embed")
         # Padding slots of a prompt batch may lie past a learned table: look up row 0 for them
         # (they are never attended to) rather than read out of bounds.
-        x_BTC = embed(tokens_BT, jnp.where(new_valid_BT, positions_BT, 0))
+        x_BTC = embed(tokens_BT, jnp.where(step.valid, step.positions, 0))
         mask = build_mask(
-            cfg.mask, positions_BT, kv_positions, window=cfg.window, prefix_len=prefix_len,
-            kv_valid=kv_valid,
+            cfg.mask, step.positions, step.kv_positions, window=cfg.window,
+            prefix_len=prefix_len, kv_valid=step.kv_valid,
         )
-        bias = relative_bias(self, cfg, positions_BT, kv_positions, bidirectional=not cfg.causal)
+        bias = relative_bias(self, cfg, step.positions, step.kv_positions,
+                             bidirectional=not cfg.causal)
+        new_cache = dict(step.meta)
         for i in range(cfg.n_layers):
             name = f"layer_{i}"
             x_BTC, new_cache[name] = Block(cfg, name=name)(
-                x_BTC, positions=positions_BT, mask=mask, bias=bias, cache=cache[name],
-                cache_write=plan,
+                x_BTC, positions=step.positions, mask=mask, bias=bias, cache=cache[name],
+                cache_write=step.write,
             )
         return self._logits(embed, x_BTC), new_cache
