@@ -99,3 +99,46 @@ def advance(cache: dict, new_positions: jax.Array, lengths: jax.Array, plan: Cac
         "positions": write_slots(cache["positions"], new_positions, plan),
         "valid": cache["valid"] | plan.write,
     }
+
+
+class CacheStep(NamedTuple):
+    """What every layer of one cached forward pass shares: where the new tokens are, which
+    keys they may see (``[B, K]``, cache slots and, in prefill, the new tokens), how to store
+    them, and the cache bookkeeping after the step."""
+
+    positions: jax.Array  # int32 [B, T] of the new tokens
+    valid: jax.Array  # bool [B, T]: real new tokens (the rest is right padding)
+    kv_positions: jax.Array  # int32 [B, K]
+    kv_valid: jax.Array  # bool [B, K]
+    write: CacheWrite | RowSlot
+    meta: dict  # the new "index", "positions", "valid"
+
+
+def plan_step(cache: dict, n_new: int, lengths: jax.Array | None) -> CacheStep:
+    """Plan a cached step over ``n_new`` tokens per row (``lengths`` of them real).
+
+    One token per row (decoding) is written into its slot first and attends over the cache;
+    several (prefill) attend over ``[cached slots, new tokens]`` and are stored after.
+    """
+    B = cache["index"].shape[0]
+    S = cache["positions"].shape[1]
+    lengths_B = jnp.full((B,), n_new, jnp.int32) if lengths is None else lengths
+    positions_BT = cache["index"][:, None] + jnp.arange(n_new, dtype=jnp.int32)[None, :]
+    valid_BT = jnp.arange(n_new)[None, :] < lengths_B[:, None]
+    if n_new == 1:
+        write: CacheWrite | RowSlot = RowSlot(cache["index"] % S)
+        meta = {
+            "index": cache["index"] + lengths_B,
+            "positions": write_row_slot(cache["positions"], positions_BT, write),
+            "valid": write_row_slot(cache["valid"], valid_BT, write) | cache["valid"],
+        }
+        return CacheStep(positions_BT, valid_BT, meta["positions"], meta["valid"], write, meta)
+    write = plan_write(cache["index"], lengths_B, S, n_new)
+    return CacheStep(
+        positions_BT,
+        valid_BT,
+        jnp.concatenate([cache["positions"], positions_BT], axis=1),
+        jnp.concatenate([cache["valid"], valid_BT], axis=1),
+        write,
+        advance(cache, positions_BT, lengths_B, write),
+    )

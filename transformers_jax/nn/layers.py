@@ -185,12 +185,16 @@ class Attention(nn.Module):
         kv_positions: jax.Array | None = None,
         cache: dict | None = None,
         cache_write: CacheWrite | RowSlot | None = None,
+        cross_kv: dict | None = None,
+        return_kv: bool = False,
     ):
         """Returns the output ``[B, Q, C]``, or ``(output, new_cache)`` when given a cache.
 
         With a cache, ``mask`` and ``bias`` must cover the keys ``[cached slots, new tokens]``
         (the model builds them once for all layers); new keys and values are stored as planned
-        by ``cache_write``.
+        by ``cache_write``. Cross-attention decoding projects the encoder output once:
+        ``return_kv=True`` returns ``(output, {"key", "value"})`` and later calls pass them
+        back as ``cross_kv`` instead of ``kv_inputs``.
         """
         cfg = self.config
         H, N, D = cfg.n_heads, cfg.kv_heads, cfg.dims_per_head
@@ -204,21 +208,26 @@ class Attention(nn.Module):
 
         q_BQHD = Dense((H, D), ("embed", "heads", "head_dim"), std=cfg.init_std, name="query",
                        **dense)(x_BQC)
-        k_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std, name="key",
-                       **dense)(kv_BKC)
-        v_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std,
-                       name="value", **dense)(kv_BKC)
-
         if cfg.qk_norm:  # normalise each head's q and k: keeps logits bounded at high LR
             q_BQHD = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dense["dtype"], name="query_norm")(
                 q_BQHD
             )
-            k_BKND = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dense["dtype"], name="key_norm")(
-                k_BKND
-            )
         if cfg.position == "rope":
             q_BQHD = apply_rope(q_BQHD, positions, cfg.rope, cfg.rotary_dim)
-            k_BKND = apply_rope(k_BKND, kv_positions, cfg.rope, cfg.rotary_dim)
+
+        if cross_kv is not None:  # encoder keys/values projected once, at the first step
+            k_BKND, v_BKND = cross_kv["key"], cross_kv["value"]
+        else:
+            k_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std,
+                           name="key", **dense)(kv_BKC)
+            v_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std,
+                           name="value", **dense)(kv_BKC)
+            if cfg.qk_norm:
+                k_BKND = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dense["dtype"],
+                                    name="key_norm")(k_BKND)
+            if cfg.position == "rope":
+                k_BKND = apply_rope(k_BKND, kv_positions, cfg.rope, cfg.rotary_dim)
+        projected = {"key": k_BKND, "value": v_BKND}
 
         new_cache = None
         if isinstance(cache_write, RowSlot):  # one token per row: write it, then read the cache
@@ -257,6 +266,8 @@ class Attention(nn.Module):
             name="out",
             **dense,
         )(out_BQHD)
+        if return_kv:
+            return out_BQC, projected
         return out_BQC if cache is None else (out_BQC, new_cache)
 
 
