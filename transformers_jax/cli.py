@@ -131,6 +131,7 @@ def cmd_sample(argv: list[str]) -> int:
         top_p=args.top_p,
         stop_tokens=(tokenizer.special["eos"],),
         pad_id=tokenizer.pad_id,
+        bos_id=tokenizer.special["bos"],
     )
     prompt = list(tokenizer.encode(args.prompt))
     if args.num_samples == 1 and tokenizer.name == "byte":  # stream bytes as they are emitted

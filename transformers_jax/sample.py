@@ -30,6 +30,7 @@ class SamplingConfig:
     top_p: float | None = None
     stop_tokens: tuple[int, ...] = ()
     pad_id: int = 0  # written after a row has stopped
+    bos_id: int | None = None  # first decoder token of an encoder-decoder
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
@@ -88,13 +89,11 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, multiple: int = 1
     return tokens, np.array([len(p) for p in prompts], np.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "cfg", "cache_size", "on_token"))
-def _generate(model, params, tokens_BP, lengths_B, key, *, cfg, cache_size, on_token=None):
-    B = tokens_BP.shape[0]
-    model_cfg = model.config
-    cache = init_cache(model_cfg, B, cache_size)
-    logits_BPV, cache = model.apply({"params": params}, tokens_BP, cache=cache, lengths=lengths_B)
-    last_BV = logits_BPV[jnp.arange(B), lengths_B - 1]
+def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig, on_token):
+    """Sample the first token from ``first_logits_BV``, then loop (``lax.while_loop``) on
+    ``step_fn(cache, tokens_B) -> (logits_BV, cache)`` until ``max_new_tokens`` or every row
+    has emitted a stop token; rows that stopped get ``pad_id``. Returns ``[B, max_new]``."""
+    B = first_logits_BV.shape[0]
     stops = jnp.asarray(cfg.stop_tokens or (-1,), jnp.int32)
 
     def emit(step, token_B, done_B):
@@ -104,7 +103,7 @@ def _generate(model, params, tokens_BP, lengths_B, key, *, cfg, cache_size, on_t
         return token_B, done_B | jnp.isin(token_B, stops)
 
     key, sub = jax.random.split(key)
-    first_B, done_B = emit(0, choose_tokens(last_BV, sub, cfg), jnp.zeros((B,), bool))
+    first_B, done_B = emit(0, choose_tokens(first_logits_BV, sub, cfg), jnp.zeros((B,), bool))
     out_BN = jnp.full((B, cfg.max_new_tokens), cfg.pad_id, jnp.int32).at[:, 0].set(first_B)
 
     def cond(carry):
@@ -113,17 +112,53 @@ def _generate(model, params, tokens_BP, lengths_B, key, *, cfg, cache_size, on_t
 
     def body(carry):
         step, token_B, cache, done_B, out_BN, key = carry
-        logits_B1V, cache = model.apply(
-            {"params": params}, token_B[:, None], cache=cache, lengths=jnp.ones((B,), jnp.int32)
-        )
+        logits_BV, cache = step_fn(cache, token_B)
         key, sub = jax.random.split(key)
-        token_B, new_done = emit(step, choose_tokens(logits_B1V[:, 0], sub, cfg), done_B)
+        token_B, new_done = emit(step, choose_tokens(logits_BV, sub, cfg), done_B)
         out_BN = out_BN.at[:, step].set(token_B)
         return step + 1, token_B, cache, new_done, out_BN, key
 
     carry = (jnp.int32(1), first_B, cache, done_B, out_BN, key)
-    _, _, _, _, out_BN, _ = jax.lax.while_loop(cond, body, carry)
-    return out_BN
+    return jax.lax.while_loop(cond, body, carry)[4]
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cfg", "cache_size", "on_token"))
+def _generate(model, params, tokens_BP, lengths_B, key, *, cfg, cache_size, on_token=None):
+    """Decoder-only: prefill the right-padded prompts in one pass, then decode."""
+    B = tokens_BP.shape[0]
+    variables = {"params": params}
+    cache = init_cache(model.config, B, cache_size)
+    logits_BPV, cache = model.apply(variables, tokens_BP, cache=cache, lengths=lengths_B)
+    ones = jnp.ones((B,), jnp.int32)
+
+    def step_fn(cache, token_B):
+        logits_B1V, cache = model.apply(variables, token_B[:, None], cache=cache, lengths=ones)
+        return logits_B1V[:, 0], cache
+
+    last_BV = logits_BPV[jnp.arange(B), lengths_B - 1]
+    return _decode_loop(step_fn, last_BV, cache, key, cfg, on_token)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cfg", "bos_id", "on_token"))
+def _generate_seq2seq(model, params, sources_BS, valid_BS, key, *, cfg, bos_id, on_token=None):
+    """Encoder-decoder: run the encoder once, project its keys/values into the cache at the
+    first decoder step, then decode from ``bos``."""
+    from transformers_jax.models.encdec import init_encdec_cache
+
+    B, S = sources_BS.shape
+    variables = {"params": params}
+    encoded = model.apply(variables, sources_BS, encoder_segment_ids=valid_BS.astype(jnp.int32),
+                          method="encode")
+    cache = init_encdec_cache(model.config, B, cfg.max_new_tokens + 1, S, encoder_valid=valid_BS)
+    bos = jnp.full((B, 1), bos_id, jnp.int32)
+    logits_B1V, cache = model.apply(variables, bos, cache, encoded, method="decode_cached")
+
+    def step_fn(cache, token_B):
+        logits_B1V, cache = model.apply(variables, token_B[:, None], cache, None,
+                                        method="decode_cached")
+        return logits_B1V[:, 0], cache
+
+    return _decode_loop(step_fn, logits_B1V[:, 0], cache, key, cfg, on_token)
 
 
 def generate(
@@ -136,12 +171,18 @@ def generate(
     on_token: Callable | None = None,
 ) -> list[list[int]]:
     """Continue each prompt (a list of token ids); returns the new tokens of each row, cut at
-    (and including) the first stop token.
+    (and including) the first stop token. For an encoder-decoder the prompts are the source
+    sequences and the decoder starts from ``cfg.bos_id``.
 
     ``on_token(step, tokens_B, done_B)`` is called from inside the compiled loop as each token
     is chosen (numpy arguments): the CLI streams text with it.
     """
     model_cfg: ModelConfig = model.config
+    if model_cfg.family == "encdec":
+        return _seq2seq(model, params, prompts, cfg, seed, on_token)
+    if model_cfg.family not in ("gpt",):
+        raise ValueError(f"family={model_cfg.family!r} cannot generate with a KV cache; "
+                         "sampling is for gpt and encdec models")
     if not model_cfg.causal and model_cfg.mask != "prefix":
         raise ValueError(
             f"sampling needs a causal mask, but this model uses mask={model_cfg.mask!r}; "
@@ -155,6 +196,24 @@ def generate(
         model, params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(seed),
         cfg=cfg, cache_size=size, on_token=on_token,
     )
+    return _cut_at_stops(out, cfg)
+
+
+def _seq2seq(model, params, sources, cfg: SamplingConfig, seed: int, on_token):
+    if cfg.bos_id is None:
+        raise ValueError("an encoder-decoder starts decoding from bos: set SamplingConfig.bos_id")
+    model_cfg = model.config
+    # a learned table has no rows for padding past it: pad sources exactly then
+    tokens, lengths = pad_prompts(sources, cfg.pad_id,
+                                  multiple=1 if model_cfg.position == "learned" else 16)
+    check_decode_length(model_cfg, max(int(lengths.max()), cfg.max_new_tokens + 1))
+    valid = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    out = _generate_seq2seq(model, params, jnp.asarray(tokens), jnp.asarray(valid),
+                            jax.random.key(seed), cfg=cfg, bos_id=cfg.bos_id, on_token=on_token)
+    return _cut_at_stops(out, cfg)
+
+
+def _cut_at_stops(out, cfg: SamplingConfig) -> list[list[int]]:
     results = []
     for row in np.asarray(out).tolist():
         for i, token in enumerate(row):

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.models.gpt import Embedder, check_length, default_positions, relative_bias
+from transformers_jax.nn.kvcache import CacheStep, init_cache, plan_step
 from transformers_jax.nn.layers import (
     MLP,
     Attention,
@@ -103,7 +104,13 @@ class DecoderBlock(nn.Module):
         cross_mask: AttentionMask | jax.Array | None,
         bias: jax.Array | None = None,
         deterministic: bool = True,
-    ) -> jax.Array:
+        cache: dict | None = None,
+        cache_write=None,
+    ):
+        """``[B, T, C]``; with this layer's ``cache`` (decoding) ``(output, new_cache)``: the
+        self-attention keys/values are stored as planned by ``cache_write``, and the
+        cross-attention keys/values are projected from ``encoded`` once (when it is given)
+        and read back from the cache afterwards (when ``encoded`` is None)."""
         cfg = self.config
         drop = nn.Dropout(cfg.dropout)
         self_attention = Attention(cfg, name="attention")
@@ -113,12 +120,29 @@ class DecoderBlock(nn.Module):
             make_norm(cfg, "norm1"), make_norm(cfg, "norm_cross"), make_norm(cfg, "norm2")
         )
 
+        new_cache: dict = {}
+
         def attend(h):
-            return self_attention(h, positions=positions, mask=mask, bias=bias)
+            if cache is None:
+                return self_attention(h, positions=positions, mask=mask, bias=bias)
+            out, kv = self_attention(h, positions=positions, mask=mask, bias=bias,
+                                     cache={"key": cache["key"], "value": cache["value"]},
+                                     cache_write=cache_write)
+            new_cache.update(kv)
+            return out
 
         def cross(h):
-            return cross_attention(h, positions=positions, mask=cross_mask, bias=None,
-                                   kv_inputs=encoded, kv_positions=encoder_positions)
+            if cache is None:
+                return cross_attention(h, positions=positions, mask=cross_mask, bias=None,
+                                       kv_inputs=encoded, kv_positions=encoder_positions)
+            stored = None if encoded is not None else {
+                "key": cache["cross_key"], "value": cache["cross_value"]}
+            out, kv = cross_attention(h, positions=positions, mask=cross_mask, bias=None,
+                                      kv_inputs=encoded, kv_positions=encoder_positions,
+                                      cross_kv=stored, return_kv=True)
+            new_cache["cross_key"] = kv["key"].astype(cache["cross_key"].dtype)
+            new_cache["cross_value"] = kv["value"].astype(cache["cross_value"].dtype)
+            return out
 
         def step(x, f, norm):
             if cfg.norm_position == "pre":
@@ -128,7 +152,8 @@ class DecoderBlock(nn.Module):
         x_BTC = step(x_BTC, attend, norm1)
         x_BTC = step(x_BTC, cross, norm_cross)
         x_BTC = step(x_BTC, mlp, norm2)
-        return nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
+        x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
+        return x_BTC if cache is None else (x_BTC, new_cache)
 
 
 class EncoderStack(nn.Module):
@@ -159,8 +184,11 @@ class DecoderStack(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTC, encoded_BSC, *, positions, segment_ids, encoder_positions,
-                 encoder_segment_ids, prefix_len=None, deterministic: bool = True):
+                 encoder_segment_ids, prefix_len=None, deterministic: bool = True,
+                 cache: dict | None = None, step: CacheStep | None = None):
         cfg = self.config
+        if cache is not None:
+            return self._cached(x_BTC, encoded_BSC, cache, step, prefix_len)
         mask = build_mask(cfg.mask, positions, positions, window=cfg.window,
                           prefix_len=prefix_len, q_segments=segment_ids, kv_segments=segment_ids)
         cross_mask = cross_attention_mask(positions, encoder_positions, segment_ids,
@@ -175,6 +203,46 @@ class DecoderStack(nn.Module):
         if cfg.norm_position == "pre":
             x_BTC = make_norm(cfg, "final_norm")(x_BTC)
         return x_BTC
+
+    def _cached(self, x_BTC, encoded_BSC, cache: dict, step: CacheStep, prefix_len):
+        """New decoder tokens over [cached slots, themselves] and the cached encoder."""
+        cfg = self.config
+        mask = build_mask(cfg.mask, step.positions, step.kv_positions, window=cfg.window,
+                          prefix_len=prefix_len, kv_valid=step.kv_valid)
+        cross_mask = build_mask("bidirectional", step.positions, cache["encoder_positions"],
+                                kv_valid=cache["encoder_valid"])
+        bias = relative_bias(self, cfg, step.positions, step.kv_positions,
+                             bidirectional=not cfg.causal)
+        new_layers = {}
+        for i in range(n_decoder_layers(cfg)):
+            name = f"layer_{i}"
+            x_BTC, new_layers[name] = DecoderBlock(cfg, name=name)(
+                x_BTC, positions=step.positions, mask=mask, bias=bias, encoded=encoded_BSC,
+                encoder_positions=cache["encoder_positions"], cross_mask=cross_mask,
+                cache=cache[name], cache_write=step.write,
+            )
+        if cfg.norm_position == "pre":
+            x_BTC = make_norm(cfg, "final_norm")(x_BTC)
+        return x_BTC, new_layers
+
+
+def init_encdec_cache(config: ModelConfig, batch_size: int, size: int, encoder_len: int,
+                      encoder_positions=None, encoder_valid=None) -> dict:
+    """The decoding cache of an encoder-decoder: decoder self-attention slots (as
+    ``nn.kvcache.init_cache``) plus, per layer, the encoder's projected keys and values."""
+    cache = init_cache(config, batch_size, size, n_layers=n_decoder_layers(config))
+    N, D = config.kv_heads, config.dims_per_head
+    for i in range(n_decoder_layers(config)):
+        cache[f"layer_{i}"]["cross_key"] = jnp.zeros((batch_size, encoder_len, N, D),
+                                                     jnp.dtype(config.dtype))
+        cache[f"layer_{i}"]["cross_value"] = jnp.zeros_like(cache[f"layer_{i}"]["cross_key"])
+    shape = (batch_size, encoder_len)
+    cache["encoder_positions"] = (
+        jnp.broadcast_to(jnp.arange(encoder_len, dtype=jnp.int32), shape)
+        if encoder_positions is None else encoder_positions
+    )
+    cache["encoder_valid"] = jnp.ones(shape, bool) if encoder_valid is None else encoder_valid
+    return cache
 
 
 class EncoderDecoder(nn.Module):
@@ -294,8 +362,30 @@ class EncoderDecoder(nn.Module):
         logits_BTV = softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
         return nn.with_logical_constraint(logits_BTV, ("batch", "length", "vocab"))
 
+    def decode_cached(self, tokens_BT, cache: dict, encoded_BSC=None, lengths=None):
+        """``(logits [B, T, V], new cache)`` for new decoder tokens (see ``sample.py``).
 
-# Greedy decoding (no cache yet: the decoder reruns over the whole buffer each step) -------------
+        Pass ``encoded_BSC`` (from ``encode``) on the first call: each layer projects it into
+        cross-attention keys/values once and stores them; later calls pass None and read
+        them from the cache.
+        """
+        cfg = self.config
+        step = plan_step(cache, tokens_BT.shape[1], lengths)
+        x_BTC = self.embed(tokens_BT, jnp.where(step.valid, step.positions, 0))
+        x_BTC, layers = self.decoder(
+            x_BTC, encoded_BSC, positions=step.positions, segment_ids=None,
+            encoder_positions=cache["encoder_positions"], encoder_segment_ids=None,
+            cache=cache, step=step,
+        )
+        logits_BTV = self.embed.attend(x_BTC) if cfg.tie_embeddings else self.lm_head(x_BTC)
+        logits_BTV = softcap(logits_BTV.astype(jnp.float32), cfg.final_logit_softcap)
+        new_cache = {**step.meta, "encoder_positions": cache["encoder_positions"],
+                     "encoder_valid": cache["encoder_valid"], **layers}
+        return logits_BTV, new_cache
+
+
+
+# Greedy decoding (no cache: the decoder reruns over the whole buffer each step) -------------
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "pad_id"))
