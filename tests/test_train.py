@@ -194,3 +194,15 @@ def test_bert_and_encdec_train_through_the_same_loop(tmp_path):
         train(encdec, TrainConfig(**common))
     with pytest.raises(ValueError, match="bidirectional"):
         ModelConfig(family="encdec", mask="bidirectional")
+
+
+@pytest.mark.parametrize("strategy, mesh", [("pmap", None), ("jit", "data=2,fsdp=2,tensor=2")])
+def test_loop_strategies_match_one_device(strategy, mesh):
+    cfg = TrainConfig(steps=3, batch_size=8, seq_len=16, log_every=1, eval_every=3,
+                      eval_batches=1, progress=False)
+    model = TINY_MODEL.replace(n_heads=2, n_kv_heads=2)
+    single = train(model, cfg)
+    sharded = train(model, cfg.replace(strategy=strategy, mesh=mesh))
+    np.testing.assert_allclose([h["loss"] for h in sharded["history"]],
+                               [h["loss"] for h in single["history"]], rtol=1e-5)
+    assert sharded["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-5)
