@@ -68,3 +68,205 @@ def test_perturbations_touch_only_the_far_context():
     for start in range(0, 60, 20):  # each span keeps its own tokens
         assert sorted(spans[start : start + 20]) == list(range(start, start + 20))
     assert np.array_equal(perturb(window, 60, "truncate", rng, 1000), window[60:])
+
+
+@pytest.mark.slow
+def test_synthetic_generalisation_tiny(results_dir):
+    from experiments import synthetic_generalisation
+
+    synthetic_generalisation.main(["--scale", "tiny"])
+    out = json.loads((results_dir / "synthetic_generalisation_tiny.json").read_text())
+    assert set(out["results"]) == {"gpt", "encdec"}
+    assert (out["train_max"], out["test_max"]) == (4, 8)
+    gpt = out["results"]["gpt"]["reverse"]
+    assert set(gpt) == {"none", "learned"}
+    none, learned = gpt["none"][0], gpt["learned"][0]
+    assert set(none["exact"]) == {str(n) for n in range(1, 9)}  # every length scored
+    assert all(0.0 <= v <= 1.0 for v in none["exact"].values())
+    assert math.isnan(learned["exact"]["5"]) and not math.isnan(learned["exact"]["4"])
+    encdec = out["results"]["encdec"]["reverse"]["t5"][0]
+    assert not math.isnan(encdec["exact"]["8"])
+    table = (results_dir / "synthetic_generalisation_tiny.md").read_text()
+    assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
+    assert (results_dir / "synthetic_generalisation_tiny.png").stat().st_size > 10_000
+
+
+def test_synthetic_exact_match_is_greedy_decoding():
+    """The teacher-forced argmax over answer + eos is right exactly when greedy decoding
+    reproduces the answer: score a random model on its own greedy continuation (all correct),
+    then on that continuation with one token changed (wrong)."""
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from experiments.synthetic_generalisation import accuracy_of
+    from transformers_jax import ModelConfig, build_model
+    from transformers_jax.sample import SamplingConfig, generate
+
+    model = build_model(ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2))
+    params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))["params"])
+    prompts = [[256, 97, 98, 99, 260], [256, 120, 121, 260]]  # [bos] prompt [sep]
+    answers = generate(model, params, prompts, SamplingConfig(max_new_tokens=4, temperature=0))
+    T = 10
+    rows = {k: np.zeros((4, T), np.int32) for k in ("inputs", "targets", "segment_ids")}
+    weights = np.zeros((4, T), np.float32)
+    for i in range(4):
+        prompt, answer = prompts[i % 2], list(answers[i % 2])
+        if i >= 2:  # corrupt the last answer token
+            answer[-1] = (answer[-1] + 1) % 256
+        seq = prompt + answer
+        rows["inputs"][i, : len(seq) - 1] = seq[:-1]
+        rows["targets"][i, : len(seq) - 1] = seq[1:]
+        rows["segment_ids"][i, : len(seq) - 1] = 1
+        weights[i, len(prompt) - 1 : len(seq) - 1] = 1
+    batch = {**rows, "weights": weights, "lengths": np.array([1, 2, 3, 4], np.int32)}
+    exact, tokens = accuracy_of(model, params, batch, "gpt")
+    assert exact == {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}
+    assert tokens[1] == 1.0 and tokens[3] == 0.75
+
+
+def test_length_bins():
+    from experiments.synthetic_generalisation import length_bins, summarise_bins
+
+    assert length_bins(8, 32) == [(1, 8), (9, 10), (11, 12), (13, 14), (15, 16), (17, 24),
+                                  (25, 32)]
+    assert length_bins(20, 40) == [(1, 20), (21, 25), (26, 30), (31, 35), (36, 40)]
+    assert summarise_bins({"1": 1.0, "2": 0.5, "3": 0.0, "4": float("nan")}, 2, 4) == {
+        "1-2 (train)": 0.75, "3": 0.0, "4": pytest.approx(float("nan"), nan_ok=True)}
+
+
+@pytest.mark.slow
+def test_attention_variants_heads_and_window_tiny(results_dir):
+    from experiments import attention_variants
+
+    attention_variants.main(["--scale", "tiny", "--part", "heads,window"])
+    heads = json.loads((results_dir / "attention_variants_heads_tiny.json").read_text())
+    assert list(heads["results"]) == ["MHA", "GQA-2", "MQA"]
+    kv_bytes = [r["kv_cache_bytes_per_token"] for r in heads["results"].values()]
+    assert kv_bytes[0] == 2 * kv_bytes[1] == 4 * kv_bytes[2]
+    params = [r["runs"][0]["params"] for r in heads["results"].values()]
+    assert params[0] > params[1] > params[2]  # fewer k/v projections
+    for r in heads["results"].values():
+        assert r["decode"]["batch_2"]["decode_tokens_per_s"] > 0
+        assert 0 < r["runs"][0]["eval_loss"] < 10
+    window = json.loads((results_dir / "attention_variants_window_tiny.json").read_text())
+    assert [r["window"] for r in window["results"].values()] == [4, 16]
+    assert (results_dir / "attention_variants_window_tiny.png").exists()
+    assert not (results_dir / "attention_variants_prefix_tiny.json").exists()
+
+
+@pytest.mark.slow
+def test_attention_variants_prefix_and_stability_tiny(results_dir):
+    from experiments import attention_variants
+
+    attention_variants.main(["--scale", "tiny", "--part", "prefix,stability"])
+    prefix = json.loads((results_dir / "attention_variants_prefix_tiny.json").read_text())
+    masks = {k: (v["family"], v["mask"]) for k, v in prefix["results"].items()}
+    assert masks == {"causal LM": ("gpt", "causal"), "prefix LM": ("gpt", "prefix"),
+                     "encoder-decoder": ("encdec", "causal")}
+    stability = json.loads((results_dir / "attention_variants_stability_tiny.json").read_text())
+    assert list(stability["results"]) == ["baseline", "qk_norm", "softcap"]
+    losses = {k: v["0.02"][0]["eval_loss"] for k, v in stability["results"].items()}
+    assert losses["baseline"] != losses["qk_norm"]  # the switch changes the model
+    table = (results_dir / "attention_variants_stability_tiny.md").read_text()
+    assert table.startswith("Command: `python -m") and "lr 0.02" in table
+
+
+def _fake_results(folder):
+    """Minimal default-scale results of every experiment but one attention part (whose tiny
+    result, like every tiny result, must not be shown)."""
+    nan = float("nan")
+    payloads = {
+        "length_extrapolation_default": {
+            "train_len": 4, "lengths": [4, 8], "unigram_loss": 3.0, "results": {
+                "alibi": [{"flat": {"4": 2.0, "8": 2.1}, "sliding": {"4": 2.0, "8": 1.9}}],
+                "rope": [{"flat": {"4": 2.0, "8": 3.0}, "sliding": {"4": 2.0, "8": 2.8}}],
+                "learned": [{"flat": {"4": 2.0, "8": nan}, "sliding": {"4": 2.0, "8": nan}}]}},
+        "rope_extension_default": {
+            "train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
+            "results": {k: [{"zero_shot": z, "fine_tuned": f}] for k, z, f in (
+                ("none", 4.0, 2.5), ("linear", 3.0, 2.2), ("yarn", 2.4, 2.1))}},
+        "context_usage_default": {
+            "boundaries": [4, 16], "results": {family: [{
+                "base": 2.0, "truncate/4": 0.2, "truncate/16": t16, "shuffle/4": 0.2,
+                "shuffle/16": s16, "shuffle_spans/4": 0.1, "shuffle_spans/16": 0.0,
+                "random/4": 0.3, "random/16": 0.01}] for family, t16, s16 in (
+                    ("gpt", 0.05, 0.05), ("lstm", 0.005, 0.0))}},
+        "synthetic_generalisation_default": {
+            "train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
+                "none": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.5, "4": 0.0},
+                          "token_accuracy": {"1": 1.0, "2": 1.0, "3": 0.8, "4": 0.4}}],
+                "learned": [{"exact": {"1": 1.0, "2": 0.5, "3": nan, "4": nan},
+                             "token_accuracy": {"1": 1.0, "2": 0.7, "3": nan, "4": nan}}]}}}},
+        "attention_variants_heads_default": {
+            "decode_batches": [1, 8], "results": {name: {
+                "runs": [{"eval_loss": loss}],
+                "decode": {"batch_1": {"decode_tokens_per_s": 100.0},
+                           "batch_8": {"decode_tokens_per_s": speed}}} for name, loss, speed in (
+                    ("MHA", 2.00, 400.0), ("GQA-2", 2.01, 700.0), ("MQA", 2.05, 800.0))}},
+        "attention_variants_prefix_default": {
+            "task": {"name": "reverse", "train_max": 6, "steps": 10}, "results": {
+                name: {"runs": [{"exact_match": em, "eval_loss": loss}]} for name, em, loss in (
+                    ("causal LM", 0.5, 0.4), ("prefix LM", 0.8, 0.2),
+                    ("encoder-decoder", 0.9, 0.1))}},
+        "attention_variants_stability_default": {
+            "lrs": [0.01, 0.1], "results": {name: {
+                "0.01": [{"eval_loss": 2.0, "diverged": False}],
+                "0.1": [{"eval_loss": high, "diverged": high > 3}]} for name, high in (
+                    ("baseline", 3.5), ("qk_norm", 2.2))}},
+        "attention_variants_window_tiny": {"results": {}},
+    }
+    for name, payload in payloads.items():
+        command = f"python -m experiments.{name.rsplit('_', 1)[0]}"
+        (folder / f"{name}.json").write_text(json.dumps({"command": command, **payload}))
+        (folder / f"{name}.md").write_text(f"Command: `{command}`\n\n| FAKE {name} |")
+    (folder / "synthetic_generalisation_default.png").write_bytes(b"\x89PNG fake")
+
+
+def test_run_all_rebuilds_the_readme_from_results(tmp_path):
+    from experiments import run_all
+
+    results = tmp_path / "results"
+    results.mkdir()
+    _fake_results(results)
+    readme = tmp_path / "README.md"
+    assert run_all.main(["--rebuild-only", "--results", str(results),
+                         "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    for exp in run_all.EXPERIMENTS:
+        assert f". {exp.title}" in text and exp.published[:40] in text
+    assert "| FAKE synthetic_generalisation_default |" in text
+    assert "![synthetic_generalisation (default)](results/synthetic_generalisation_default.png)" \
+        in text
+    # the findings are computed from the JSON
+    assert "none 0.25" in text  # mean exact match over lengths 3-4
+    assert "ALiBi degrades less than rope (as published)" in text
+    assert "YaRN zero-shot beats PI (as published)" in text
+    assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
+    assert "gpt: it still uses context beyond b=16" in text
+    assert "GQA-2 is within 2% of MHA's loss" in text
+    assert "The prefix LM beats the causal LM" in text
+    assert "QK-norm lowers the high-rate loss" in text and "baseline at lr 0.1" in text
+    for name in ("length_extrapolation", "rope_extension", "context_usage",
+                 "attention_variants_heads"):
+        assert f"| FAKE {name}_default |" in text
+    # missing results say how to produce them; tiny results are never shown
+    assert "Not run yet: `python -m experiments.attention_variants --part window`" in text
+    assert "FAKE attention_variants_window_tiny" not in text
+    assert text.count("Not run yet") == 1
+
+
+def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
+    from experiments import run_all
+
+    calls = []
+    monkeypatch.setattr(run_all.subprocess, "call",
+                        lambda cmd, cwd, env: calls.append((cmd[1:], env)) or 0)
+    readme = tmp_path / "README.md"
+    assert run_all.main(["--only", "attention_variants,context_usage", "--scale", "tiny",
+                         "--results", str(tmp_path), "--readme", str(readme)]) == 0
+    assert [c[0] for c in calls] == [
+        ["-m", "experiments.context_usage", "--scale", "tiny"],
+        ["-m", "experiments.attention_variants", "--scale", "tiny"]]
+    assert all(env["TJAX_RESULTS_DIR"] == str(tmp_path) for _, env in calls)
+    assert readme.exists()

@@ -1,0 +1,48 @@
+"""The Colab quickstart notebook runs end to end at a tiny size on CPU.
+
+Needs ``nbclient``, ``nbformat`` and ``ipykernel`` (not in the ``test`` extra yet: the test skips,
+saying so, without them).
+"""
+
+import os
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="pip install nbformat to execute the notebook")
+nbclient = pytest.importorskip("nbclient", reason="pip install nbclient to execute the notebook")
+pytest.importorskip("ipykernel", reason="pip install ipykernel: the notebook needs a kernel")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(ROOT, "experiments", "quickstart.ipynb")
+
+
+def test_notebook_has_a_parameters_cell_and_no_stored_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and "TINY" in tagged[0].source
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs_tiny(tmp_path, monkeypatch):
+    monkeypatch.setenv("TJAX_NOTEBOOK_TINY", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device, not the suite's fake eight
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+
+    assert (tmp_path / "runs" / "quickstart" / "metrics.jsonl").exists()
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / "results" / f"length_extrapolation_tiny.{ext}").exists()
+    table = (tmp_path / "results" / "length_extrapolation_tiny.md").read_text()
+    assert table.startswith("Command: `python -m experiments.length_extrapolation --scale tiny")
+    text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+    assert "The for statement" in text  # the sample
+    assert "'steps': 20" in text
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images  # the ablation's plot is displayed
