@@ -401,9 +401,10 @@ def test_bfloat16_inputs(impl):
 
 def test_unknown_implementation_lists_valid_names():
     q, k, v, _, _ = _random_problem(12, 3, 3, "MHA", "none")
-    with pytest.raises(UnknownNameError, match="valid choices: chunked, cudnn, reference, xla"):
+    valid = "valid choices: chunked, cudnn, pallas, reference, xla"
+    with pytest.raises(UnknownNameError, match=valid):
         dot_product_attention(q, k, v, implementation="flash3000")
-    assert ATTENTION.names() == ["chunked", "cudnn", "reference", "xla"]
+    assert ATTENTION.names() == ["chunked", "cudnn", "pallas", "reference", "xla"]
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN is available on GPU")

@@ -38,7 +38,7 @@ def test_bad_values_name_field_and_fix(changes, fragments):
 @pytest.mark.parametrize(
     "field, valid",
     [
-        ("attention", "chunked, cudnn, reference, xla"),
+        ("attention", "chunked, cudnn, pallas, reference, xla"),
         ("mask", "bidirectional, causal, prefix, sliding_window"),
         ("position", "alibi, fire, learned, none, rope, sinusoidal, t5"),
         ("norm", "layernorm, rmsnorm"),

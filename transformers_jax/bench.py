@@ -1,19 +1,31 @@
 """``tjax bench``: one JSON object of training and decoding speed for a model config.
 
 Training: tokens/s (median over timed steps after warm-up), model FLOPs per token, MFU against
-the peak measured with a large matmul in the same dtype, compile time of the first step, and
-memory (XLA's compiled buffer sizes, and the process's peak RSS). Decoding: tokens/s with the
-KV cache at batch 1 and 8 (one compiled loop), and time to first token (prefill). Speed is
-never asserted in tests: it is measured here and recorded with its command in BENCHMARKS.md.
+the peak of a large matmul measured in each dtype the model computes in (and against the
+datasheet bf16 peak on known GPUs/TPUs), compile time of the first step (wall and CPU seconds),
+and memory (XLA's compiled buffer sizes, the process's peak RSS, the accelerator's peak bytes
+where it reports them). Decoding (causal families): tokens/s with the KV cache at batch 1 and 8
+(one compiled loop), and time to first token (prefill). Also the versions, the device and the
+load average. Speed is never asserted in tests: it is measured here and recorded with its
+command in BENCHMARKS.md.
 
     tjax bench                                   # config (a): 4x4x128, context 256, batch 16
     tjax bench --model.dtype=bfloat16 --steps 20
-    tjax bench --model.n_layers=12 --model.n_heads=12 --model.d_model=768 --model.vocab_size=50257
+    tjax bench --family bert                     # masked LM (no decoding)
+    tjax bench --model.n_layers=12 --model.n_heads=12 --model.d_model=768 \\
+               --model.vocab_size=50257 --model.max_len=1024 --train.batch_size=4
+    tjax bench --compile-cache /tmp/jax_cache    # persistent compilation cache (2nd run: hit)
+    tjax bench --tiny                            # seconds: a toy model, for smoke tests
+
+Options besides ``--model.*``/``--train.*`` (``--steps`` = ``--train.steps``): ``--warmup N``
+(untimed steps, 3), ``--decode-batches 1,8``, ``--decode-prompt 16``, ``--decode-tokens 240``,
+``--no-decode``, ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import resource
 import statistics
@@ -25,18 +37,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax import __version__
-from transformers_jax.config import ModelConfig, TrainConfig, apply_overrides
+from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model
 from transformers_jax.nn.kvcache import init_cache
 from transformers_jax.nn.layers import count_params
-from transformers_jax.train.flops import flops_per_token, measure_matmul_peak
+from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.step import init_state, make_train_step
 
-# Config (a) of the benchmark issue: a character-level GPT.
+# Config (a) of the benchmark issue: a character-level GPT-2 shape. Attention is the chunked
+# kernel with 64-wide tiles, the fastest here for training (BENCHMARKS.md).
 DEFAULT_MODEL = ModelConfig(vocab_size=65, d_model=128, n_layers=4, n_heads=4, max_len=256,
-                            position="learned", dropout=0.0)
-DEFAULT_TRAIN = TrainConfig(batch_size=16, seq_len=256, steps=30, warmup_steps=1)
+                            position="learned", dropout=0.0, attention="chunked",
+                            attention_chunk=64)
+DEFAULT_TRAIN = TrainConfig(batch_size=16, seq_len=256, steps=30, warmup_steps=0)
+# --tiny: the same code paths in seconds.
+TINY_MODEL = {"d_model": "32", "n_layers": "1", "n_heads": "2", "max_len": "64"}
+TINY_TRAIN = {"batch_size": "2", "seq_len": "32", "steps": "3"}
 
 
 def _timed(fn, *args):
@@ -45,20 +62,53 @@ def _timed(fn, *args):
     return out, time.perf_counter() - start
 
 
+def datasheet_peak() -> tuple[float | None, str | None]:
+    """The bf16 datasheet peak of a known accelerator (None on CPU and unknown devices)."""
+    kind = jax.devices()[0].device_kind
+    for name, peak in KNOWN_PEAKS.items():
+        if name.lower() in kind.lower():
+            return peak, kind
+    return None, None
+
+
+def compute_dtypes(model_cfg: ModelConfig) -> list[str]:
+    """The dtypes the model's matmuls run in: its compute dtype, and float32 for what stays
+    float32 whatever the compute dtype (the logits' softmax, attention's softmax)."""
+    dtypes = [model_cfg.dtype]
+    if model_cfg.dtype != "float32":
+        dtypes.append("float32")
+    return dtypes
+
+
+def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0) -> dict:
+    """A random batch for the family's objective: next-token LM, or masked LM for bert."""
+    rng = np.random.default_rng(seed)
+    shape = (cfg.batch_size, cfg.seq_len)
+    inputs = rng.integers(0, model_cfg.vocab_size, shape, dtype=np.int32)
+    if model_cfg.family == "bert":
+        return {"inputs": inputs, "targets": inputs.copy(),
+                "weights": (rng.random(shape) < 0.15).astype(np.float32)}
+    return {"inputs": inputs, "targets": np.roll(inputs, -1, axis=1)}
+
+
 def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup: int = 3):
+    from transformers_jax.train.objectives import objective_for
+
+    if model_cfg.family not in ("gpt", "bert"):
+        raise ConfigError(f"tjax bench times the gpt and bert families, not {model_cfg.family!r}")
     model = build_model(model_cfg)
+    objective = objective_for(model_cfg.family)
     optimizer = make_optimizer(cfg)
-    rng = np.random.default_rng(0)
-    batch = {"inputs": rng.integers(0, model_cfg.vocab_size, (cfg.batch_size, cfg.seq_len),
-                                    dtype=np.int32)}
-    batch["targets"] = np.roll(batch["inputs"], -1, axis=1)
-    state = init_state(model, optimizer, 0, batch)
-    step_fn = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg)),
+    batch = training_batch(model_cfg, cfg)
+    state = init_state(model, optimizer, 0, batch, objective)
+    step_fn = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg), objective),
                       donate_argnums=0)
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     compiled = step_fn.lower(state, batch).compile()
-    compile_s = time.perf_counter() - start
+    compile_s, compile_cpu_s = time.perf_counter() - wall, time.process_time() - cpu
     memory = compiled.memory_analysis()
+    state, first_s = _timed(compiled, state, batch)
+    state = state[0]
     for _ in range(warmup):
         state, _ = _timed(compiled, state, batch)[0]
     times = []
@@ -68,21 +118,32 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
     median = statistics.median(times)
     tokens = cfg.batch_size * cfg.seq_len
     flops = flops_per_token(model_cfg, cfg.seq_len)
-    peak_dtype = "bfloat16" if model_cfg.dtype == "bfloat16" else "float32"
-    peak = measure_matmul_peak(peak_dtype)
-    return {
+    achieved = flops * tokens / median
+    peaks = {dtype: measure_matmul_peak(dtype) for dtype in compute_dtypes(model_cfg)}
+    out = {
         "params": count_params(state.params),
         "tokens_per_s": tokens / median,
         "step_ms_median": 1e3 * median,
         "step_ms_min": 1e3 * min(times),
+        "timed_steps": steps,
+        "warmup_steps": warmup + 1,
         "flops_per_token": flops,
-        "peak_flops": peak,
-        "peak_dtype": peak_dtype,
-        "mfu": flops * tokens / median / peak,
+        "achieved_flops_per_s": achieved,
+        "peak_flops": peaks,
+        "peak_source": "measured 2048^3 matmul per dtype, float32 accumulation",
+        "mfu": {dtype: achieved / peak for dtype, peak in peaks.items()},
         "compile_s": compile_s,
+        "compile_cpu_s": compile_cpu_s,
+        "first_step_s": first_s,
         "compiled_temp_bytes": getattr(memory, "temp_size_in_bytes", None),
         "compiled_argument_bytes": getattr(memory, "argument_size_in_bytes", None),
+        "compiled_output_bytes": getattr(memory, "output_size_in_bytes", None),
     }
+    sheet, kind = datasheet_peak()
+    if sheet is not None:
+        out["datasheet_bf16_peak"] = sheet
+        out["mfu_vs_datasheet_bf16"] = achieved / sheet
+    return out
 
 
 def bench_decoding(model_cfg: ModelConfig, prompt_len: int = 16, new_tokens: int = 240,
@@ -107,37 +168,134 @@ def bench_decoding(model_cfg: ModelConfig, prompt_len: int = 16, new_tokens: int
                              cache_size=total)
 
         _timed(prefill, params, prompts, lengths)  # compile
-        ttft = min(_timed(prefill, params, prompts, lengths)[1] for _ in range(5))
-        _timed(generate)  # compile
-        run_s = min(_timed(generate)[1] for _ in range(repeats))
+        ttft = statistics.median(_timed(prefill, params, prompts, lengths)[1] for _ in range(5))
+        _, compile_s = _timed(generate)  # compile (and one run)
+        runs = [_timed(generate)[1] for _ in range(repeats)]
+        run_s = statistics.median(runs)
         out[f"batch_{batch}"] = {
             "decode_tokens_per_s": batch * new_tokens / run_s,
             "ms_per_step": 1e3 * run_s / new_tokens,
             "time_to_first_token_ms": 1e3 * ttft,
+            "first_call_s": compile_s,
+            "repeats": repeats,
         }
     out["prompt_len"], out["new_tokens"] = prompt_len, new_tokens
+    out["note"] = ("greedy, one compiled loop (prefill included); tokens/s = batch x "
+                   "new_tokens / median time; time to first token = the prefill alone")
     return out
+
+
+def device_memory() -> dict | None:
+    """Peak bytes on the accelerator, where the backend reports them (GPU, TPU)."""
+    stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+    if not stats:
+        return None
+    return {k: stats[k] for k in ("peak_bytes_in_use", "bytes_limit") if k in stats}
+
+
+def environment() -> dict:
+    import flax
+    import jaxlib
+    import optax
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "device": jax.devices()[0].device_kind,
+        "device_count": jax.device_count(),
+        "platform": jax.default_backend(),
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "numpy": np.__version__,
+            "transformers_jax": __version__, "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+BENCH_OPTIONS = {"--warmup": int, "--decode-batches": str, "--decode-prompt": int,
+                 "--decode-tokens": int, "--compile-cache": str, "--out": str}
+BENCH_FLAGS = ("--no-decode", "--tiny")
+
+
+def split_bench_options(argv: list[str]) -> tuple[dict, list[str]]:
+    """Take this command's own options out of ``argv``; the rest are config overrides."""
+    options, rest, i = {}, [], 0
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if key in BENCH_FLAGS:
+            options[key] = True
+        elif key in BENCH_OPTIONS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"option {key} needs a value")
+                i += 1
+                value = argv[i]
+            options[key] = BENCH_OPTIONS[key](value)
+        else:
+            rest.append(argv[i])
+        i += 1
+    return options, rest
+
+
+def enable_compile_cache(directory: str) -> None:
+    """JAX's persistent compilation cache, for every compile however short."""
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def main(argv: list[str]) -> int:
     from transformers_jax.cli import parse_overrides
 
+    options, argv = split_bench_options(argv)
     overrides, _ = parse_overrides(argv)
     model_over = {k[6:]: v for k, v in overrides.items() if k.startswith("model.")}
     train_over = {k[6:]: v for k, v in overrides.items() if k.startswith("train.")}
+    if options.get("--tiny"):
+        model_over = {**TINY_MODEL, **model_over}
+        train_over = {**TINY_TRAIN, **train_over}
+    if model_over.get("family") == "bert" and "mask" not in model_over:
+        model_over["mask"] = "bidirectional"
     model_cfg = apply_overrides(DEFAULT_MODEL, model_over, "model.")
     cfg = apply_overrides(DEFAULT_TRAIN, train_over, "train.")
+    if options.get("--compile-cache"):
+        enable_compile_cache(options["--compile-cache"])
+    env = environment()
     result = {
         "model": {k: v for k, v in model_cfg.to_dict().items() if k != "rope"},
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
-        "training": bench_training(model_cfg, cfg, steps=cfg.steps),
-        "decoding": bench_decoding(model_cfg),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "device": jax.devices()[0].device_kind,
-        "platform": jax.default_backend(),
-        "versions": {"jax": jax.__version__, "transformers_jax": __version__,
-                     "python": platform.python_version()},
+        "compile_cache": options.get("--compile-cache"),
+        "training": bench_training(model_cfg, cfg, steps=cfg.steps,
+                                   warmup=options.get("--warmup", 3)),
     }
-    print(json.dumps(result, indent=1))
+    causal = model_cfg.family == "gpt" and model_cfg.causal
+    if options.get("--no-decode") or not causal:
+        result["decoding"] = None
+        result["decoding_note"] = ("skipped: --no-decode" if options.get("--no-decode") else
+                                   f"family {model_cfg.family!r} with mask {model_cfg.mask!r} "
+                                   "does not decode left to right")
+    else:
+        tiny = options.get("--tiny")
+        prompt = options.get("--decode-prompt", 4 if tiny else 16)
+        new = options.get("--decode-tokens", 12 if tiny else 240)
+        if model_cfg.position == "learned" and prompt + new > model_cfg.max_len:
+            new = model_cfg.max_len - prompt
+        batches = tuple(int(b) for b in str(options.get("--decode-batches", "1,8")).split(","))
+        result["decoding"] = bench_decoding(model_cfg, prompt, new, batches)
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["device_memory"] = device_memory()
+    result.update(env)
+    result["load_average_end"] = list(os.getloadavg())
+    text = json.dumps(result, indent=1)
+    if options.get("--out"):
+        with open(options["--out"], "w") as f:
+            f.write(text + "\n")
+    print(text)
     return 0

@@ -24,6 +24,8 @@ Implementations (the ``ATTENTION`` registry):
 - ``chunked``: blockwise online softmax (flash attention) in pure JAX with its own backward
   pass; memory linear in the sequence length, runs on any backend.
 - ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")``, NVIDIA GPUs only.
+- ``pallas``: the Pallas flash-attention kernels shipped with JAX, TPU (and NVIDIA GPU via
+  Triton) only; causal/segment masks; a clear error on other backends.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def dot_product_attention(
       bias: additive float scores broadcastable to ``[B, H, Q, K]``; differentiable.
       mask: None, a boolean array broadcastable to ``[B, H, Q, K]`` (True = may attend), or an
         ``AttentionMask`` (the chunked kernel then builds it one tile at a time).
-      implementation: a name in ``ATTENTION`` (reference, xla, chunked, cudnn).
+      implementation: a name in ``ATTENTION`` (reference, xla, chunked, cudnn, pallas).
       scale: multiplies q.k; None means ``1 / sqrt(D)``. A Python number.
       logit_softcap: if set, scores become ``cap * tanh(scores / cap)`` before the bias.
       chunk_size: tile length of the chunked kernel (ignored by the others).
@@ -267,6 +269,105 @@ def cudnn_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=Non
 
 
 # --------------------------------------------------------------------------------------------
+# pallas: the Pallas flash-attention kernels that ship with JAX (TPU; NVIDIA GPU via Triton)
+
+
+def _pallas_mask_parts(mask, q_len: int, k_len: int, implementation: str):
+    """(causal, segment ids or None) for a Pallas kernel, or a ValueError naming what it cannot
+    express. The kernels take causality by array index and masks by segment-id equality."""
+    if mask is None:
+        return False, None
+    if not isinstance(mask, AttentionMask):
+        raise ValueError(
+            f"attention implementation {implementation!r} takes an AttentionMask (causal and/or "
+            "segments), not a dense boolean mask; use chunked, xla or reference"
+        )
+    if mask.window is not None or mask.prefix_len is not None:
+        raise ValueError(
+            f"attention implementation {implementation!r} supports causal and segment masks "
+            "only (no sliding window, no prefix-LM); use chunked"
+        )
+    if mask.causal and q_len != k_len:
+        raise ValueError(
+            f"attention implementation {implementation!r} applies causality by index, which "
+            f"needs as many queries as keys (got {q_len} and {k_len}: a KV cache); decode "
+            "with chunked or xla"
+        )
+    q_seg, kv_seg = mask.q_segments, mask.kv_segments
+    if mask.kv_valid is not None:  # padding: give padded keys a segment no query has
+        q_seg = jnp.zeros(mask.q_positions.shape, jnp.int32) if q_seg is None else q_seg
+        kv_seg = jnp.zeros(mask.kv_positions.shape, jnp.int32) if kv_seg is None else kv_seg
+        kv_seg = jnp.where(mask.kv_valid, kv_seg, -1)
+    if q_seg is None:
+        return mask.causal, None
+    b = max(q_seg.shape[0], kv_seg.shape[0])
+    return mask.causal, (jnp.broadcast_to(q_seg, (b, q_len)).astype(jnp.int32),
+                         jnp.broadcast_to(kv_seg, (b, k_len)).astype(jnp.int32))
+
+
+@ATTENTION.register("pallas")
+def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128):
+    """Pallas flash attention: ``jax.experimental.pallas.ops.tpu.flash_attention`` on TPU, the
+    Triton kernel ``jax.experimental.pallas.ops.gpu.attention.mha`` on NVIDIA GPUs.
+
+    Causal and packed-segment masks (and key padding, as a segment) only, causality by index
+    (queries and keys aligned, no KV cache); bias on TPU only; grouped k/v heads are repeated to
+    the query heads. Untested in CI (no TPU or GPU there): BENCHMARKS.md says how to check it.
+    """
+    del chunk_size
+    _refuse_softcap("pallas", logit_softcap)
+    backend = jax.default_backend()
+    if backend not in ("tpu", "gpu"):
+        raise RuntimeError(
+            f"attention implementation 'pallas' needs a TPU (Pallas flash attention) or an "
+            f"NVIDIA GPU (Pallas Triton flash attention); jax backend is {backend!r}: use "
+            "chunked (the same blockwise algorithm in plain JAX, any backend), xla or reference"
+        )
+    b, q_len, h, d = q.shape
+    n = k.shape[2]
+    if n != h:  # the kernels want one k/v head per query head
+        k, v = jnp.repeat(k, h // n, axis=2), jnp.repeat(v, h // n, axis=2)
+    k_len = k.shape[1]
+    causal, segments = _pallas_mask_parts(mask, q_len, k_len, "pallas")
+    for name, length in (("query", q_len), ("key", k_len)):  # the kernels' 128-wide blocks
+        if length % min(128, length) or (backend == "tpu" and length % 128):
+            raise ValueError(
+                f"attention implementation 'pallas' needs {name} lengths that are a multiple "
+                f"of 128{' (or below 128 on GPU)' if backend == 'gpu' else ''}; got {length}: "
+                "pad the sequence or use chunked"
+            )
+    if backend == "tpu":
+        from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
+        ab = None
+        if bias is not None:
+            ab = jnp.broadcast_to(_as_4d(bias), (b, h, q_len, k_len)).astype(jnp.float32)
+        out = tpu_flash.flash_attention(
+            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), ab=ab,
+            segment_ids=None if segments is None else tpu_flash.SegmentIds(*segments),
+            causal=causal, sm_scale=scale,
+        )
+        return out.transpose(0, 2, 1, 3).astype(q.dtype)
+    if bias is not None:
+        raise ValueError(
+            "attention implementation 'pallas' takes no bias on GPU (the Triton kernel has "
+            "none); use cudnn, chunked or xla for ALiBi/T5/FIRE"
+        )
+    from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+
+    if segments is not None and (mask.kv_valid is not None or mask.q_segments is not
+                                 mask.kv_segments):
+        raise ValueError(
+            "the Pallas GPU kernel takes one segment-id array for queries and keys (packed "
+            "self-attention); key padding or distinct key segments need cudnn or chunked"
+        )
+    return gpu_attention.mha(
+        q, k, v, segment_ids=None if segments is None else segments[0], sm_scale=scale,
+        causal=causal,
+    ).astype(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
 # chunked: flash attention in pure JAX
 #
 # Queries and keys are cut into tiles of q_chunk x k_chunk. The forward pass visits, for each
@@ -274,6 +375,15 @@ def cudnn_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=Non
 # denominator l and an unnormalised output; it stores only the output and the per-row
 # logsumexp. The backward pass recomputes each tile's probabilities from that logsumexp, so no
 # [Q, K] array ever exists: memory is O(Q + K) plus one tile.
+#
+# Two things make it fast on CPU (BENCHMARKS.md has the measurements):
+# - Head-major layout. q is transposed once to [B, N, G, Q, D] and k, v to [B, N, K, D], so every
+#   tile product is a batched matmul whose batch axes (B, N) lead and whose rows (G, cq) are
+#   contiguous: XLA emits no transpose copy per tile (the [B, Q, N, G, D] layout did).
+# - Tile skipping. A tile in which the mask hides every key is skipped at run time (for a causal
+#   mask about half of them). It is decided from the tile's mask values themselves, so it is
+#   exact for any mask (packed segments, a ring-buffer KV cache, padding). A third branch for
+#   fully visible tiles (no masking work) measured no faster and compiles slower.
 
 
 @ATTENTION.register("chunked")
@@ -283,11 +393,15 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     b, q_len, h, d = q.shape
     k_len, n = k.shape[1], k.shape[2]
+    if q_len == 1:  # a decoding step: no tiles needed, and no transposed copy of the cache
+        return _one_query_attention(q, k, v, bias, as_dense(mask), scale, logit_softcap)
     q_chunk, k_chunk = min(chunk_size, q_len), min(chunk_size, k_len)
     q_pad, k_pad = -q_len % q_chunk, -k_len % k_chunk
 
     q = _pad_axis(q.reshape(b, q_len, n, h // n, d), 1, q_pad)  # [B, Qp, N, G, D]
-    k, v = _pad_axis(k, 1, k_pad), _pad_axis(v, 1, k_pad)  # [B, Kp, N, D]
+    q = q.transpose(0, 2, 3, 1, 4)  # [B, N, G, Qp, D]
+    k = _pad_axis(k, 1, k_pad).transpose(0, 2, 1, 3)  # [B, N, Kp, D]
+    v = _pad_axis(v, 1, k_pad).transpose(0, 2, 1, 3)
     if bias is not None:
         bias = _pad_scores(_group_heads(bias, n), q_pad, k_pad)  # [B|1, N|1, G|1, Qp|1, Kp|1]
     if isinstance(mask, AttentionMask):
@@ -296,8 +410,42 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
         mask = _pad_scores(_group_heads(mask, n), q_pad, k_pad)
 
     tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, k_len)
-    out = _flash(tiling, q, k, v, bias, mask)  # [B, Qp, N, G, D]; padded queries dropped next
-    return out[:, :q_len].reshape(b, q_len, h, d)
+    out = _flash(tiling, q, k, v, bias, mask)  # [B, N, G, Qp, D]; padded queries dropped next
+    return out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d)
+
+
+def _one_query_attention(q, k, v, bias, mask, scale, logit_softcap):
+    """One query per row (a decoding step) over k, v ``[B, K, N, D]`` (the KV cache layout).
+
+    A matmul with (batch, head) batch axes would first copy the whole cache into a head-major
+    layout, every layer and every step: at batch 8 that copying was most of a decoding step.
+    Instead k and v are read as ``[B, K, N*D]`` matrices (batch axis only, no copy) and q
+    becomes a block-diagonal ``[N*G, N*D]`` matrix (row (n, g) holds q[n, g] in block n), so
+    the scores are one plain batched matmul; the output keeps the diagonal blocks of
+    ``p @ v``. It spends N times the (tiny) attention FLOPs of one token to save the copies.
+    Scores are ``[B, N*G, K]``: memory linear in K, plain autodiff.
+    """
+    b, _, h, d = q.shape
+    k_len, n = k.shape[1], k.shape[2]
+    g = h // n
+    eye = jnp.eye(n, dtype=q.dtype)
+    q_bd = jnp.einsum("bngd,nm->bngmd", q.reshape(b, n, g, d), eye).reshape(b, h, n * d)
+    s = jnp.einsum("bjc,bkc->bjk", q_bd, k.reshape(b, k_len, n * d),
+                   preferred_element_type=jnp.float32) * scale  # [B, H, K]
+    if logit_softcap is not None:
+        s = logit_softcap * jnp.tanh(s / logit_softcap)
+    if bias is not None:
+        s = s + _as_4d(bias)[:, :, 0].astype(jnp.float32)  # [B|1, H|1, K|1]
+    if mask is not None:
+        s = jnp.where(_as_4d(mask)[:, :, 0], s, -jnp.inf)
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    p = e / jnp.where(total > 0, total, 1.0)  # a row that sees no key: all zero
+    out = jnp.einsum("bjk,bkc->bjc", p.astype(v.dtype), v.reshape(b, k_len, n * d),
+                     preferred_element_type=jnp.float32)  # [B, H, N*D]
+    out = jnp.einsum("bngmd,nm->bngd", out.reshape(b, n, g, n, d), eye.astype(jnp.float32))
+    return out.reshape(b, 1, h, d).astype(q.dtype)
 
 
 class _Tiling(NamedTuple):
@@ -353,23 +501,10 @@ def _tile(x: jax.Array, q_start, q_size: int, k_start, k_size: int) -> jax.Array
     return lax.dynamic_slice(x, starts, sizes)
 
 
-def _tile_scores(t: _Tiling, q_blk, k_blk, bias, mask, qi, kj):
-    """Scores of one tile.
-
-    q_blk ``[B, cq, N, G, D]``, k_blk ``[B, ck, N, D]`` -> s ``[B, N, G, cq, ck]`` float32, the
-    boolean ``keep`` (broadcastable to s; None when every key counts) and, with a softcap, the
-    slope ``d capped / d raw`` that the backward pass needs.
-    """
+def _tile_keep(t: _Tiling, mask, qi, kj) -> jax.Array | None:
+    """The boolean ``keep`` of tile (qi, kj), broadcastable to ``[B, N, G, cq, ck]``; None
+    when every key counts (no mask and no key padding)."""
     q_start, k_start = qi * t.q_chunk, kj * t.k_chunk
-    s = jnp.einsum("bqngd,bknd->bngqk", q_blk, k_blk, preferred_element_type=jnp.float32)
-    s = s * t.scale
-    slope = None
-    if t.softcap is not None:
-        s = t.softcap * jnp.tanh(s / t.softcap)
-        slope = 1.0 - jnp.square(s / t.softcap)
-    if bias is not None:
-        s = s + _tile(bias, q_start, t.q_chunk, k_start, t.k_chunk).astype(jnp.float32)
-
     keep = None
     if isinstance(mask, AttentionMask):
         keep = mask.block(q_start, t.q_chunk, k_start, t.k_chunk)[:, :, None]  # [B,1,1,cq,ck]
@@ -378,63 +513,84 @@ def _tile_scores(t: _Tiling, q_blk, k_blk, bias, mask, qi, kj):
     if t.k_len % t.k_chunk:  # the last key block holds padding
         real = k_start + jnp.arange(t.k_chunk) < t.k_len  # [ck]
         keep = real if keep is None else keep & real
-    return s, keep, slope
+    return keep
 
 
-def _blocks(x: jax.Array, size: int) -> jax.Array:
-    """``[B, L, ...]`` -> ``[L // size, B, size, ...]``: blocks first, for lax.scan."""
-    b, length = x.shape[:2]
-    return jnp.moveaxis(x.reshape(b, length // size, size, *x.shape[2:]), 1, 0)
+def _tile_scores(t: _Tiling, q_blk, k_blk, bias, qi, kj):
+    """Scores of one tile, q_blk ``[B, N, G, cq, D]`` and k_blk ``[B, N, ck, D]`` ->
+    ``[B, N, G, cq, ck]`` float32, and with a softcap the slope ``d capped / d raw`` that the
+    backward pass needs (else None)."""
+    s = jnp.einsum("bngqd,bnkd->bngqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+    s = s * t.scale
+    slope = None
+    if t.softcap is not None:
+        s = t.softcap * jnp.tanh(s / t.softcap)
+        slope = 1.0 - jnp.square(s / t.softcap)
+    if bias is not None:
+        tile = _tile(bias, qi * t.q_chunk, t.q_chunk, kj * t.k_chunk, t.k_chunk)
+        s = s + tile.astype(jnp.float32)
+    return s, slope
 
 
-def _unblock(x: jax.Array) -> jax.Array:
-    """Inverse of ``_blocks``."""
-    num, b, size = x.shape[:3]
-    return jnp.moveaxis(x, 0, 1).reshape(b, num * size, *x.shape[3:])
+def _by_visibility(keep, compute, skipped):
+    """``compute(keep)`` for a tile, or ``skipped()`` when no key of the tile is visible
+    (decided at run time)."""
+    if keep is None:
+        return compute(None)
+    return lax.cond(jnp.any(keep), lambda: compute(keep), skipped)
+
+
+def _block(x: jax.Array, index, size: int, axis: int) -> jax.Array:
+    return lax.dynamic_slice_in_dim(x, index * size, size, axis=axis)
 
 
 def _flash_forward(t: _Tiling, q, k, v, bias, mask):
-    """Output ``[B, Qp, N, G, D]`` and logsumexp per row, ``[nq, B, N, G, cq]`` float32."""
-    q_blocks = _blocks(q, t.q_chunk)  # [nq, B, cq, N, G, D]
-    k_blocks, v_blocks = _blocks(k, t.k_chunk), _blocks(v, t.k_chunk)  # [nk, B, ck, N, D]
-    num_q, num_k = q_blocks.shape[0], k_blocks.shape[0]
-    b, _, n, g, d = q.shape
+    """q ``[B, N, G, Qp, D]``, k, v ``[B, N, Kp, D]`` -> output like q and the logsumexp per
+    row ``[B, N, G, Qp]`` float32."""
+    b, n, g, q_padded, d = q.shape
+    num_q, num_k = q_padded // t.q_chunk, k.shape[2] // t.k_chunk
 
-    def one_query_block(args):
-        qi, q_blk = args
+    def one_query_block(qi):
+        q_blk = _block(q, qi, t.q_chunk, 3)  # [B, N, G, cq, D]
 
-        def visit_key_block(carry, args):
+        def visit_key_block(carry, kj):
             m, l, acc = carry  # [B, N, G, cq] x 2, [B, N, G, cq, D]
-            kj, k_blk, v_blk = args
-            s, keep, _ = _tile_scores(t, q_blk, k_blk, bias, mask, qi, kj)
-            if keep is not None:
-                s = jnp.where(keep, s, -jnp.inf)
-            m_new = jnp.maximum(m, s.max(axis=-1))
-            # While a row has seen no visible key its max is -inf; shift by 0 instead so
-            # the exponentials below are exp(-inf) = 0 and not NaN.
-            shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-            p = jnp.exp(s - shift[..., None])  # [B, N, G, cq, ck]
-            rescale = jnp.exp(m - shift)  # earlier blocks were summed relative to the old max
-            l = l * rescale + p.sum(axis=-1)
-            pv = jnp.einsum(
-                "bngqk,bknd->bngqd", p.astype(v.dtype), v_blk, preferred_element_type=jnp.float32
-            )
-            return (m_new, l, acc * rescale[..., None] + pv), None
+            k_blk, v_blk = _block(k, kj, t.k_chunk, 2), _block(v, kj, t.k_chunk, 2)
+
+            def compute(keep):
+                s, _ = _tile_scores(t, q_blk, k_blk, bias, qi, kj)
+                if keep is not None:
+                    s = jnp.where(keep, s, -jnp.inf)
+                m_new = jnp.maximum(m, s.max(axis=-1))
+                # While a row has seen no visible key its max is -inf; shift by 0 instead so
+                # the exponentials below are exp(-inf) = 0 and not NaN.
+                shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+                p = jnp.exp(s - shift[..., None])  # [B, N, G, cq, ck]
+                rescale = jnp.exp(m - shift)  # earlier blocks were summed relative to the old max
+                pv = jnp.einsum(
+                    "bngqk,bnkd->bngqd", p.astype(v.dtype), v_blk,
+                    preferred_element_type=jnp.float32,
+                )
+                return m_new, l * rescale + p.sum(axis=-1), acc * rescale[..., None] + pv
+
+            keep = _tile_keep(t, mask, qi, kj)
+            return _by_visibility(keep, compute, lambda: carry), None
 
         init = (
             jnp.full((b, n, g, t.q_chunk), -jnp.inf, jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk), jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk, d), jnp.float32),
         )
-        (m, l, acc), _ = lax.scan(visit_key_block, init, (jnp.arange(num_k), k_blocks, v_blocks))
+        (m, l, acc), _ = lax.scan(visit_key_block, init, jnp.arange(num_k))
         seen = l > 0  # False for rows that no key was visible to: output 0
         safe_l = jnp.where(seen, l, 1.0)
-        out = acc / safe_l[..., None]  # [B, N, G, cq, D]
+        out = (acc / safe_l[..., None]).astype(q.dtype)  # [B, N, G, cq, D]
         lse = jnp.where(seen, m + jnp.log(safe_l), 0.0)  # [B, N, G, cq]
-        return jnp.moveaxis(out, 3, 1).astype(q.dtype), lse
+        return out, lse
 
-    out_blocks, lse = lax.map(one_query_block, (jnp.arange(num_q), q_blocks))
-    return _unblock(out_blocks), lse
+    out, lse = lax.map(one_query_block, jnp.arange(num_q))  # [nq, B, N, G, cq, (D)]
+    out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
+    return out, jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -451,60 +607,75 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
     """FlashAttention-2 style: for each key block, sweep the query blocks, accumulating dk, dv
     for that block and adding into dq (and the bias gradient) tile by tile."""
     q, k, v, bias, mask, out, lse = residuals
-    q_blocks, do_blocks = _blocks(q, t.q_chunk), _blocks(d_out, t.q_chunk)  # [nq, B, cq, N, G, D]
-    k_blocks, v_blocks = _blocks(k, t.k_chunk), _blocks(v, t.k_chunk)  # [nk, B, ck, N, D]
-    # delta_i = sum_j p_ij dp_ij = do_i . o_i, the softmax-backward row term; [nq, B, N, G, cq]
-    delta = jnp.einsum(
-        "xbqngd,xbqngd->xbngq",
-        do_blocks,
-        _blocks(out, t.q_chunk),
-        preferred_element_type=jnp.float32,
-    )
-    num_q, num_k = q_blocks.shape[0], k_blocks.shape[0]
+    num_q, num_k = q.shape[3] // t.q_chunk, k.shape[2] // t.k_chunk
+    # delta_i = sum_j p_ij dp_ij = do_i . o_i, the softmax-backward row term; [B, N, G, Qp]
+    delta = jnp.einsum("bngqd,bngqd->bngq", d_out, out, preferred_element_type=jnp.float32)
 
-    def one_key_block(carry, args):
-        kj, k_blk, v_blk = args
-
-        def visit_query_block(carry, args):
-            dk, dv, dq, d_bias = carry
-            qi, q_blk, do_blk, lse_blk, delta_blk = args
-            s, keep, slope = _tile_scores(t, q_blk, k_blk, bias, mask, qi, kj)
-            p = jnp.exp(s - lse_blk[..., None])  # [B, N, G, cq, ck], exact softmax weights
-            if keep is not None:
-                p = jnp.where(keep, p, 0.0)
-            dv += jnp.einsum(
-                "bngqk,bqngd->bknd",
-                p.astype(do_blk.dtype),
-                do_blk,
-                preferred_element_type=jnp.float32,
-            )
-            dp = jnp.einsum("bqngd,bknd->bngqk", do_blk, v_blk, preferred_element_type=jnp.float32)
-            ds = p * (dp - delta_blk[..., None])  # gradient of the biased scores
-            if d_bias is not None:
-                d_bias = _add_tile(d_bias, ds, qi * t.q_chunk, kj * t.k_chunk)
-            if slope is not None:
-                ds = ds * slope  # back through cap * tanh(s / cap)
-            ds = (ds * t.scale).astype(q_blk.dtype)
-            dq_blk = jnp.einsum("bngqk,bknd->bqngd", ds, k_blk, preferred_element_type=jnp.float32)
-            dq = lax.dynamic_update_index_in_dim(dq, dq[qi] + dq_blk, qi, 0)
-            dk += jnp.einsum("bngqk,bqngd->bknd", ds, q_blk, preferred_element_type=jnp.float32)
-            return (dk, dv, dq, d_bias), None
-
+    def one_key_block(carry, kj):
         dq, d_bias = carry
+        k_blk, v_blk = _block(k, kj, t.k_chunk, 2), _block(v, kj, t.k_chunk, 2)  # [B,N,ck,D]
+
+        def visit_query_block(carry, qi):
+            dk, dv, dq, d_bias = carry
+            q_blk, do_blk = _block(q, qi, t.q_chunk, 3), _block(d_out, qi, t.q_chunk, 3)
+            lse_blk, delta_blk = _block(lse, qi, t.q_chunk, 3), _block(delta, qi, t.q_chunk, 3)
+
+            def compute(keep):
+                s, slope = _tile_scores(t, q_blk, k_blk, bias, qi, kj)
+                p = jnp.exp(s - lse_blk[..., None])  # [B, N, G, cq, ck], exact softmax weights
+                if keep is not None:
+                    p = jnp.where(keep, p, 0.0)
+                dv_blk = jnp.einsum(
+                    "bngqk,bngqd->bnkd", p.astype(do_blk.dtype), do_blk,
+                    preferred_element_type=jnp.float32,
+                )
+                dp = jnp.einsum(
+                    "bngqd,bnkd->bngqk", do_blk, v_blk, preferred_element_type=jnp.float32
+                )
+                ds_biased = p * (dp - delta_blk[..., None])  # gradient of the biased scores
+                ds = ds_biased if slope is None else ds_biased * slope  # back through the cap
+                ds = (ds * t.scale).astype(q_blk.dtype)
+                dq_blk = jnp.einsum(
+                    "bngqk,bnkd->bngqd", ds, k_blk, preferred_element_type=jnp.float32
+                )
+                dk_blk = jnp.einsum(
+                    "bngqk,bngqd->bnkd", ds, q_blk, preferred_element_type=jnp.float32
+                )
+                return dk_blk, dv_blk, dq_blk, ds_biased if d_bias is not None else None
+
+            def skipped():
+                zeros_kv = jnp.zeros(k_blk.shape, jnp.float32)
+                zeros_ds = None
+                if d_bias is not None:
+                    zeros_ds = jnp.zeros((*q_blk.shape[:-1], t.k_chunk), jnp.float32)
+                return zeros_kv, zeros_kv, jnp.zeros(q_blk.shape, jnp.float32), zeros_ds
+
+            dk_blk, dv_blk, dq_blk, ds = _by_visibility(
+                _tile_keep(t, mask, qi, kj), compute, skipped
+            )
+            start = qi * t.q_chunk
+            dq = lax.dynamic_update_slice_in_dim(
+                dq, lax.dynamic_slice_in_dim(dq, start, t.q_chunk, axis=3) + dq_blk, start, 3
+            )
+            if d_bias is not None:
+                d_bias = _add_tile(d_bias, ds, start, kj * t.k_chunk)
+            return (dk + dk_blk, dv + dv_blk, dq, d_bias), None
+
         zeros_kv = jnp.zeros(k_blk.shape, jnp.float32)
-        xs = (jnp.arange(num_q), q_blocks, do_blocks, lse, delta)
-        (dk, dv, dq, d_bias), _ = lax.scan(visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), xs)
+        (dk, dv, dq, d_bias), _ = lax.scan(
+            visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), jnp.arange(num_q)
+        )
         return (dq, d_bias), (dk, dv)
 
     init = (
-        jnp.zeros(q_blocks.shape, jnp.float32),
+        jnp.zeros(q.shape, jnp.float32),
         None if bias is None else jnp.zeros(bias.shape, jnp.float32),
     )
-    (dq, d_bias), (dk, dv) = lax.scan(one_key_block, init, (jnp.arange(num_k), k_blocks, v_blocks))
-    dq = _unblock(dq).astype(q.dtype)
-    dk, dv = _unblock(dk).astype(k.dtype), _unblock(dv).astype(v.dtype)
+    (dq, d_bias), (dk, dv) = lax.scan(one_key_block, init, jnp.arange(num_k))
+    dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape).astype(k.dtype)  # [nk, B, N, ck, D] -> k
+    dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape).astype(v.dtype)
     d_bias = None if bias is None else d_bias.astype(bias.dtype)
-    return dq, dk, dv, d_bias, None  # the mask gets no gradient
+    return dq.astype(q.dtype), dk, dv, d_bias, None  # the mask gets no gradient
 
 
 def _add_tile(d_bias, ds, q_start, k_start):

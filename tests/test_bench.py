@@ -1,0 +1,133 @@
+"""The benchmark commands run end to end at a toy size and print the JSON they promise.
+
+Speed is never asserted (it depends on the machine and its load): only that every figure the
+benchmark issue asks for is present, of the right kind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from transformers_jax import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name: str):
+    path = os.path.join(ROOT, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
+
+
+@pytest.mark.slow
+def test_tjax_bench_tiny_prints_every_figure(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--tiny", "--steps", "2", "--warmup", "1", "--decode-tokens", "4",
+                       "--decode-batches", "1,2", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    result = json.loads(out.read_text())
+    assert printed == result
+    training = result["training"]
+    for key in ("tokens_per_s", "step_ms_median", "flops_per_token", "achieved_flops_per_s",
+                "compile_s", "compile_cpu_s", "first_step_s", "compiled_temp_bytes", "params"):
+        assert _positive(training[key]), key
+    assert set(training["mfu"]) == set(training["peak_flops"]) == {"float32"}
+    assert _positive(training["mfu"]["float32"])
+    decoding = result["decoding"]
+    for batch in ("batch_1", "batch_2"):
+        for key in ("decode_tokens_per_s", "ms_per_step", "time_to_first_token_ms"):
+            assert _positive(decoding[batch][key]), (batch, key)
+    assert decoding["new_tokens"] == 4
+    assert _positive(result["peak_rss_bytes"])
+    for key in ("device", "platform", "cpu", "load_average", "date"):
+        assert result[key], key
+    assert {"jax", "flax", "optax", "numpy", "python"} <= set(result["versions"])
+
+
+@pytest.mark.slow
+def test_tjax_bench_bf16_reports_both_peaks_and_bert_skips_decoding(capsys):
+    assert bench.main(["--tiny", "--steps", "1", "--warmup", "0", "--model.dtype=bfloat16",
+                       "--family", "bert"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["training"]["mfu"]) == {"bfloat16", "float32"}
+    assert result["model"]["mask"] == "bidirectional"
+    assert result["decoding"] is None and "bert" in result["decoding_note"]
+
+
+def test_bench_options_are_separated_from_overrides():
+    options, rest = bench.split_bench_options(
+        ["--tiny", "--warmup", "2", "--model.d_model=64", "--out=x.json", "--steps", "3"])
+    assert options == {"--tiny": True, "--warmup": 2, "--out": "x.json"}
+    assert rest == ["--model.d_model=64", "--steps", "3"]
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_tiny_runs_on_cpu(tmp_path, capsys):
+    gpu = _load("gpu")
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--tiny", "--steps", "1", "--decode-tokens", "4", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    training = result["training"]
+    for key in ("batch_size", "tokens_per_s", "flops_per_token", "mfu_vs_measured_bf16",
+                "measured_bf16_matmul_peak", "compile_s", "step_ms_median"):
+        assert _positive(training[key]), key
+    assert "mfu_vs_datasheet_bf16" in training  # None on CPU: no datasheet peak
+    search = training["batch_search"]
+    assert search and all({"batch", "fits"} <= set(probe) for probe in search)
+    assert training["batch_size"] == max(p["batch"] for p in search if p["fits"])
+    assert result["model"]["dtype"] == "bfloat16" and result["model"]["param_dtype"] == "float32"
+    for batch in ("batch_1", "batch_8"):
+        assert _positive(result["decoding"][batch]["decode_tokens_per_s"])
+    assert result["versions"]["jax"]
+
+
+def test_gpu_benchmark_refuses_cudnn_without_a_gpu():
+    gpu = _load("gpu")
+    if gpu.jax.default_backend() == "gpu":
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit, match="cudnn needs an NVIDIA GPU"):
+        gpu.main([])
+
+
+@pytest.mark.slow
+def test_side_by_side_tiny(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sbs = _load("side_by_side")
+    out = tmp_path / "sbs.json"
+    assert sbs.main(["--tiny", "--configs", "a,b", "--rounds", "2", "--warmup", "1",
+                     "--decode-repeats", "1", "--prefix-repeats", "1", "--quiet",
+                     "--dtypes", "float32,bfloat16", "--out", str(out),
+                     "--plot", str(tmp_path / "loss.png")]) == 0
+    result = json.loads(out.read_text())
+    assert (tmp_path / "loss.png").stat().st_size > 0
+    for name in ("a", "b"):
+        config = result["configs"][name]
+        assert config["max_logit_difference_float32"] < 1e-4  # the same function on both sides
+        training = config["training"]
+        for contender in ("ours_float32", "ours_bfloat16", "theirs_float32"):
+            assert _positive(training[contender]["tokens_per_s"]), (name, contender)
+            assert len(training["losses"][contender]) == 3
+        assert _positive(training["ratio_float32_vs_theirs_float32"])
+        assert _positive(training["ratio_bfloat16_vs_theirs_float32"])
+        # identical weights and batches: the first losses agree
+        first = {c: training["losses"][c][0] for c in training["losses"]}
+        assert abs(first["ours_float32"] - first["theirs_float32"]) < 1e-4, first
+    decoding = result["configs"]["a"]["decoding"]
+    assert _positive(decoding["batch_1"]["ratio_float32_vs_theirs_float32"])
+    assert decoding["batch_1"]["greedy_tokens_identical_float32"] == 1.0
+    assert len(decoding["per_token_by_prefix"]["rows"]) == 2
+    assert "b" not in result["configs"] or "decoding" not in result["configs"]["b"]
+    assert {"a_train_float32_vs_theirs", "a_decode_batch1_vs_generate"} <= set(result["targets"])
+    for key in ("torch", "transformers", "jax", "cpu"):
+        assert result["versions"][key]
