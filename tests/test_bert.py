@@ -15,7 +15,7 @@ from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.bert import BERT, encode_with_masks, fill_mask
 from transformers_jax.models.heads import build_classifier, init_from_mlm
 from transformers_jax.train import objectives as O
-from transformers_jax.train.step import make_train_step
+from transformers_jax.train.step import TrainState, make_train_step
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 TOK = ByteTokenizer()
@@ -206,9 +206,9 @@ def contains_task(n: int, seed: int, T: int = 16, needle: int = ord("x")):
 
 def train(model, params, objective, batches, lr=3e-3):
     optimizer = optax.adamw(lr, weight_decay=0.0)
-    state = O.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                         opt_state=optimizer.init(params),
-                         rng=jax.random.key_data(jax.random.key(0)))
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                       opt_state=optimizer.init(params),
+                       rng=jax.random.key_data(jax.random.key(0)))
     step = jax.jit(make_train_step(model, optimizer, objective=objective))
     for batch in batches:
         state, metrics = step(state, batch)
