@@ -2,8 +2,8 @@
 
 Same interface as GPT (``tokens [B, T] -> logits [B, T, V]``) so the same training loop,
 checkpoints and evaluation serve it. It uses ``d_model``, ``n_layers``, ``vocab_size``,
-``dropout``, ``tie_embeddings`` and the dtypes of the config; attention, mask and position
-switches do not apply to a recurrence and are ignored. The state is not reset between packed
+``dropout``, ``tie_embeddings`` and the dtypes of the config (not ``init_std``: see the
+embedding); attention, mask and position switches do not apply to a recurrence and are ignored. The state is not reset between packed
 documents (train with ``--train.pack none`` for one document per row).
 """
 
@@ -26,8 +26,11 @@ class LSTMLM(nn.Module):
         if unused.get("cache") is not None:
             raise ValueError("the LSTM baseline has no KV cache: sampling is for the "
                              "transformer families")
+        # Unit-variance embeddings, not the transformer's init_std (0.02): the gates see the
+        # embedding directly (no norm in between), and at 0.02 their inputs are so small that
+        # training sits at the unigram loss for hundreds of steps before it uses any context.
         embed = nn.Embed(cfg.vocab_size, cfg.d_model,
-                         embedding_init=normal_init(cfg.init_std, ("vocab", "embed")),
+                         embedding_init=normal_init(1.0, ("vocab", "embed")),
                          param_dtype=dtype_of(cfg.param_dtype), dtype=dtype_of(cfg.dtype))
         x_BTC = embed(tokens_BT)
         x_BTC = self.perturb("embeddings", x_BTC)
