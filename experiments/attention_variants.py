@@ -57,7 +57,7 @@ SCALES = {
     ),
     "default": dict(
         model=dict(d_model=128, n_layers=2, n_heads=8),
-        train=dict(steps=300, batch_size=16, seq_len=64), n_eval=24_000, seeds=1,
+        train=dict(steps=300, batch_size=16, seq_len=64), n_eval=24_000, seeds=2,
         kv_heads=(8, 2, 1), decode=dict(prompt_len=16, new_tokens=1008, batches=(1, 16)),
         windows=(4, 8, 16), lrs=(2e-3, 2e-2, 2e-1), softcap=50.0,
         variants=("baseline", "qk_norm", "softcap"),

@@ -149,7 +149,7 @@ def report(out: dict) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="default")
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--data", default=None)
     args = parser.parse_args(argv)
     report(run(args.scale, args.seeds, args.data))

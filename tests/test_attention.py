@@ -415,6 +415,14 @@ def test_cudnn_needs_a_gpu():
         dot_product_attention(q, k, v, implementation="cudnn")
 
 
+@pytest.mark.skipif(jax.default_backend() in ("gpu", "tpu"), reason="Pallas runs there")
+def test_pallas_needs_a_tpu_or_gpu():
+    q, k, v, _, _ = _random_problem(15, 3, 3, "MHA", "none")
+    msg = r"'pallas' needs a TPU .* jax backend is 'cpu': use chunked"
+    with pytest.raises(RuntimeError, match=msg):
+        dot_product_attention(q, k, v, implementation="pallas")
+
+
 def test_bad_inputs_are_explained():
     q, k, v, _, _ = _random_problem(14, 3, 3, "MHA", "none")
     with pytest.raises(TypeError, match="mask must be boolean"):

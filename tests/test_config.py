@@ -25,6 +25,7 @@ def test_defaults_are_valid_and_frozen():
         ({"window": 8}, ["window=8", "only used with mask=sliding_window"]),
         ({"dropout": 1.5}, ["dropout=1.5"]),
         ({"attn_logit_softcap": 50.0, "attention": "xla"}, ["soft-cap", "chunked"]),
+        ({"attn_logit_softcap": 50.0, "attention": "pallas"}, ["pallas kernel", "chunked"]),
         ({"dtype": "float64"}, ["dtype='float64'", "bfloat16"]),
     ],
 )

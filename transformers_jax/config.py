@@ -174,12 +174,13 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 _fail(name, value, "must be positive or None")
-        if self.attn_logit_softcap is not None and self.attention in ("xla", "cudnn"):
+        # jax.nn.dot_product_attention (xla, cudnn) and the Pallas kernels have no soft-cap.
+        if self.attn_logit_softcap is not None and self.attention in ("xla", "cudnn", "pallas"):
             _fail(
                 "attention",
                 self.attention,
-                "jax.nn.dot_product_attention cannot soft-cap logits; use attention=reference "
-                "or attention=chunked with attn_logit_softcap",
+                f"the {self.attention} kernel cannot soft-cap attention logits; use "
+                "attention=reference or attention=chunked with attn_logit_softcap",
             )
         if self.attention_chunk <= 0:
             _fail("attention_chunk", self.attention_chunk, "must be positive")
