@@ -7,7 +7,7 @@ interpolation (PI), NTK-aware, dynamic NTK and YaRN (factor 4, original length L
 recover; NTK/dynamic NTK/YaRN do better zero-shot; after a short fine-tune all scalings are
 close, YaRN best.
 
-    python -m experiments.rope_extension                  # default scale, ~8 min on 2 cores
+    python -m experiments.rope_extension                  # default scale, about 3-5 min on 2 cores
     python -m experiments.rope_extension --scale large
 """
 

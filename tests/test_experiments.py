@@ -244,6 +244,9 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     assert "YaRN zero-shot beats PI (as published)" in text
     assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
     assert "gpt: it still uses context beyond b=16" in text
+    assert "The transformer uses more distant context than the LSTM (truncation costs over " \
+        "1%: transformer beyond b=16, LSTM beyond b=4), as expected" in text
+    assert "this one stops using context within 4-16 tokens" in text
     assert "GQA-2 is within 2% of MHA's loss" in text
     assert "The prefix LM beats the causal LM" in text
     assert "QK-norm lowers the high-rate loss" in text and "baseline at lr 0.1" in text
