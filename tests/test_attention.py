@@ -17,7 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transformers_jax.nn import masks
-from transformers_jax.nn.attention import ATTENTION, attention_weights, dot_product_attention
+from transformers_jax.nn.attention import (
+    ATTENTION,
+    attend_to_cache,
+    attention_weights,
+    dot_product_attention,
+)
 from transformers_jax.registry import UnknownNameError
 
 CPU_IMPLEMENTATIONS = ("reference", "xla", "chunked")
@@ -405,6 +410,30 @@ def test_unknown_implementation_lists_valid_names():
     with pytest.raises(UnknownNameError, match=valid):
         dot_product_attention(q, k, v, implementation="flash3000")
     assert ATTENTION.names() == ["chunked", "cudnn", "pallas", "reference", "xla"]
+
+
+@pytest.mark.parametrize("heads", ["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_attend_to_cache_matches_the_reference_on_a_heads_first_cache(heads, softcap):
+    # A decoding step: one query per row against S cached keys stored [B, N, S, D]; per-row
+    # valid slots (row 1 sees none: its output must be zeros, not NaN) and a per-head bias.
+    S = 7
+    q, k, v, bias, _ = _random_problem(21, 1, S, heads, "BHQK")
+    valid = jnp.array([[True, False, True, True, False, True, True], [False] * S])[:B]
+    mask = valid[:, None, None, :]
+    expected = dot_product_attention(q, k, v, bias=bias, mask=mask, logit_softcap=softcap)
+    got = attend_to_cache(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), bias=bias,
+                          mask=mask, logit_softcap=softcap)
+    np.testing.assert_allclose(got, expected, **TOL)
+    if B > 1:
+        assert float(jnp.abs(got[1]).max()) == 0.0
+    # The step's own key/value passed beside the cache act as key number S (read-first order).
+    k_hf, v_hf = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    split = attend_to_cache(q, k_hf[:, :, :-1], v_hf[:, :, :-1], k_new=k_hf[:, :, -1:],
+                            v_new=v_hf[:, :, -1:], bias=bias, mask=mask, logit_softcap=softcap)
+    np.testing.assert_allclose(split, expected, **TOL)
+    with pytest.raises(ValueError, match=r"k, v \[B, N, S, D\]"):
+        attend_to_cache(q, k, v)  # sequence-first keys are refused, not misread
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN is available on GPU")

@@ -10,11 +10,17 @@ from transformers_jax import RopeConfig
 from transformers_jax.nn.kvcache import init_cache, plan_write, required_cache_size
 
 
-def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size):
+def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size, one_row=False):
     """Prefill right-padded prompts of different lengths, then feed the rest one at a time.
 
-    Returns logits [B, T, V] at every position, each computed through the cache.
+    Returns logits [B, T, V] at every position, each computed through the cache. ``one_row``
+    decodes each row as a batch of one (steps then read the cache before writing to it:
+    ``RowSlot.read_first``), otherwise all rows together (write, then read).
     """
+    if one_row:
+        return np.concatenate([
+            cached_logits(model, params, cfg, tokens[b : b + 1], prompt_lengths[b : b + 1],
+                          cache_size) for b in range(tokens.shape[0])])
     B, T = tokens.shape
     P = int(max(prompt_lengths))
     lengths = jnp.asarray(prompt_lengths, jnp.int32)
@@ -36,17 +42,19 @@ def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size):
     return out
 
 
+@pytest.mark.parametrize("one_row", [False, True], ids=["batch", "one-row"])
 @pytest.mark.parametrize("position", POSITIONS)
-def test_cached_decoding_equals_full_forward(position):
+def test_cached_decoding_equals_full_forward(position, one_row):
     cfg = tiny(position=position, n_kv_heads=2, init_std=0.1)
     model, params, tokens = init(cfg, T=12)
     full = np.asarray(model.apply({"params": params}, tokens))
-    cached = cached_logits(model, params, cfg, tokens, [4, 7], cache_size=12)
+    cached = cached_logits(model, params, cfg, tokens, [4, 7], cache_size=12, one_row=one_row)
     np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("one_row", [False, True], ids=["batch", "one-row"])
 @pytest.mark.parametrize("attention", ["reference", "chunked"])
-def test_sliding_window_ring_cache_holds_only_the_window(attention):
+def test_sliding_window_ring_cache_holds_only_the_window(attention, one_row):
     cfg = tiny(mask="sliding_window", window=4, position="alibi", attention=attention,
                attention_chunk=4, init_std=0.1)
     model, params, tokens = init(cfg, T=14)
@@ -54,7 +62,7 @@ def test_sliding_window_ring_cache_holds_only_the_window(attention):
     size = required_cache_size(cfg, 14)
     assert size == 4
     # a prompt longer than the ring: only its last 4 tokens stay in the cache
-    cached = cached_logits(model, params, cfg, tokens, [6, 9], cache_size=size)
+    cached = cached_logits(model, params, cfg, tokens, [6, 9], cache_size=size, one_row=one_row)
     np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
 
 

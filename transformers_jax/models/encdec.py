@@ -233,8 +233,8 @@ def init_encdec_cache(config: ModelConfig, batch_size: int, size: int, encoder_l
     cache = init_cache(config, batch_size, size, n_layers=n_decoder_layers(config))
     N, D = config.kv_heads, config.dims_per_head
     for i in range(n_decoder_layers(config)):
-        cache[f"layer_{i}"]["cross_key"] = jnp.zeros((batch_size, encoder_len, N, D),
-                                                     jnp.dtype(config.dtype))
+        cache[f"layer_{i}"]["cross_key"] = jnp.zeros((batch_size, N, encoder_len, D),
+                                                     jnp.dtype(config.dtype))  # heads-first
         cache[f"layer_{i}"]["cross_value"] = jnp.zeros_like(cache[f"layer_{i}"]["cross_key"])
     shape = (batch_size, encoder_len)
     cache["encoder_positions"] = (

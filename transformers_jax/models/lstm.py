@@ -3,8 +3,9 @@
 Same interface as GPT (``tokens [B, T] -> logits [B, T, V]``) so the same training loop,
 checkpoints and evaluation serve it. It uses ``d_model``, ``n_layers``, ``vocab_size``,
 ``dropout``, ``tie_embeddings`` and the dtypes of the config (not ``init_std``: see the
-embedding); attention, mask and position switches do not apply to a recurrence and are ignored. The state is not reset between packed
-documents (train with ``--train.pack none`` for one document per row).
+embedding); attention, mask and position switches do not apply to a recurrence and are
+ignored. The state is not reset between packed documents (train with ``--train.pack none``
+for one document per row).
 """
 
 from __future__ import annotations

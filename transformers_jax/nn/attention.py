@@ -88,6 +88,60 @@ def dot_product_attention(
     )
 
 
+def attend_to_cache(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    k_new: jax.Array | None = None,
+    v_new: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    mask: Mask = None,
+    scale: float | None = None,
+    logit_softcap: float | None = None,
+) -> jax.Array:
+    """A decoding step: one query per row over a heads-first cache, ``[B, 1, H, D]`` and
+    ``[B, N, S, D]`` x 2 -> ``[B, 1, H, D]``, plus optionally the step's own key and value
+    ``[B, N, 1, D]`` as key number S; bias and mask broadcast to ``[B, H, 1, S (+1)]``.
+
+    Every implementation does the same maths for a single query, and this is the one that
+    reads the cache where it lies: (batch, head) lead both matmuls, so nothing is transposed
+    or copied per layer and token. The same formula as the reference.
+    """
+    b, q_len, h, d = q.shape
+    kb, n, k_len, kd = k.shape
+    new_ok = (k_new is None and v_new is None) or (
+        k_new is not None and v_new is not None and k_new.shape == v_new.shape == (b, n, 1, d))
+    if q_len != 1 or k.shape != v.shape or (kb, kd) != (b, d) or h % n or not new_ok:
+        raise ValueError(
+            f"attend_to_cache wants q [B, 1, H, D], k, v [B, N, S, D] and k_new, v_new "
+            f"[B, N, 1, D] or None; got q {q.shape}, k {k.shape}, v {v.shape}, k_new "
+            f"{getattr(k_new, 'shape', None)}, v_new {getattr(v_new, 'shape', None)}")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q = q.reshape(b, n, h // n, d)  # [B, N, G, D]
+    s = jnp.einsum("bngd,bnsd->bngs", q, k, preferred_element_type=jnp.float32)
+    if k_new is not None:
+        s_new = jnp.einsum("bngd,bnsd->bngs", q, k_new, preferred_element_type=jnp.float32)
+        s = jnp.concatenate([s, s_new], axis=-1)
+    s = s * scale
+    if logit_softcap is not None:
+        s = logit_softcap * jnp.tanh(s / logit_softcap)
+    if bias is not None:
+        s = s + _group_heads(bias, n)[:, :, :, 0].astype(jnp.float32)  # [B|1, N|1, G|1, S|1]
+    mask = as_dense(mask)
+    if mask is not None:
+        s = jnp.where(_group_heads(mask, n)[:, :, :, 0], s, -jnp.inf)
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    p = (e / jnp.where(total > 0, total, 1.0)).astype(v.dtype)  # sees no key: all zero
+    out = jnp.einsum("bngs,bnsd->bngd", p[..., :k_len], v, preferred_element_type=jnp.float32)
+    if v_new is not None:
+        out = out + jnp.einsum("bngs,bnsd->bngd", p[..., k_len:], v_new,
+                               preferred_element_type=jnp.float32)
+    return out.reshape(b, 1, h, d).astype(q.dtype)
+
+
 def attention_weights(
     q: jax.Array,
     k: jax.Array,

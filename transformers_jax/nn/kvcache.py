@@ -5,9 +5,11 @@ Layout (B batch, S cache slots, N kv heads, D head dim)::
     {"index": int32 [B],          # tokens written so far per row (= next token's position)
      "positions": int32 [B, S],   # position of the token held by each slot
      "valid": bool [B, S],        # whether the slot holds a token at all
-     "layer_0": {"key": [B, S, N, D], "value": [B, S, N, D]}, ...}
+     "layer_0": {"key": [B, N, S, D], "value": [B, N, S, D]}, ...}
 
-Keys are stored after RoPE. Slots are a ring: token number ``p`` of a row lives in slot
+Keys and values are stored heads-first, the layout a decoding step reads them in (a
+``[B, S, N, D]`` cache was copied into it by every layer at every step). Keys are stored after
+RoPE. Slots are a ring: token number ``p`` of a row lives in slot
 ``p % S``. With a sliding-window mask a cache of ``window`` slots therefore suffices; for other
 masks S must hold the whole sequence (``init_cache`` checks the size it is given). Because masks
 and biases are computed from the stored positions, the same code serves full caches, ring
@@ -32,17 +34,35 @@ class CacheWrite(NamedTuple):
 
 
 class RowSlot(NamedTuple):
-    """Decoding one token per row: it goes to slot ``slot[b]``, written in place before the
-    attention reads the cache (no copy of the cache per step)."""
+    """Decoding one token per row: it goes to slot ``slot[b]``, updated in place.
+
+    Two equivalent orders, chosen for what XLA:CPU compiles without copying the cache (the
+    copies, per layer and token, cost more than the attention itself):
+    ``read_first=False``: write the token, then attend over the written cache (batch > 1);
+    ``read_first=True``: attend over the cache as it was plus the new token, then write
+    (batch 1, where writing first made XLA write a second copy of the cache every step).
+    """
 
     slot: jax.Array  # int32 [B]
+    read_first: bool = False
 
 
-def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot) -> jax.Array:
-    """Store ``new`` [B, 1, ...] at ``old[b, slot[b]]``; an in-place update inside loops."""
-    return jax.vmap(lambda o, n, s: jax.lax.dynamic_update_slice_in_dim(o, n, s, axis=0))(
-        old, new.astype(old.dtype), where.slot
-    )
+def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot, axis: int = 1) -> jax.Array:
+    """Store ``new`` (one token per row: ``[B, 1]`` bookkeeping, or ``[B, N, 1, D]`` keys or
+    values) at slot ``slot[b]`` of ``old``'s ``axis``; an in-place update inside loops.
+
+    A per-row ``dynamic_update_slice`` (vmapped): XLA updates the cache buffer in place. (An
+    indexed scatter ``old.at[rows, :, slot]`` instead became a loop that copied the cache.)
+    """
+
+    new = new.astype(old.dtype)
+    if old.shape[0] == 1:  # one row: a plain update (vmap's batched form copies the cache)
+        return jax.lax.dynamic_update_slice_in_dim(old, new, where.slot[0], axis=axis)
+
+    def one_row(o, n, s):
+        return jax.lax.dynamic_update_slice_in_dim(o, n, s, axis=axis - 1)
+
+    return jax.vmap(one_row)(old, new, where.slot)
 
 
 def init_cache(config: ModelConfig, batch_size: int, size: int, n_layers: int | None = None):
@@ -57,8 +77,8 @@ def init_cache(config: ModelConfig, batch_size: int, size: int, n_layers: int | 
     }
     for i in range(layers):
         cache[f"layer_{i}"] = {
-            "key": jnp.zeros((batch_size, size, N, D), dtype),
-            "value": jnp.zeros((batch_size, size, N, D), dtype),
+            "key": jnp.zeros((batch_size, N, size, D), dtype),
+            "value": jnp.zeros((batch_size, N, size, D), dtype),
         }
     return cache
 
@@ -85,11 +105,13 @@ def plan_write(index: jax.Array, lengths: jax.Array, size: int, n_new: int) -> C
     return CacheWrite(take=jnp.clip(take, 0, n_new - 1), write=write)
 
 
-def write_slots(old: jax.Array, new: jax.Array, plan: CacheWrite) -> jax.Array:
-    """Store ``new`` [B, T, ...] into ``old`` [B, S, ...] following ``plan``."""
-    extra = (1,) * (new.ndim - 2)
-    gathered = jnp.take_along_axis(new, plan.take.reshape(*plan.take.shape, *extra), axis=1)
-    return jnp.where(plan.write.reshape(*plan.write.shape, *extra), gathered, old)
+def write_slots(old: jax.Array, new: jax.Array, plan: CacheWrite, axis: int = 1) -> jax.Array:
+    """Store ``new`` into ``old`` following ``plan``: the T new tokens and the S slots lie on
+    ``axis`` (``[B, T]`` into ``[B, S]``, or ``[B, N, T, D]`` into ``[B, N, S, D]``)."""
+    shape = [1] * new.ndim
+    shape[0], shape[axis] = plan.take.shape
+    gathered = jnp.take_along_axis(new, plan.take.reshape(shape), axis=axis)
+    return jnp.where(plan.write.reshape(shape), gathered, old)
 
 
 def advance(cache: dict, new_positions: jax.Array, lengths: jax.Array, plan: CacheWrite) -> dict:
@@ -117,8 +139,8 @@ class CacheStep(NamedTuple):
 def plan_step(cache: dict, n_new: int, lengths: jax.Array | None) -> CacheStep:
     """Plan a cached step over ``n_new`` tokens per row (``lengths`` of them real).
 
-    One token per row (decoding) is written into its slot first and attends over the cache;
-    several (prefill) attend over ``[cached slots, new tokens]`` and are stored after.
+    Several tokens (prefill) attend over ``[cached slots, new tokens]`` and are stored after;
+    one token per row (decoding) in either order of ``RowSlot``.
     """
     B = cache["index"].shape[0]
     S = cache["positions"].shape[1]
@@ -126,13 +148,26 @@ def plan_step(cache: dict, n_new: int, lengths: jax.Array | None) -> CacheStep:
     positions_BT = cache["index"][:, None] + jnp.arange(n_new, dtype=jnp.int32)[None, :]
     valid_BT = jnp.arange(n_new)[None, :] < lengths_B[:, None]
     if n_new == 1:
-        write: CacheWrite | RowSlot = RowSlot(cache["index"] % S)
+        write: CacheWrite | RowSlot = RowSlot(cache["index"] % S, read_first=B == 1)
         meta = {
             "index": cache["index"] + lengths_B,
             "positions": write_row_slot(cache["positions"], positions_BT, write),
             "valid": write_row_slot(cache["valid"], valid_BT, write) | cache["valid"],
         }
-        return CacheStep(positions_BT, valid_BT, meta["positions"], meta["valid"], write, meta)
+        if not write.read_first:
+            return CacheStep(positions_BT, valid_BT, meta["positions"], meta["valid"], write,
+                             meta)
+        # Keys are [cache as it was, the new token]; the slot about to be overwritten is hidden
+        # (in a ring cache it holds the token that leaves the window).
+        overwritten = jnp.arange(S)[None, :] == write.slot[:, None]
+        return CacheStep(
+            positions_BT,
+            valid_BT,
+            jnp.concatenate([cache["positions"], positions_BT], axis=1),
+            jnp.concatenate([cache["valid"] & ~overwritten, valid_BT], axis=1),
+            write,
+            meta,
+        )
     write = plan_write(cache["index"], lengths_B, S, n_new)
     return CacheStep(
         positions_BT,

@@ -9,6 +9,7 @@ Parameters carry logical axis names (``embed``, ``heads``, ``kv_heads``, ``head_
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.nn.attention import dot_product_attention
+from transformers_jax.nn.attention import attend_to_cache, dot_product_attention
 from transformers_jax.nn.kvcache import CacheWrite, RowSlot, write_row_slot, write_slots
 from transformers_jax.nn.masks import AttentionMask
 from transformers_jax.nn.positions import apply_rope
@@ -193,8 +194,11 @@ class Attention(nn.Module):
         With a cache, ``mask`` and ``bias`` must cover the keys ``[cached slots, new tokens]``
         (the model builds them once for all layers); new keys and values are stored as planned
         by ``cache_write``. Cross-attention decoding projects the encoder output once:
-        ``return_kv=True`` returns ``(output, {"key", "value"})`` and later calls pass them
-        back as ``cross_kv`` instead of ``kv_inputs``.
+        ``return_kv=True`` returns ``(output, {"key", "value"})`` (heads-first ``[B, N, K, D]``,
+        as the cache) and later calls pass them back as ``cross_kv`` instead of ``kv_inputs``.
+        A decoding step (one query per row) reads the cache with ``attend_to_cache`` whatever
+        ``config.attention`` is: for one query they compute the same thing, and that one reads
+        the heads-first cache without copying it.
         """
         cfg = self.config
         H, N, D = cfg.n_heads, cfg.kv_heads, cfg.dims_per_head
@@ -215,60 +219,72 @@ class Attention(nn.Module):
         if cfg.position == "rope":
             q_BQHD = apply_rope(q_BQHD, positions, cfg.rope, cfg.rotary_dim)
 
-        if cross_kv is not None:  # encoder keys/values projected once, at the first step
-            k_BKND, v_BKND = cross_kv["key"], cross_kv["value"]
-        else:
-            k_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std,
-                           name="key", **dense)(kv_BKC)
-            v_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std,
-                           name="value", **dense)(kv_BKC)
-            if cfg.qk_norm:
-                k_BKND = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dense["dtype"],
-                                    name="key_norm")(k_BKND)
-            if cfg.position == "rope":
-                k_BKND = apply_rope(k_BKND, kv_positions, cfg.rope, cfg.rotary_dim)
-        projected = {"key": k_BKND, "value": v_BKND}
+        project_out = Dense((cfg.d_model,), ("heads", "head_dim", "embed"), in_dims=2,
+                            std=residual_std(cfg), name="out", **dense)
+        attend = functools.partial(
+            dot_product_attention, bias=bias, mask=mask, implementation=cfg.attention,
+            scale=cfg.attention_scale, logit_softcap=cfg.attn_logit_softcap,
+            chunk_size=cfg.attention_chunk)
+        decode = functools.partial(attend_to_cache, bias=bias, mask=mask,
+                                   scale=cfg.attention_scale, logit_softcap=cfg.attn_logit_softcap)
 
-        new_cache = None
-        if isinstance(cache_write, RowSlot):  # one token per row: write it, then read the cache
-            new_cache = {
-                "key": write_row_slot(cache["key"], k_BKND, cache_write),
-                "value": write_row_slot(cache["value"], v_BKND, cache_write),
-            }
-            k_BKND = new_cache["key"].astype(q_BQHD.dtype)
-            v_BKND = new_cache["value"].astype(q_BQHD.dtype)
-        elif cache is not None:  # attend over [cached slots, new tokens]; then store them
-            new_cache = {
-                "key": write_slots(cache["key"], k_BKND.astype(cache["key"].dtype), cache_write),
-                "value": write_slots(
-                    cache["value"], v_BKND.astype(cache["value"].dtype), cache_write
-                ),
-            }
-            k_BKND = jnp.concatenate([cache["key"].astype(k_BKND.dtype), k_BKND], axis=1)
-            v_BKND = jnp.concatenate([cache["value"].astype(v_BKND.dtype), v_BKND], axis=1)
+        if cross_kv is not None:  # encoder keys/values projected once, stored heads-first
+            k_BNKD, v_BNKD = cross_kv["key"], cross_kv["value"]
+            if q_BQHD.shape[1] == 1:
+                out_BQHD = decode(q_BQHD, k_BNKD.astype(q_BQHD.dtype), v_BNKD.astype(q_BQHD.dtype))
+            else:
+                out_BQHD = attend(q_BQHD, _seq_first(k_BNKD, q_BQHD.dtype),
+                                  _seq_first(v_BNKD, q_BQHD.dtype))
+            out_BQC = project_out(out_BQHD)
+            return (out_BQC, cross_kv) if return_kv else out_BQC
 
-        out_BQHD = dot_product_attention(
-            q_BQHD,
-            k_BKND,
-            v_BKND,
-            bias=bias,
-            mask=mask,
-            implementation=cfg.attention,
-            scale=cfg.attention_scale,
-            logit_softcap=cfg.attn_logit_softcap,
-            chunk_size=cfg.attention_chunk,
-        )
-        out_BQC = Dense(
-            (cfg.d_model,),
-            ("heads", "head_dim", "embed"),
-            in_dims=2,
-            std=residual_std(cfg),
-            name="out",
-            **dense,
-        )(out_BQHD)
-        if return_kv:
-            return out_BQC, projected
-        return out_BQC if cache is None else (out_BQC, new_cache)
+        k_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std,
+                       name="key", **dense)(kv_BKC)
+        v_BKND = Dense((N, D), ("embed", "kv_heads", "head_dim"), std=cfg.init_std,
+                       name="value", **dense)(kv_BKC)
+        if cfg.qk_norm:
+            k_BKND = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dense["dtype"],
+                                name="key_norm")(k_BKND)
+        if cfg.position == "rope":
+            k_BKND = apply_rope(k_BKND, kv_positions, cfg.rope, cfg.rotary_dim)
+
+        if isinstance(cache_write, RowSlot):  # one token per row, in the order it asks for
+            k_new, v_new = _heads_first(k_BKND), _heads_first(v_BKND)  # [B, N, 1, D]
+            new_cache = {
+                "key": write_row_slot(cache["key"], k_new, cache_write, axis=2),
+                "value": write_row_slot(cache["value"], v_new, cache_write, axis=2),
+            }
+            dtype = q_BQHD.dtype
+            if cache_write.read_first:
+                out_BQHD = decode(q_BQHD, cache["key"].astype(dtype),
+                                  cache["value"].astype(dtype), k_new=k_new.astype(dtype),
+                                  v_new=v_new.astype(dtype))
+            else:
+                out_BQHD = decode(q_BQHD, new_cache["key"].astype(dtype),
+                                  new_cache["value"].astype(dtype))
+            return project_out(out_BQHD), new_cache
+        if cache is not None:  # prefill: attend over [cached slots, new tokens]; then store them
+            new_cache = {
+                name: write_slots(cache[name], _heads_first(new).astype(cache[name].dtype),
+                                  cache_write, axis=2)
+                for name, new in (("key", k_BKND), ("value", v_BKND))
+            }
+            k_all = jnp.concatenate([_seq_first(cache["key"], k_BKND.dtype), k_BKND], axis=1)
+            v_all = jnp.concatenate([_seq_first(cache["value"], v_BKND.dtype), v_BKND], axis=1)
+            return project_out(attend(q_BQHD, k_all, v_all)), new_cache
+
+        out_BQC = project_out(attend(q_BQHD, k_BKND, v_BKND))
+        if return_kv:  # stored heads-first, as the KV cache
+            return out_BQC, {"key": _heads_first(k_BKND), "value": _heads_first(v_BKND)}
+        return out_BQC
+
+
+def _heads_first(x_BKND: jax.Array) -> jax.Array:
+    return x_BKND.transpose(0, 2, 1, 3)
+
+
+def _seq_first(x_BNKD: jax.Array, dtype) -> jax.Array:
+    return x_BNKD.transpose(0, 2, 1, 3).astype(dtype)
 
 
 class Block(nn.Module):
