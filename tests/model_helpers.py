@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax
+import numpy as np
 
 from transformers_jax import ModelConfig, build_model
 
@@ -19,3 +20,27 @@ def init(cfg, T=12, B=2, seed=0, **inputs):
     tokens = jax.random.randint(jax.random.key(seed + 1), (B, T), 0, cfg.vocab_size)
     variables = model.init(jax.random.key(seed), tokens, **inputs)
     return model, nn.meta.unbox(variables["params"]), tokens
+
+
+def assert_attention_implementations_agree(tiny, position, loss_for):
+    """The one-layer GQA model of ``tiny(position=..., attention=impl, ...)`` gives the reference
+    implementation's outputs through ``xla`` and ``chunked``; for ``t5`` the parameter gradients
+    too (its bias gradient is the extra path the kernels must get right). Shared by the families,
+    which differ only in their configs and inputs: ``loss_for(cfg) -> (loss, params)`` with
+    ``loss(params) -> (scalar, outputs)``."""
+    results = {}
+    for impl in ("reference", "xla", "chunked"):
+        cfg = tiny(position=position, attention=impl, attention_chunk=4, n_kv_heads=2,
+                   n_layers=1)
+        loss, params = loss_for(cfg)
+        if position == "t5":
+            results[impl] = jax.jit(jax.grad(loss, has_aux=True))(params)[::-1]
+        else:
+            results[impl] = (loss(params)[1], None)
+    ref_logits, ref_grads = results["reference"]
+    for impl in ("xla", "chunked"):
+        logits, grads = results[impl]
+        np.testing.assert_allclose(logits, ref_logits, atol=1e-5, rtol=1e-5)
+        if grads is not None:
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+                         grads, ref_grads)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from model_helpers import assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.data.tokenizers import ByteTokenizer
@@ -96,27 +97,17 @@ def test_every_attention_implementation_gives_the_same_model(position):
     """Same logits through every implementation, with packed segments and padding; same
     gradients too with a bias scheme (the bias gradient is the extra path)."""
     segments = jnp.array([[1] * 7 + [2] * 3 + [0] * 2, [1] * 12])
-    results = {}
-    for impl in ("reference", "xla", "chunked"):
-        cfg = tiny(position=position, attention=impl, attention_chunk=4, n_kv_heads=2,
-                   n_layers=1)
+
+    def loss_for(cfg):
         model, params, tokens = init(cfg, segment_ids=segments)
 
-        def loss(p, model=model, tokens=tokens):
+        def loss(p):
             out = model.apply({"params": p}, tokens, segment_ids=segments)
             return (out[:, :10] ** 2).mean(), out
 
-        if position == "t5":
-            results[impl] = jax.jit(jax.grad(loss, has_aux=True))(params)[::-1]
-        else:
-            results[impl] = (loss(params)[1], None)
-    ref_logits, ref_grads = results["reference"]
-    for impl in ("xla", "chunked"):
-        logits, grads = results[impl]
-        np.testing.assert_allclose(logits, ref_logits, atol=1e-5, rtol=1e-5)
-        if grads is not None:
-            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
-                         grads, ref_grads)
+        return loss, params
+
+    assert_attention_implementations_agree(tiny, position, loss_for)
 
 
 def test_norm_layout_token_types_and_head_tying():

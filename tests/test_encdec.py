@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from model_helpers import assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.data.tokenizers import ByteTokenizer
@@ -121,27 +122,17 @@ def test_every_attention_implementation_gives_the_same_model(position):
     enc_seg = jnp.array([[1] * S, [1] * 6 + [0] * 3])
     dec_seg = jnp.array([[1] * T, [1] * 5 + [0] * 2])
     kw = dict(segment_ids=dec_seg, encoder_segment_ids=enc_seg)
-    results = {}
-    for impl in ("reference", "xla", "chunked"):
-        cfg = tiny(position=position, attention=impl, attention_chunk=4, n_kv_heads=2,
-                   n_layers=1)
+
+    def loss_for(cfg):
         model, params, dec, enc = init(cfg)
 
-        def loss(p, model=model, dec=dec, enc=enc):
+        def loss(p):
             out = model.apply({"params": p}, dec, encoder_inputs=enc, **kw)
             return (out[:, :5] ** 2).mean(), out
 
-        if position == "t5":
-            results[impl] = jax.jit(jax.grad(loss, has_aux=True))(params)[::-1]
-        else:
-            results[impl] = (loss(params)[1], None)
-    ref_logits, ref_grads = results["reference"]
-    for impl in ("xla", "chunked"):
-        logits, grads = results[impl]
-        np.testing.assert_allclose(logits, ref_logits, atol=1e-5, rtol=1e-5)
-        if grads is not None:
-            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
-                         grads, ref_grads)
+        return loss, params
+
+    assert_attention_implementations_agree(tiny, position, loss_for)
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,6 @@ affect masked-LM logits and are left out (an exported model has none).
 
 from __future__ import annotations
 
-import dataclasses
-
 from transformers_jax.config import ModelConfig
 from transformers_jax.convert.common import (
     ARCHITECTURES,
@@ -27,10 +25,15 @@ from transformers_jax.convert.common import (
     activation_to_hf,
     build_config,
     copy,
+    dense,
+    layer_norm,
     linear,
+    optional_field,
+    pinned,
+    require_layout,
     require_ours,
+    require_plain_attention,
     reshape,
-    unsupported,
 )
 
 DEFAULTS = {
@@ -49,8 +52,15 @@ DEFAULTS = {
     "tie_word_embeddings": True,
     "position_embedding_type": "absolute",
 }
-def _has_type_vocab_field() -> bool:
-    return "type_vocab_size" in {f.name for f in dataclasses.fields(ModelConfig)}
+LAYOUT = {  # what BERT fixes (see common.Layout)
+    "family": ("bert", "BERT is a masked-LM encoder"),
+    "mask": ("bidirectional", "BERT attends both ways"),
+    "position": ("learned", "BERT learns a position table"),
+    "norm": ("layernorm", "BERT uses LayerNorm"),
+    "norm_position": ("post", "BERT normalises after each block"),
+    "mlp": (("gelu", "relu", EXACT_GELU), "BERT's MLP is not gated"),
+    "use_bias": (True, "BERT has biases everywhere"),
+}
 
 
 def config_from_hf(raw: dict) -> ModelConfig:
@@ -61,29 +71,20 @@ def config_from_hf(raw: dict) -> ModelConfig:
     hf.require("add_cross_attention", False, "BERT with cross-attention is a decoder")
     hf.require("position_embedding_type", "absolute",
                "relative-key position embeddings are not implemented here")
-    extra = {}
-    if _has_type_vocab_field():
-        extra["type_vocab_size"] = hf["type_vocab_size"]
-    elif hf["type_vocab_size"] != DEFAULT_TYPE_VOCAB_SIZE:
-        raise unsupported("bert", "type_vocab_size", hf["type_vocab_size"],
-                          f"ModelConfig has no type_vocab_size field; the BERT model has "
-                          f"{DEFAULT_TYPE_VOCAB_SIZE} token types")
+    extra = optional_field("bert", "type_vocab_size", hf["type_vocab_size"], "type_vocab_size",
+                           DEFAULT_TYPE_VOCAB_SIZE,
+                           f"the BERT model has {DEFAULT_TYPE_VOCAB_SIZE} token types")
     return build_config(
         "bert",
-        family="bert",
+        **pinned(LAYOUT),
         vocab_size=hf["vocab_size"],
         d_model=hf["hidden_size"],
         n_layers=hf["num_hidden_layers"],
         n_heads=hf["num_attention_heads"],
         d_ff=hf["intermediate_size"],
         max_len=hf["max_position_embeddings"],
-        mask="bidirectional",
-        position="learned",
-        norm="layernorm",
-        norm_position="post",
         norm_eps=float(hf["layer_norm_eps"]),
         mlp=activation_from_hf("bert", "hidden_act", hf["hidden_act"]),
-        use_bias=True,
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         init_std=float(hf["initializer_range"]),
         dropout=0.0,
@@ -95,19 +96,8 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
     from transformers_jax.models.bert import type_vocab_size
 
     arch = "bert"
-    require_ours(config, arch, "family", "bert", "BERT is a masked-LM encoder")
-    require_ours(config, arch, "mask", "bidirectional", "BERT attends both ways")
-    require_ours(config, arch, "position", "learned", "BERT learns a position table")
-    require_ours(config, arch, "norm", "layernorm", "BERT uses LayerNorm")
-    require_ours(config, arch, "norm_position", "post", "BERT normalises after each block")
-    require_ours(config, arch, "mlp", ("gelu", "relu", EXACT_GELU), "BERT's MLP is not gated")
-    require_ours(config, arch, "use_bias", True, "BERT has biases everywhere")
-    require_ours(config, arch, "n_kv_heads", (None, config.n_heads), "BERT has no GQA")
-    require_ours(config, arch, "head_dim", (None, config.d_model // config.n_heads),
-                 "BERT heads are d_model / n_heads wide")
-    require_ours(config, arch, "qk_norm", False, "BERT does not normalise q and k")
-    for name in ("attn_logit_softcap", "final_logit_softcap"):
-        require_ours(config, arch, name, None, "BERT does not soft-cap logits")
+    require_layout(config, arch, LAYOUT)
+    require_plain_attention(config, arch, "BERT")
     require_ours(config, arch, "attention_scale", (None, config.dims_per_head**-0.5),
                  "BERT scales attention by 1/sqrt(head_dim)")
     hf = dict(base or {})
@@ -140,12 +130,9 @@ def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
     out = [
         copy(emb + "word_embeddings.weight", enc + "embed/tokens/embedding"),
         copy(emb + "position_embeddings.weight", enc + "embed/table/embedding"),
-        copy(emb + "LayerNorm.weight", enc + "embed_norm/scale"),
-        copy(emb + "LayerNorm.bias", enc + "embed_norm/bias"),
-        linear("cls.predictions.transform.dense.weight", "mlm_head/transform/kernel", (C,), (C,)),
-        copy("cls.predictions.transform.dense.bias", "mlm_head/transform/bias"),
-        copy("cls.predictions.transform.LayerNorm.weight", "mlm_head/norm/scale"),
-        copy("cls.predictions.transform.LayerNorm.bias", "mlm_head/norm/bias"),
+        *layer_norm(emb + "LayerNorm.", enc + "embed_norm/"),
+        *dense("cls.predictions.transform.dense.", "mlm_head/transform/", (C,), (C,)),
+        *layer_norm("cls.predictions.transform.LayerNorm.", "mlm_head/norm/"),
     ]
     from transformers_jax.models.bert import type_vocab_size
 
@@ -171,16 +158,11 @@ def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
                         (H, D)),
             ]
         out += [
-            linear(hf + "attention.output.dense.weight", att + "out/kernel", (H, D), (C,)),
-            copy(hf + "attention.output.dense.bias", att + "out/bias"),
-            copy(hf + "attention.output.LayerNorm.weight", ours + "norm1/scale"),
-            copy(hf + "attention.output.LayerNorm.bias", ours + "norm1/bias"),
-            linear(hf + "intermediate.dense.weight", ours + "mlp/up/kernel", (C,), (F,)),
-            copy(hf + "intermediate.dense.bias", ours + "mlp/up/bias"),
-            linear(hf + "output.dense.weight", ours + "mlp/down/kernel", (F,), (C,)),
-            copy(hf + "output.dense.bias", ours + "mlp/down/bias"),
-            copy(hf + "output.LayerNorm.weight", ours + "norm2/scale"),
-            copy(hf + "output.LayerNorm.bias", ours + "norm2/bias"),
+            *dense(hf + "attention.output.dense.", att + "out/", (H, D), (C,)),
+            *layer_norm(hf + "attention.output.LayerNorm.", ours + "norm1/"),
+            *dense(hf + "intermediate.dense.", ours + "mlp/up/", (C,), (F,)),
+            *dense(hf + "output.dense.", ours + "mlp/down/", (F,), (C,)),
+            *layer_norm(hf + "output.LayerNorm.", ours + "norm2/"),
         ]
     return out
 

@@ -71,6 +71,19 @@ def conv1d(hf: str, ours: str, in_shape: tuple[int, ...], out_shape: tuple[int, 
     )
 
 
+def dense(hf: str, ours: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+          weight: Callable[..., Rule] = linear) -> list[Rule]:
+    """A projection with a bias (BERT, GPT-2): ``{hf}weight`` in the ``weight`` rule's layout
+    (``linear`` or ``conv1d``) and ``{hf}bias`` <-> ``{ours}kernel`` and ``{ours}bias``."""
+    return [weight(hf + "weight", ours + "kernel", in_shape, out_shape),
+            copy(hf + "bias", ours + "bias")]
+
+
+def layer_norm(hf: str, ours: str) -> list[Rule]:
+    """A LayerNorm with a bias: ``{hf}weight``, ``{hf}bias`` <-> ``{ours}scale``, ``{ours}bias``."""
+    return [copy(hf + "weight", ours + "scale"), copy(hf + "bias", ours + "bias")]
+
+
 @dataclasses.dataclass(frozen=True)
 class Architecture:
     """How one Hugging Face model type maps onto this project.
@@ -223,6 +236,50 @@ def require_ours(config: ModelConfig, arch: str, field: str, allowed: Any, why: 
             f"cannot export to Hugging Face {arch}: {field}={value!r} has no {arch} equivalent "
             f"({why})"
         )
+
+
+def optional_field(model_type: str, hf_field: str, value: Any, field: str, implied: Any,
+                   why: str) -> dict[str, Any]:
+    """``{field: value}`` for ``build_config`` when ModelConfig has ``field`` (one it may gain
+    later, such as BERT's ``type_vocab_size``); without that field nothing is passed, and
+    ``value`` must be the ``implied`` one the model hard-codes (``why`` says what that is)."""
+    if field in {f.name for f in dataclasses.fields(ModelConfig)}:
+        return {field: value}
+    if value != implied:
+        raise unsupported(model_type, hf_field, value, f"ModelConfig has no {field} field; {why}")
+    return {}
+
+
+# ``{ModelConfig field: (value, why)}``: what an architecture fixes, stated once for both
+# directions. A single value is set on import and required on export; a tuple of values is an
+# export check only (the import reads that field, e.g. the MLP, from the HF config).
+Layout = Mapping[str, tuple[Any, str]]
+
+
+def pinned(layout: Layout) -> dict[str, Any]:
+    """The fields an import sets outright: the single values of ``layout``."""
+    return {field: value for field, (value, _) in layout.items() if not isinstance(value, tuple)}
+
+
+def require_layout(config: ModelConfig, arch: str, layout: Layout) -> None:
+    """Export check: every field of ``layout`` has its value (or one of its tuple), in order."""
+    for field, (allowed, why) in layout.items():
+        require_ours(config, arch, field, allowed, why)
+
+
+def require_plain_attention(config: ModelConfig, arch: str, name: str, *,
+                            fixed_head_dim: bool = True) -> None:
+    """Export checks shared by BERT, GPT-2 and T5, whose attention has none of our extras: a
+    key/value head per query head, heads ``d_model / n_heads`` wide (unless not
+    ``fixed_head_dim``: T5's ``d_kv`` is free), no q/k norm, no logit soft-capping. ``name``
+    is the architecture as the messages spell it."""
+    require_ours(config, arch, "n_kv_heads", (None, config.n_heads), f"{name} has no GQA")
+    if fixed_head_dim:
+        require_ours(config, arch, "head_dim", (None, config.d_model // config.n_heads),
+                     f"{name} heads are d_model / n_heads wide")
+    require_ours(config, arch, "qk_norm", False, f"{name} does not normalise q and k")
+    for field in ("attn_logit_softcap", "final_logit_softcap"):
+        require_ours(config, arch, field, None, f"{name} does not soft-cap logits")
 
 
 # Applying the rules ----------------------------------------------------------------------------

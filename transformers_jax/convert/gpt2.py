@@ -23,7 +23,12 @@ from transformers_jax.convert.common import (
     build_config,
     conv1d,
     copy,
+    dense,
+    layer_norm,
+    pinned,
+    require_layout,
     require_ours,
+    require_plain_attention,
 )
 
 # GPT2Config's defaults for the fields read here (a config.json may omit any of them).
@@ -50,6 +55,15 @@ ALIASES = {
     "num_attention_heads": "n_head",
     "num_hidden_layers": "n_layer",
 }
+LAYOUT = {  # what GPT-2 fixes (see common.Layout)
+    "family": ("gpt", "GPT-2 is a decoder-only language model"),
+    "mask": ("causal", "GPT-2 attends causally"),
+    "position": ("learned", "GPT-2 learns a position table"),
+    "norm": ("layernorm", "GPT-2 uses LayerNorm"),
+    "norm_position": ("pre", "GPT-2 normalises before each block"),
+    "mlp": (("gelu", "relu", EXACT_GELU), "GPT-2's MLP is not gated"),
+    "use_bias": (True, "GPT-2 has biases everywhere"),
+}
 
 
 def config_from_hf(raw: dict) -> ModelConfig:
@@ -67,20 +81,15 @@ def config_from_hf(raw: dict) -> ModelConfig:
     n_embd, n_head = hf["n_embd"], hf["n_head"]
     return build_config(
         "gpt2",
-        family="gpt",
+        **pinned(LAYOUT),
         vocab_size=hf["vocab_size"],
         d_model=n_embd,
         n_layers=hf["n_layer"],
         n_heads=n_head,
         d_ff=hf.get("n_inner", 4 * n_embd),
         max_len=hf["n_positions"],
-        mask="causal",
-        position="learned",
-        norm="layernorm",
-        norm_position="pre",
         norm_eps=float(hf["layer_norm_epsilon"]),
         mlp=mlp,
-        use_bias=True,
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         attention_scale=None if hf["scale_attn_weights"] else 1.0,
         init_std=float(hf["initializer_range"]),
@@ -90,20 +99,8 @@ def config_from_hf(raw: dict) -> ModelConfig:
 
 def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
     arch = "gpt2"
-    require_ours(config, arch, "family", "gpt", "GPT-2 is a decoder-only language model")
-    require_ours(config, arch, "mask", "causal", "GPT-2 attends causally")
-    require_ours(config, arch, "position", "learned", "GPT-2 learns a position table")
-    require_ours(config, arch, "norm", "layernorm", "GPT-2 uses LayerNorm")
-    require_ours(config, arch, "norm_position", "pre", "GPT-2 normalises before each block")
-    require_ours(config, arch, "mlp", ("gelu", "relu", EXACT_GELU), "GPT-2's MLP is not gated")
-    require_ours(config, arch, "use_bias", True, "GPT-2 has biases everywhere")
-    require_ours(config, arch, "n_kv_heads", (None, config.n_heads), "GPT-2 has no GQA")
-    require_ours(config, arch, "head_dim", (None, config.d_model // config.n_heads),
-                 "GPT-2 heads are d_model / n_heads wide")
-    for name in ("qk_norm",):
-        require_ours(config, arch, name, False, "GPT-2 does not normalise q and k")
-    for name in ("attn_logit_softcap", "final_logit_softcap"):
-        require_ours(config, arch, name, None, "GPT-2 does not soft-cap logits")
+    require_layout(config, arch, LAYOUT)
+    require_plain_attention(config, arch, "GPT-2")
     default_scale = config.dims_per_head**-0.5
     if config.attention_scale not in (None, 1.0, default_scale):
         require_ours(config, arch, "attention_scale", (None, 1.0),
@@ -148,29 +145,23 @@ def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
     out = [
         copy("wte.weight", "embed/tokens/embedding"),
         copy("wpe.weight", "embed/table/embedding"),
-        copy("ln_f.weight", "final_norm/scale"),
-        copy("ln_f.bias", "final_norm/bias"),
+        *layer_norm("ln_f.", "final_norm/"),
     ]
     for i in range(config.n_layers):
         hf, ours = f"h.{i}.", f"layer_{i}/"
         att = ours + "attention/"
         out += [
-            copy(hf + "ln_1.weight", ours + "norm1/scale"),
-            copy(hf + "ln_1.bias", ours + "norm1/bias"),
+            *layer_norm(hf + "ln_1.", ours + "norm1/"),
             Rule((hf + "attn.c_attn.weight",),
                  tuple(att + f"{n}/kernel" for n in ("query", "key", "value")),
                  split_qkv, join_qkv),
             Rule((hf + "attn.c_attn.bias",),
                  tuple(att + f"{n}/bias" for n in ("query", "key", "value")),
                  split_qkv, join_qkv),
-            conv1d(hf + "attn.c_proj.weight", att + "out/kernel", (H, D), (C,)),
-            copy(hf + "attn.c_proj.bias", att + "out/bias"),
-            copy(hf + "ln_2.weight", ours + "norm2/scale"),
-            copy(hf + "ln_2.bias", ours + "norm2/bias"),
-            conv1d(hf + "mlp.c_fc.weight", ours + "mlp/up/kernel", (C,), (F,)),
-            copy(hf + "mlp.c_fc.bias", ours + "mlp/up/bias"),
-            conv1d(hf + "mlp.c_proj.weight", ours + "mlp/down/kernel", (F,), (C,)),
-            copy(hf + "mlp.c_proj.bias", ours + "mlp/down/bias"),
+            *dense(hf + "attn.c_proj.", att + "out/", (H, D), (C,), conv1d),
+            *layer_norm(hf + "ln_2.", ours + "norm2/"),
+            *dense(hf + "mlp.c_fc.", ours + "mlp/up/", (C,), (F,), conv1d),
+            *dense(hf + "mlp.c_proj.", ours + "mlp/down/", (F,), (C,), conv1d),
         ]
     if not config.tie_embeddings:
         out.append(Rule(("lm_head.weight",), ("lm_head/kernel",), lambda w: (w.T,),

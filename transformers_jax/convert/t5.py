@@ -21,7 +21,6 @@ the exact-erf ``gelu`` (needs ``gelu_exact``), a decoder depth different from th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,7 +36,11 @@ from transformers_jax.convert.common import (
     build_config,
     copy,
     linear,
+    optional_field,
+    pinned,
+    require_layout,
     require_ours,
+    require_plain_attention,
     unsupported,
 )
 
@@ -59,6 +62,15 @@ DEFAULTS = {
 }
 ALIASES = {"hidden_size": "d_model", "num_attention_heads": "num_heads",
            "num_hidden_layers": "num_layers", "head_dim": "d_kv"}
+LAYOUT = {  # what T5 fixes (see common.Layout)
+    "family": ("encdec", "T5 is an encoder-decoder"),
+    "mask": ("causal", "T5's decoder attends causally"),
+    "position": ("t5", "T5 uses its bucketed relative bias"),
+    "norm": ("rmsnorm", "T5's LayerNorm is an RMSNorm"),
+    "norm_position": ("pre", "T5 normalises before each block"),
+    "mlp": (("relu", "swiglu", "gelu", EXACT_GELU, GEGLU), "T5's MLPs are ACT or gated-ACT"),
+    "use_bias": (False, "T5 has no biases"),
+}
 
 
 def scales_decoder_output(hf_config: Mapping) -> bool:
@@ -93,31 +105,21 @@ def config_from_hf(raw: dict) -> ModelConfig:
     hf.require("is_encoder_decoder", True, "only the encoder-decoder T5 maps to encdec")
     layers = hf["num_layers"]
     decoder_layers = hf.get("num_decoder_layers", layers)
-    extra = {}
-    if "n_decoder_layers" in {f.name for f in dataclasses.fields(ModelConfig)}:
-        extra["n_decoder_layers"] = decoder_layers
-    elif decoder_layers != layers:
-        raise unsupported("t5", "num_decoder_layers", decoder_layers,
-                          f"ModelConfig has no n_decoder_layers field; the decoder has "
-                          f"num_layers={layers} layers")
+    extra = optional_field("t5", "num_decoder_layers", decoder_layers, "n_decoder_layers", layers,
+                           f"the decoder has num_layers={layers} layers")
     return build_config(
         "t5",
-        family="encdec",
+        **pinned(LAYOUT),
         vocab_size=hf["vocab_size"],
         d_model=hf["d_model"],
         n_layers=layers,
         n_heads=hf["num_heads"],
         head_dim=hf["d_kv"],
         d_ff=hf["d_ff"],
-        mask="causal",
-        position="t5",
         t5_num_buckets=hf["relative_attention_num_buckets"],
         t5_max_distance=hf["relative_attention_max_distance"],
-        norm="rmsnorm",
-        norm_position="pre",
         norm_eps=float(hf["layer_norm_epsilon"]),
         mlp=_mlp(hf),
-        use_bias=False,
         # what the config says; the weights have the last word (see refine)
         tie_embeddings=hf.raw.get("tie_word_embeddings") is not False,
         attention_scale=1.0,
@@ -136,18 +138,8 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
     from transformers_jax.models.encdec import n_decoder_layers
 
     arch = "t5"
-    require_ours(config, arch, "family", "encdec", "T5 is an encoder-decoder")
-    require_ours(config, arch, "mask", "causal", "T5's decoder attends causally")
-    require_ours(config, arch, "position", "t5", "T5 uses its bucketed relative bias")
-    require_ours(config, arch, "norm", "rmsnorm", "T5's LayerNorm is an RMSNorm")
-    require_ours(config, arch, "norm_position", "pre", "T5 normalises before each block")
-    require_ours(config, arch, "mlp", ("relu", "swiglu", "gelu", EXACT_GELU, GEGLU),
-                 "T5's MLPs are ACT or gated-ACT")
-    require_ours(config, arch, "use_bias", False, "T5 has no biases")
-    require_ours(config, arch, "n_kv_heads", (None, config.n_heads), "T5 has no GQA")
-    require_ours(config, arch, "qk_norm", False, "T5 does not normalise q and k")
-    for name in ("attn_logit_softcap", "final_logit_softcap"):
-        require_ours(config, arch, name, None, "T5 does not soft-cap logits")
+    require_layout(config, arch, LAYOUT)
+    require_plain_attention(config, arch, "T5", fixed_head_dim=False)  # d_kv is free
     require_ours(config, arch, "attention_scale", 1.0, "T5 does not scale attention logits")
     proj = {"relu": "relu", "swiglu": "gated-silu", "gelu": "gelu_new", EXACT_GELU: "gelu",
             GEGLU: "gated-gelu"}[config.mlp]

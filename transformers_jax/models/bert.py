@@ -25,17 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.models.gpt import Embedder, check_length, default_positions
-from transformers_jax.nn.layers import (
-    MLPS,
-    Block,
-    Dense,
-    dtype_of,
-    make_norm,
-    normal_init,
-    softcap,
+from transformers_jax.models.gpt import (
+    Embedder,
+    check_length,
+    default_positions,
+    make_embed,
+    self_attention_mask,
 )
-from transformers_jax.nn.masks import build_mask
+from transformers_jax.nn.layers import MLPS, Block, Dense, dtype_of, make_norm, softcap
 from transformers_jax.nn.positions import POSITIONS
 
 # Until ModelConfig carries it, the token-type table has BERT's two rows (sentence A and B).
@@ -69,13 +66,7 @@ class BertEncoder(nn.Module):
         self.embed = Embedder(cfg)
         self.n_types = type_vocab_size(cfg)
         if self.n_types:
-            self.token_type_embed = nn.Embed(
-                self.n_types,
-                cfg.d_model,
-                embedding_init=normal_init(cfg.init_std, (None, "embed")),
-                param_dtype=dtype_of(cfg.param_dtype),
-                dtype=dtype_of(cfg.dtype),
-            )
+            self.token_type_embed = make_embed(cfg, self.n_types, (None, "embed"))
         if cfg.norm_position == "post":
             self.embed_norm = make_norm(cfg)
         else:
@@ -116,15 +107,7 @@ class BertEncoder(nn.Module):
         x_BTC = self.dropout(x_BTC, deterministic=deterministic)
         x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
 
-        mask = build_mask(
-            cfg.mask,
-            positions_BT,
-            positions_BT,
-            window=cfg.window,
-            prefix_len=prefix_len,
-            q_segments=segment_ids,
-            kv_segments=segment_ids,
-        )
+        mask = self_attention_mask(cfg, positions_BT, segment_ids, prefix_len)
         bias_BHTT = self.relative_bias(positions_BT, positions_BT) if self.has_bias else None
         for i in range(cfg.n_layers):
             x_BTC = getattr(self, f"layer_{i}")(
@@ -181,9 +164,10 @@ class MLMHead(nn.Module):
 class BERT(nn.Module):
     """Masked-LM encoder: ``tokens [B, T] -> logits [B, T, V]`` (float32).
 
-    ``apply`` takes ``token_types``, ``positions``, ``segment_ids`` (0 = padding),
-    ``prefix_len`` (mask=prefix) and ``deterministic``; ``method="encode"`` returns the hidden
-    states ``[B, T, C]`` instead of logits.
+    ``apply`` takes ``BertEncoder``'s keywords, passed on as they are: ``token_types``,
+    ``positions``, ``segment_ids`` (0 = padding), ``prefix_len`` (mask=prefix) and
+    ``deterministic``; ``method="encode"`` returns the hidden states ``[B, T, C]`` instead of
+    logits.
     """
 
     config: ModelConfig
@@ -192,25 +176,10 @@ class BERT(nn.Module):
         self.encoder = BertEncoder(self.config)
         self.mlm_head = MLMHead(self.config)
 
-    def __call__(
-        self,
-        tokens_BT: jax.Array,
-        *,
-        token_types: jax.Array | None = None,
-        positions: jax.Array | None = None,
-        segment_ids: jax.Array | None = None,
-        prefix_len: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
+    def __call__(self, tokens_BT: jax.Array, **inputs) -> jax.Array:
+        # ``inputs`` go to BertEncoder unchanged: its signature is the one list of them.
         check_mlm_mask(self.config)
-        h_BTC = self.encode(
-            tokens_BT,
-            token_types=token_types,
-            positions=positions,
-            segment_ids=segment_ids,
-            prefix_len=prefix_len,
-            deterministic=deterministic,
-        )
+        h_BTC = self.encode(tokens_BT, **inputs)
         table_VC = self.encoder.embedding_table() if self.config.tie_embeddings else None
         return self.mlm_head(h_BTC, table_VC)
 

@@ -23,6 +23,33 @@ def default_positions(tokens_BT: jax.Array) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
 
 
+def make_embed(cfg: ModelConfig, rows: int, axes: tuple[str | None, str]) -> nn.Embed:
+    """A ``[rows, C]`` embedding table with the config's init and dtypes (``axes``: logical
+    partitioning); one place for the token, learned-position and BERT token-type tables."""
+    return nn.Embed(
+        rows,
+        cfg.d_model,
+        embedding_init=normal_init(cfg.init_std, axes),
+        param_dtype=dtype_of(cfg.param_dtype),
+        dtype=dtype_of(cfg.dtype),
+    )
+
+
+def self_attention_mask(cfg: ModelConfig, positions_BT: jax.Array,
+                        segment_ids: jax.Array | None, prefix_len: jax.Array | None):
+    """The config's mask for a stack attending to itself (queries and keys are the same tokens:
+    GPT and the BERT encoder, without a cache)."""
+    return build_mask(
+        cfg.mask,
+        positions_BT,
+        positions_BT,
+        window=cfg.window,
+        prefix_len=prefix_len,
+        q_segments=segment_ids,
+        kv_segments=segment_ids,
+    )
+
+
 class Embedder(nn.Module):
     """Token embedding plus, for ``sinusoidal``/``learned``, an absolute position embedding.
 
@@ -33,21 +60,9 @@ class Embedder(nn.Module):
 
     def setup(self) -> None:
         cfg = self.config
-        self.tokens = nn.Embed(
-            cfg.vocab_size,
-            cfg.d_model,
-            embedding_init=normal_init(cfg.init_std, ("vocab", "embed")),
-            param_dtype=dtype_of(cfg.param_dtype),
-            dtype=dtype_of(cfg.dtype),
-        )
+        self.tokens = make_embed(cfg, cfg.vocab_size, ("vocab", "embed"))
         if cfg.position == "learned":
-            self.table = nn.Embed(
-                cfg.max_len,
-                cfg.d_model,
-                embedding_init=normal_init(cfg.init_std, ("length", "embed")),
-                param_dtype=dtype_of(cfg.param_dtype),
-                dtype=dtype_of(cfg.dtype),
-            )
+            self.table = make_embed(cfg, cfg.max_len, ("length", "embed"))
 
     def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
         cfg = self.config
@@ -125,15 +140,7 @@ class GPT(nn.Module):
         x_BTC = nn.Dropout(cfg.dropout)(x_BTC, deterministic=deterministic)
         x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
 
-        mask = build_mask(
-            cfg.mask,
-            positions_BT,
-            positions_BT,
-            window=cfg.window,
-            prefix_len=prefix_len,
-            q_segments=segment_ids,
-            kv_segments=segment_ids,
-        )
+        mask = self_attention_mask(cfg, positions_BT, segment_ids, prefix_len)
         bias_BHTT = relative_bias(
             self, cfg, positions_BT, positions_BT, bidirectional=not cfg.causal
         )

@@ -52,59 +52,53 @@ class Pooler(nn.Module):
         return jnp.tanh(_dense(cfg, cfg.d_model, ("embed", "mlp"), "dense")(h_BTC[:, 0]))
 
 
-class SequenceClassifier(nn.Module):
+class EncoderClassifier(nn.Module):
+    """What every classifier shares: ``BertEncoder`` under the masked-LM model's name
+    (``encoder``, so that ``init_from_mlm`` can copy a pre-trained one in), then ``classify``
+    on its hidden states; float32 logits.
+
+    ``apply`` takes ``deterministic`` and the encoder's other keywords (``token_types``,
+    ``positions``, ``segment_ids``, ``prefix_len``), passed on as they are.
+    """
+
+    config: ModelConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True,
+                 **inputs) -> jax.Array:
+        h_BTC = BertEncoder(self.config, name="encoder")(
+            tokens_BT, deterministic=deterministic, **inputs
+        )
+        return self.classify(h_BTC, deterministic).astype(jnp.float32)
+
+    @nn.nowrap
+    def classify(self, h_BTC: jax.Array, deterministic: bool) -> jax.Array:
+        """Logits from the hidden states ``[B, T, C]``. It runs inside the compact ``__call__``,
+        so it may create submodules; overrides keep ``@nn.nowrap`` (Flax would otherwise wrap
+        the method, which would record its output as an intermediate of its own)."""
+        raise NotImplementedError
+
+
+class SequenceClassifier(EncoderClassifier):
     """``tokens [B, T] -> logits [B, num_labels]`` (float32) from the pooled ``[CLS]`` state."""
 
-    config: ModelConfig
-    num_labels: int
-
-    @nn.compact
-    def __call__(
-        self,
-        tokens_BT: jax.Array,
-        *,
-        token_types: jax.Array | None = None,
-        positions: jax.Array | None = None,
-        segment_ids: jax.Array | None = None,
-        prefix_len: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
+    @nn.nowrap
+    def classify(self, h_BTC: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        h_BTC = BertEncoder(cfg, name="encoder")(
-            tokens_BT, token_types=token_types, positions=positions, segment_ids=segment_ids,
-            prefix_len=prefix_len, deterministic=deterministic,
-        )
         pooled_BC = Pooler(cfg, name="pooler")(h_BTC)
         pooled_BC = nn.Dropout(cfg.dropout)(pooled_BC, deterministic=deterministic)
-        logits_BL = _dense(cfg, self.num_labels, ("embed", None), "classifier")(pooled_BC)
-        return logits_BL.astype(jnp.float32)
+        return _dense(cfg, self.num_labels, ("embed", None), "classifier")(pooled_BC)
 
 
-class TokenClassifier(nn.Module):
+class TokenClassifier(EncoderClassifier):
     """``tokens [B, T] -> logits [B, T, num_labels]`` (float32), one label per token."""
 
-    config: ModelConfig
-    num_labels: int
-
-    @nn.compact
-    def __call__(
-        self,
-        tokens_BT: jax.Array,
-        *,
-        token_types: jax.Array | None = None,
-        positions: jax.Array | None = None,
-        segment_ids: jax.Array | None = None,
-        prefix_len: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
+    @nn.nowrap
+    def classify(self, h_BTC: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        h_BTC = BertEncoder(cfg, name="encoder")(
-            tokens_BT, token_types=token_types, positions=positions, segment_ids=segment_ids,
-            prefix_len=prefix_len, deterministic=deterministic,
-        )
         h_BTC = nn.Dropout(cfg.dropout)(h_BTC, deterministic=deterministic)
-        logits_BTL = _dense(cfg, self.num_labels, ("embed", None), "classifier")(h_BTC)
-        return logits_BTL.astype(jnp.float32)
+        return _dense(cfg, self.num_labels, ("embed", None), "classifier")(h_BTC)
 
 
 HEADS: Registry[type[nn.Module]] = Registry("classification head")
