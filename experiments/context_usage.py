@@ -9,7 +9,7 @@ of tokens (shuffling hurts little) rather than their order. Published: the LSTM'
 changing beyond ~150-250 tokens and word order matters only within ~20-50 tokens; a
 transformer should keep using context, and its order, much further back.
 
-    python -m experiments.context_usage                 # default scale, ~10 min on 2 cores
+    python -m experiments.context_usage                 # default scale, 2 seeds, ~10 min on 2 cores
     python -m experiments.context_usage --scale large
 """
 

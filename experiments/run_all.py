@@ -377,6 +377,14 @@ def finding_attention_prefix(out: dict) -> str:
         parts.append(f"The prefix LM {'beats' if better else 'does not beat'} the causal LM "
                      f"on the same data ({'as' if better else 'unlike'} Raffel et al. 2020: "
                      "encoder-decoder > prefix LM > causal LM).")
+    # A seed that has not converged at this budget can decide the ranking: say so.
+    spread = {k: [r["exact_match"] for r in v["runs"]] for k, v in res.items()}
+    unsteady = [k for k, v in spread.items() if len(v) > 1 and max(v) - min(v) > 0.1]
+    if unsteady:
+        parts.append("The seeds disagree (" + "; ".join(
+            f"{k} exact match per seed " + ", ".join(f"{x:.3f}" for x in spread[k])
+            for k in unsteady) + "): at this budget a run that has not converged decides the "
+            "ranking, so it is not a result; more steps or seeds (--scale large) settle it.")
     return " ".join(parts)
 
 
@@ -468,7 +476,7 @@ EXPERIMENTS = (
         "to L of about 20, tested to 2L): NoPE and T5 bias generalise best, ALiBi in between, "
         "sinusoidal and rotary worst.",
         (Section("synthetic_generalisation", None, finding_synthetic_generalisation),),
-        "about 10 min on 2 quiet CPU cores, more under load",
+        "about 17 min (2 seeds) on 2 CPU cores, more under load",
     ),
     Experiment(
         "context_usage", "How much context a transformer and an LSTM use",
@@ -480,7 +488,7 @@ EXPERIMENTS = (
         "to 50 (global) tokens; a transformer should keep using context, and its order, "
         "further back.",
         (Section("context_usage", None, finding_context_usage),),
-        "about 10 min on 2 CPU cores",
+        "about 10 min (2 seeds) on 2 CPU cores",
     ),
     Experiment(
         "attention_variants", "Attention variants",
@@ -501,7 +509,7 @@ EXPERIMENTS = (
                  finding_attention_prefix),
          Section("attention_variants_stability", "QK-norm and soft-cap under a learning-rate "
                  "sweep", finding_attention_stability)),
-        "about 10 min on 2 quiet CPU cores, more under load",
+        "about 11 min (2 seeds) on 2 CPU cores, more under load",
     ),
 )
 

@@ -206,9 +206,10 @@ def _fake_results(folder):
                     ("MHA", 2.00, 400.0), ("GQA-2", 2.01, 700.0), ("MQA", 2.05, 800.0))}},
         "attention_variants_prefix_default": {
             "task": {"name": "reverse", "train_max": 6, "steps": 10}, "results": {
-                name: {"runs": [{"exact_match": em, "eval_loss": loss}]} for name, em, loss in (
-                    ("causal LM", 0.5, 0.4), ("prefix LM", 0.8, 0.2),
-                    ("encoder-decoder", 0.9, 0.1))}},
+                name: {"runs": [{"exact_match": em, "eval_loss": loss} for em in ems]}
+                for name, ems, loss in (
+                    ("causal LM", (0.5,), 0.4), ("prefix LM", (0.8, 0.6), 0.2),
+                    ("encoder-decoder", (0.9,), 0.1))}},
         "attention_variants_stability_default": {
             "lrs": [0.01, 0.1], "results": {name: {
                 "0.01": [{"eval_loss": 2.0, "diverged": False}],
@@ -249,6 +250,7 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     assert "this one stops using context within 4-16 tokens" in text
     assert "GQA-2 is within 2% of MHA's loss" in text
     assert "The prefix LM beats the causal LM" in text
+    assert "The seeds disagree (prefix LM exact match per seed 0.800, 0.600)" in text
     assert "QK-norm lowers the high-rate loss" in text and "baseline at lr 0.1" in text
     for name in ("length_extrapolation", "rope_extension", "context_usage",
                  "attention_variants_heads"):
