@@ -90,6 +90,11 @@ def finding_length_extrapolation(out: dict) -> str:
         ok = sliding["t5"] <= sliding["sinusoidal"]
         checks.append(f"T5 bias {'less' if ok else 'more'} than sinusoidal "
                       f"({'as' if ok else 'unlike the'} published)")
+    if "rope" in sliding and "sinusoidal" in sliding:  # published: sinusoidal far worse
+        ok = sliding["rope"] <= sliding["sinusoidal"]
+        why = "" if ok else f": at {far // L}x a short context, not the paper's 30x"
+        checks.append(f"rotary degrades {'less' if ok else 'more'} than sinusoidal "
+                      f"({'as' if ok else 'unlike the'} published{why})")
     if checks:
         parts.append("Against Press et al. 2022: " + "; ".join(checks) + ".")
     if "learned" in out["results"]:

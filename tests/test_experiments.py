@@ -181,6 +181,7 @@ def _fake_results(folder):
             "train_len": 4, "lengths": [4, 8], "unigram_loss": 3.0, "results": {
                 "alibi": [{"flat": {"4": 2.0, "8": 2.1}, "sliding": {"4": 2.0, "8": 1.9}}],
                 "rope": [{"flat": {"4": 2.0, "8": 3.0}, "sliding": {"4": 2.0, "8": 2.8}}],
+                "sinusoidal": [{"flat": {"4": 2.0, "8": 2.2}, "sliding": {"4": 2.0, "8": 2.2}}],
                 "learned": [{"flat": {"4": 2.0, "8": nan}, "sliding": {"4": 2.0, "8": nan}}]}},
         "rope_extension_default": {
             "train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
@@ -242,6 +243,7 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     # the findings are computed from the JSON
     assert "none 0.25" in text  # mean exact match over lengths 3-4
     assert "ALiBi degrades less than rope (as published)" in text
+    assert "rotary degrades more than sinusoidal (unlike the published: at 2x" in text
     assert "YaRN zero-shot beats PI (as published)" in text
     assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
     assert "gpt: it still uses context beyond b=16" in text
