@@ -6,7 +6,7 @@ token sees at least 3L/4 tokens of context). The published result to echo (Press
 ALiBi, WikiText-103): sinusoidal and rotary degrade quickly past the training length, T5 bias
 less, ALiBi stays flat; a learned table cannot go past its length at all.
 
-    python -m experiments.length_extrapolation                 # default scale, ~10 min on 2 cores
+    python -m experiments.length_extrapolation          # default: 2 seeds, ~6 min on 2 cores
     python -m experiments.length_extrapolation --scale large   # a GPU/TPU-sized run
     python -m experiments.length_extrapolation --data tfds:tiny_shakespeare --seeds 3
 """

@@ -453,7 +453,7 @@ EXPERIMENTS = (
         "/ 21.37 / 35.54 / 79.25, T5 bias 19.65 / 18.79 / 22.91 / OOM, ALiBi 19.73 / 18.73 / "
         "18.40 / 18.31. ALiBi stays flat, T5 close, rotary and sinusoidal degrade.",
         (Section("length_extrapolation", None, finding_length_extrapolation),),
-        "about 10 min on 2 CPU cores",
+        "about 6 min (2 seeds) on 2 CPU cores",
     ),
     Experiment(
         "rope_extension", "RoPE context extension",
@@ -481,7 +481,7 @@ EXPERIMENTS = (
         "to L of about 20, tested to 2L): NoPE and T5 bias generalise best, ALiBi in between, "
         "sinusoidal and rotary worst.",
         (Section("synthetic_generalisation", None, finding_synthetic_generalisation),),
-        "about 17 min (2 seeds) on 2 CPU cores, more under load",
+        "about 11 min (2 seeds) on 2 quiet CPU cores, more under load",
     ),
     Experiment(
         "context_usage", "How much context a transformer and an LSTM use",

@@ -15,7 +15,7 @@ a bag of tokens (bidirectional attention is permutation-equivariant), so NoPE ca
 causal decoder; likewise an encoder-decoder's encoder is bidirectional, so ``none`` cannot learn
 copy or reverse there.
 
-    python -m experiments.synthetic_generalisation        # default: 2 seeds, ~17 min on 2 cores
+    python -m experiments.synthetic_generalisation        # default: 2 seeds, ~11 min on 2 cores
     python -m experiments.synthetic_generalisation --scale large   # every task and scheme, 3 seeds
     python -m experiments.synthetic_generalisation --tasks reverse --schemes none,rope,t5
 """
