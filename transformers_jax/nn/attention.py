@@ -447,8 +447,6 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     b, q_len, h, d = q.shape
     k_len, n = k.shape[1], k.shape[2]
-    if q_len == 1:  # a decoding step: no tiles needed, and no transposed copy of the cache
-        return _one_query_attention(q, k, v, bias, as_dense(mask), scale, logit_softcap)
     q_chunk, k_chunk = min(chunk_size, q_len), min(chunk_size, k_len)
     q_pad, k_pad = -q_len % q_chunk, -k_len % k_chunk
 
@@ -466,40 +464,6 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
     tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, k_len)
     out = _flash(tiling, q, k, v, bias, mask)  # [B, N, G, Qp, D]; padded queries dropped next
     return out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d)
-
-
-def _one_query_attention(q, k, v, bias, mask, scale, logit_softcap):
-    """One query per row (a decoding step) over k, v ``[B, K, N, D]`` (the KV cache layout).
-
-    A matmul with (batch, head) batch axes would first copy the whole cache into a head-major
-    layout, every layer and every step: at batch 8 that copying was most of a decoding step.
-    Instead k and v are read as ``[B, K, N*D]`` matrices (batch axis only, no copy) and q
-    becomes a block-diagonal ``[N*G, N*D]`` matrix (row (n, g) holds q[n, g] in block n), so
-    the scores are one plain batched matmul; the output keeps the diagonal blocks of
-    ``p @ v``. It spends N times the (tiny) attention FLOPs of one token to save the copies.
-    Scores are ``[B, N*G, K]``: memory linear in K, plain autodiff.
-    """
-    b, _, h, d = q.shape
-    k_len, n = k.shape[1], k.shape[2]
-    g = h // n
-    eye = jnp.eye(n, dtype=q.dtype)
-    q_bd = jnp.einsum("bngd,nm->bngmd", q.reshape(b, n, g, d), eye).reshape(b, h, n * d)
-    s = jnp.einsum("bjc,bkc->bjk", q_bd, k.reshape(b, k_len, n * d),
-                   preferred_element_type=jnp.float32) * scale  # [B, H, K]
-    if logit_softcap is not None:
-        s = logit_softcap * jnp.tanh(s / logit_softcap)
-    if bias is not None:
-        s = s + _as_4d(bias)[:, :, 0].astype(jnp.float32)  # [B|1, H|1, K|1]
-    if mask is not None:
-        s = jnp.where(_as_4d(mask)[:, :, 0], s, -jnp.inf)
-    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
-    total = jnp.sum(e, axis=-1, keepdims=True)
-    p = e / jnp.where(total > 0, total, 1.0)  # a row that sees no key: all zero
-    out = jnp.einsum("bjk,bkc->bjc", p.astype(v.dtype), v.reshape(b, k_len, n * d),
-                     preferred_element_type=jnp.float32)  # [B, H, N*D]
-    out = jnp.einsum("bngmd,nm->bngd", out.reshape(b, n, g, n, d), eye.astype(jnp.float32))
-    return out.reshape(b, 1, h, d).astype(q.dtype)
 
 
 class _Tiling(NamedTuple):

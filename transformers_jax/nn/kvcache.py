@@ -55,14 +55,10 @@ def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot, axis: int = 1
     indexed scatter ``old.at[rows, :, slot]`` instead became a loop that copied the cache.)
     """
 
-    new = new.astype(old.dtype)
-    if old.shape[0] == 1:  # one row: a plain update (vmap's batched form copies the cache)
-        return jax.lax.dynamic_update_slice_in_dim(old, new, where.slot[0], axis=axis)
-
     def one_row(o, n, s):
         return jax.lax.dynamic_update_slice_in_dim(o, n, s, axis=axis - 1)
 
-    return jax.vmap(one_row)(old, new, where.slot)
+    return jax.vmap(one_row)(old, new.astype(old.dtype), where.slot)
 
 
 def init_cache(config: ModelConfig, batch_size: int, size: int, n_layers: int | None = None):
