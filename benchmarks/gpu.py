@@ -27,7 +27,6 @@ script sets 0.95 when it is unset, so the batch search sees most of the card).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,7 +38,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from transformers_jax.bench import bench_decoding, datasheet_peak, environment  # noqa: E402
+from transformers_jax.bench import (  # noqa: E402
+    bench_decoding,
+    datasheet_peak,
+    emit_json,
+    environment,
+)
 from transformers_jax.config import ModelConfig, TrainConfig  # noqa: E402
 from transformers_jax.models import build_model  # noqa: E402
 from transformers_jax.nn.layers import count_params  # noqa: E402
@@ -238,11 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.perf_counter() - started,
         **environment(),
     }
-    text = json.dumps(result, indent=1, default=float)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(result, args.out)
     return 0
 
 

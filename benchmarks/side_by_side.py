@@ -46,7 +46,6 @@ import argparse
 import collections
 import copy
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -60,6 +59,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from transformers_jax.bench import cpu_model, emit_json  # noqa: E402
 from transformers_jax.config import TrainConfig  # noqa: E402
 from transformers_jax.models import build_model  # noqa: E402
 from transformers_jax.nn.kvcache import init_cache  # noqa: E402
@@ -489,12 +489,7 @@ def versions() -> dict:
     import torch
     import transformers
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     return {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
             "numpy": np.__version__, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
@@ -703,11 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot_losses(results, args.plot)
         results["plot"] = args.plot
-    text = json.dumps(results, indent=1, default=float)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(results, args.out)
     return 0
 
 

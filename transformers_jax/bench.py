@@ -193,17 +193,31 @@ def device_memory() -> dict | None:
     return {k: stats[k] for k in ("peak_bytes_in_use", "bytes_limit") if k in stats}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def emit_json(result: dict, path: str | None) -> None:
+    """Print ``result`` as indented JSON and, given a path, write the same text there."""
+    text = json.dumps(result, indent=1, default=float)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
 def environment() -> dict:
     import flax
     import jaxlib
     import optax
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     return {
         "device": jax.devices()[0].device_kind,
         "device_count": jax.device_count(),
@@ -293,9 +307,5 @@ def main(argv: list[str]) -> int:
     result["device_memory"] = device_memory()
     result.update(env)
     result["load_average_end"] = list(os.getloadavg())
-    text = json.dumps(result, indent=1)
-    if options.get("--out"):
-        with open(options["--out"], "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(result, options.get("--out"))
     return 0
