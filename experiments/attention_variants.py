@@ -367,9 +367,7 @@ def report(out: dict) -> None:
     training = (f"task training: {out['task']}" if out["part"] == "prefix"
                 else f"text training: {out['train']}")
     table += f"\n\nModel: {out['model']}; {training}; wall time {out['wall_s'] / 60:.1f} min."
-    paths = write_results(f"attention_variants_{out['part']}_{out['scale']}", out, table, fig)
-    print(table)
-    print(f"wrote {', '.join(paths.values())}", flush=True)
+    write_results(f"attention_variants_{out['part']}_{out['scale']}", out, table, fig)
 
 
 def main(argv=None) -> None:

@@ -103,7 +103,8 @@ def unigram_loss(train_tokens: np.ndarray, eval_tokens: np.ndarray, vocab: int) 
 
 
 def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str, str]:
-    """Write ``results/<name>.json``, ``.md`` (the table under the command) and ``.png``."""
+    """Write ``results/<name>.json``, ``.md`` (the table under the command) and ``.png``, and
+    print the table and the paths written."""
     os.makedirs(RESULTS, exist_ok=True)
     paths = {"json": os.path.join(RESULTS, f"{name}.json"),
              "md": os.path.join(RESULTS, f"{name}.md")}
@@ -116,6 +117,8 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
     if figure is not None:
         paths["png"] = os.path.join(RESULTS, f"{name}.png")
         figure.savefig(paths["png"], dpi=110, bbox_inches="tight")
+    print(table)
+    print(f"wrote {', '.join(paths.values())}", flush=True)
     return paths
 
 

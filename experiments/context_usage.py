@@ -141,9 +141,7 @@ def report(out: dict) -> None:
         ax.set_title(kind)
     axes[0].set_ylabel("loss increase (%)")
     axes[-1].legend()
-    paths = write_results(f"context_usage_{out['scale']}", out, "\n\n".join(tables), fig)
-    print("\n\n".join(tables))
-    print(f"wrote {', '.join(paths.values())}")
+    write_results(f"context_usage_{out['scale']}", out, "\n\n".join(tables), fig)
 
 
 def main(argv=None) -> None:

@@ -117,9 +117,7 @@ def report(out: dict) -> None:
     axes[0].set_ylabel("held-out loss (nats/token)")
     axes[1].legend(fontsize=8)
     fig.suptitle(f"Length extrapolation (trained at {out['train_len']} tokens)")
-    paths = write_results(f"length_extrapolation_{out['scale']}", out, "\n\n".join(tables), fig)
-    print("\n\n".join(tables))
-    print(f"wrote {', '.join(paths.values())}")
+    write_results(f"length_extrapolation_{out['scale']}", out, "\n\n".join(tables), fig)
 
 
 def main(argv=None) -> None:

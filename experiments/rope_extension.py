@@ -110,9 +110,7 @@ def report(out: dict) -> None:
     ax.set_xticks(list(xs), names)
     ax.set_ylabel(f"held-out loss at {out['eval_len']} tokens")
     ax.legend(fontsize=8)
-    paths = write_results(f"rope_extension_{out['scale']}", out, table, fig)
-    print(table)
-    print(f"wrote {', '.join(paths.values())}")
+    write_results(f"rope_extension_{out['scale']}", out, table, fig)
 
 
 def main(argv=None) -> None:

@@ -265,10 +265,7 @@ def report(out: dict) -> None:
     fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
     fig.subplots_adjust(right=0.9)
     fig.suptitle(f"Length generalisation (trained on lengths 1-{L})")
-    paths = write_results(f"synthetic_generalisation_{out['scale']}", out, "\n\n".join(tables),
-                          fig)
-    print("\n\n".join(tables))
-    print(f"wrote {', '.join(paths.values())}")
+    write_results(f"synthetic_generalisation_{out['scale']}", out, "\n\n".join(tables), fig)
 
 
 def main(argv=None) -> None:
