@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     fields = dict(TINY if tiny else GPT2_SMALL)
     seq_len = args.seq_len or (32 if tiny else 1024)
     fields["max_len"] = max(fields["max_len"], seq_len)
-    model_cfg = ModelConfig(attention=attention, attention_chunk=min(64, seq_len), **fields)
+    attention_switch = ({"name": "chunked", "chunk_size": min(64, seq_len)}
+                        if attention == "chunked" else attention)
+    model_cfg = ModelConfig(attention=attention_switch, **fields)
     budget = args.memory_budget or (64 * 2**20 if tiny else None)
     steps = args.steps or (3 if tiny else 10)
 
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                               new_tokens=new_tokens, batches=(1, 8))
     result = {
         "benchmark": "benchmarks/gpu.py" + (" --tiny" if tiny else ""),
-        "model": {k: v for k, v in model_cfg.to_dict().items() if k != "rope"},
+        "model": model_cfg.to_dict(),
         "training": training,
         "decoding": decoding,
         "decode_attention": args.decode_attention,

@@ -122,7 +122,9 @@ def converted(hf, attention: str, chunk: int):
     with tempfile.TemporaryDirectory() as directory:
         hf.save_pretrained(directory)
         checkpoint = load_hf(directory, attention=attention)
-    config = checkpoint.config.replace(attention_chunk=chunk)
+    config = checkpoint.config
+    if attention == "chunked":
+        config = config.replace(attention={"name": "chunked", "chunk_size": chunk})
     return config, jax.tree.map(jnp.asarray, checkpoint.params)
 
 

@@ -132,7 +132,7 @@ def run_window(cfg: dict, seeds: int, text: _Text) -> dict:
     seq_len = cfg["train"]["seq_len"]
     results = {}
     for window in [*cfg["windows"], None]:
-        extra = ({"mask": "sliding_window", "window": window} if window else {"mask": "causal"})
+        extra = {"mask": {"name": "sliding_window", "window": window} if window else "causal"}
         runs = []
         for seed in range(seeds):
             model, params, tokenizer, final = _train_text(cfg, seed, extra)

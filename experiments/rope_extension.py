@@ -25,7 +25,7 @@ from experiments.common import (
     train_and_load,
     write_results,
 )
-from transformers_jax import ModelConfig, RopeConfig, TrainConfig
+from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.models import build_model
 
 SCALINGS = ["none", "linear", "ntk", "dynamic_ntk", "yarn"]
@@ -41,10 +41,12 @@ SCALES = {
 }
 
 
-def rope_for(scaling: str, train_len: int) -> RopeConfig:
+def rope_for(scaling: str, train_len: int) -> Rope:
+    """RoPE with the scaling rule ``scaling`` extending ``train_len`` by FACTOR."""
     if scaling == "none":
-        return RopeConfig()
-    return RopeConfig(scaling=scaling, factor=float(FACTOR), original_max_len=train_len)
+        return Rope()
+    return Rope(scaling={"name": scaling, "factor": float(FACTOR),
+                         "original_max_len": train_len})
 
 
 def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS)) -> dict:
@@ -63,7 +65,8 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS)) -> d
             base_model = build_model(base_cfg.replace(vocab_size=tokenizer.vocab_size))
             baseline_1x.append(eval_loss(base_model, params, tokens, L))
             for scaling in scalings:
-                cfg = base_cfg.replace(rope=rope_for(scaling, L), vocab_size=tokenizer.vocab_size)
+                cfg = base_cfg.replace(position=rope_for(scaling, L),
+                                       vocab_size=tokenizer.vocab_size)
                 zero_shot = eval_loss(build_model(cfg), params, tokens, FACTOR * L)
                 tune = train_cfg.replace(steps=tune_steps, seq_len=FACTOR * L,
                                          batch_size=max(train_fields["batch_size"] // FACTOR, 1),

@@ -129,7 +129,7 @@ def run(scale: str, seeds: int | None = None, tasks=None, schemes=None, families
                                             seed=seed, eval_every=steps,
                                             log_every=max(steps // 4, 1), **cfg["train"])
                     model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
-                    prefix = model_cfg.mask == "prefix"
+                    prefix = model_cfg.mask.needs_prefix_len
                     if (task, family, prefix) not in cache:
                         cache[task, family, prefix] = (
                             eval_batches(task, family, tokenizer, range(1, L + 1), train_len,

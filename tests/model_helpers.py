@@ -5,8 +5,18 @@ import jax
 import numpy as np
 
 from transformers_jax import ModelConfig, build_model
+from transformers_jax.registry import ATTENTION
+from transformers_jax.registry import POSITIONS as POSITION_REGISTRY
 
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
+# Every registered scheme and every implementation that runs here: a new entry is covered the
+# moment it is registered.
+POSITIONS = POSITION_REGISTRY.names()
+CPU_ATTENTION = [name for name, impl in ATTENTION.items() if "cpu" in impl.backends]
+
+
+def attention(name: str, chunk_size: int = 4):
+    """An attention switch with small tiles, so tests cross tile edges."""
+    return {"name": name, "chunk_size": chunk_size} if name == "chunked" else name
 
 
 def tiny(**changes) -> ModelConfig:
@@ -24,21 +34,17 @@ def init(cfg, T=12, B=2, seed=0, **inputs):
 
 def assert_attention_implementations_agree(tiny, position, loss_for):
     """The one-layer GQA model of ``tiny(position=..., attention=impl, ...)`` gives the reference
-    implementation's outputs through ``xla`` and ``chunked``; for ``t5`` the parameter gradients
-    too (its bias gradient is the extra path the kernels must get right). Shared by the families,
-    which differ only in their configs and inputs: ``loss_for(cfg) -> (loss, params)`` with
-    ``loss(params) -> (scalar, outputs)``."""
+    implementation's outputs and parameter gradients (a learned bias's gradient is the extra
+    path the kernels must get right) through every implementation that runs on the CPU.
+    Shared by the families, which differ only in their configs and inputs:
+    ``loss_for(cfg) -> (loss, params)`` with ``loss(params) -> (scalar, outputs)``."""
     results = {}
-    for impl in ("reference", "xla", "chunked"):
-        cfg = tiny(position=position, attention=impl, attention_chunk=4, n_kv_heads=2,
-                   n_layers=1)
+    for impl in CPU_ATTENTION:
+        cfg = tiny(position=position, attention=attention(impl), n_kv_heads=2, n_layers=1)
         loss, params = loss_for(cfg)
-        if position == "t5":
-            results[impl] = jax.jit(jax.grad(loss, has_aux=True))(params)[::-1]
-        else:
-            results[impl] = (loss(params)[1], None)
+        results[impl] = jax.jit(jax.grad(loss, has_aux=True))(params)[::-1]
     ref_logits, ref_grads = results["reference"]
-    for impl in ("xla", "chunked"):
+    for impl in CPU_ATTENTION:
         logits, grads = results[impl]
         np.testing.assert_allclose(logits, ref_logits, atol=1e-5, rtol=1e-5)
         if grads is not None:

@@ -184,7 +184,7 @@ def _self_attention_mask(kind):
     if kind == "prefix":
         return masks.build_mask("prefix", pos, pos, prefix_len=jnp.array([4, 7]))
     if kind == "window":
-        return masks.build_mask("sliding_window", pos, pos, window=3)
+        return masks.build_mask(masks.SlidingWindow(window=3), pos, pos)
     if kind == "segments":
         return masks.build_mask("bidirectional", seg_pos, seg_pos, q_segments=seg, kv_segments=seg)
     if kind == "causal_segments_padding":

@@ -1,8 +1,10 @@
 """Config validation: every bad value fails at construction with a message that helps."""
 
+import json
+
 import pytest
 
-from transformers_jax import ModelConfig, RopeConfig, TrainConfig
+from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.cli import build_configs
 from transformers_jax.config import ConfigError, apply_overrides, check_lengths
 from transformers_jax.registry import UnknownNameError
@@ -21,8 +23,11 @@ def test_defaults_are_valid_and_frozen():
         ({"d_model": 100, "n_heads": 3}, ["n_heads=3", "must divide d_model=100"]),
         ({"n_heads": 4, "n_kv_heads": 3}, ["n_kv_heads=3", "must divide n_heads=4"]),
         ({"d_model": 12, "n_heads": 4, "position": "rope"}, ["head_dim=3", "even"]),
-        ({"mask": "sliding_window"}, ["window=None", "positive window"]),
-        ({"window": 8}, ["window=8", "only used with mask=sliding_window"]),
+        ({"mask": "sliding_window"}, ["mask.window=None", "positive window"]),
+        ({"mask": {"name": "causal", "window": 8}}, ["mask.window", "mask=causal has no such"]),
+        ({"position": {"name": "t5", "num_buckets": 2}}, ["position.num_buckets=2", ">= 4"]),
+        ({"attention": {"name": "chunked", "chunk_size": 0}}, ["chunk_size=0", "positive"]),
+        ({"family": "encdec", "mask": "bidirectional"}, ["mask='bidirectional'", "decodes"]),
         ({"dropout": 1.5}, ["dropout=1.5"]),
         ({"attn_logit_softcap": 50.0, "attention": "xla"}, ["soft-cap", "chunked"]),
         ({"attn_logit_softcap": 50.0, "attention": "pallas"}, ["pallas kernel", "chunked"]),
@@ -54,19 +59,21 @@ def test_unknown_names_list_valid_ones(field, valid):
 
 
 def test_rope_config_checks():
-    with pytest.raises(ConfigError, match="rope.scaling='yarn' needs a factor > 1"):
-        RopeConfig(scaling="yarn")
-    with pytest.raises(ConfigError, match="rope.pairing"):
-        RopeConfig(pairing="sideways")
+    with pytest.raises(ConfigError, match="scaling=yarn needs a factor > 1"):
+        ModelConfig(position=Rope(scaling="yarn"))
+    with pytest.raises(ConfigError, match="position.pairing"):
+        ModelConfig(position=Rope(pairing="sideways"))
+    with pytest.raises(UnknownNameError, match="scaling='nope'.*dynamic_ntk"):
+        Rope(scaling="nope")
     # partial rotary that leaves an odd rotary width
     with pytest.raises(ConfigError, match="rotary width"):
-        ModelConfig(d_model=64, n_heads=4, rope=RopeConfig(fraction=0.3125))
+        ModelConfig(d_model=64, n_heads=4, position=Rope(fraction=0.3125))
 
 
 def test_learned_table_length_check():
     cfg = ModelConfig(position="learned", max_len=64)
     check_lengths(cfg, 64)
-    with pytest.raises(ConfigError, match="longer than the learned position table"):
+    with pytest.raises(ConfigError, match="longer than position=learned allows"):
         check_lengths(cfg, 65)
     check_lengths(cfg.replace(position="rope"), 4096)  # rope has no table
 
@@ -81,11 +88,18 @@ def test_train_config_checks():
 def test_overrides_coerce_types_and_nest():
     cfg = apply_overrides(
         ModelConfig(),
-        {"d_model": "64", "qk_norm": "true", "n_kv_heads": "2", "rope.scaling": "linear",
-         "rope.factor": "4", "attn_logit_softcap": "none", "attention": "chunked"},
+        {"d_model": "64", "qk_norm": "true", "n_kv_heads": "2", "position.scaling": "linear",
+         "position.scaling.factor": "4", "attn_logit_softcap": "none", "attention": "chunked",
+         "attention.chunk_size": "32"},
     )
     assert cfg.d_model == 64 and cfg.qk_norm is True and cfg.n_kv_heads == 2
-    assert cfg.rope.scaling == "linear" and cfg.rope.factor == 4.0
+    assert cfg.position.scaling.name == "linear" and cfg.position.scaling.factor == 4.0
+    assert cfg.attention.name == "chunked" and cfg.attention.chunk_size == 32
+    # a switch and its fields in one go; a field of another entry is refused by name
+    t5 = apply_overrides(ModelConfig(), {"position": "t5", "position.num_buckets": "16"})
+    assert (t5.position.name, t5.position.num_buckets) == ("t5", 16)
+    with pytest.raises(ConfigError, match="position=rope has no such field"):
+        apply_overrides(ModelConfig(), {"position.num_buckets": "16"})
     assert cfg.attn_logit_softcap is None
     with pytest.raises(ConfigError, match="unknown option --nonsense"):
         apply_overrides(ModelConfig(), {"nonsense": "1"})
@@ -95,10 +109,10 @@ def test_overrides_coerce_types_and_nest():
 
 def test_cli_builds_both_sections():
     model, train = build_configs(
-        ["--model.position=alibi", "--model.rope.base", "500", "--steps", "7", "--json",
+        ["--model.position=rope", "--model.position.base", "500", "--steps", "7", "--json",
          "--train.learning_rate=1e-3", "--train.warmup_steps=2"]
     )
-    assert model.position == "alibi" and model.rope.base == 500.0
+    assert model.position.name == "rope" and model.position.base == 500.0
     assert model.vocab_size == 262  # follows the byte tokenizer
     assert train.steps == 7 and train.json and train.learning_rate == 1e-3
     with pytest.raises(ConfigError, match="use --model.FIELD or --train.FIELD"):
@@ -106,5 +120,25 @@ def test_cli_builds_both_sections():
 
 
 def test_round_trip_through_dict():
-    cfg = ModelConfig(position="rope", rope=RopeConfig(scaling="yarn", factor=4.0))
+    cfg = ModelConfig(position=Rope(scaling={"name": "yarn", "factor": 4.0}),
+                      mask={"name": "sliding_window", "window": 8}, attention="chunked")
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_configs_written_before_the_switches_carried_settings_migrate():
+    """A run directory's config.json from before the registry refactor (flat rope, window,
+    t5_* and attention_chunk fields) loads as the same model."""
+    old = {"family": "gpt", "position": "rope", "mask": "sliding_window", "window": 16,
+           "attention": "chunked", "attention_chunk": 64, "t5_num_buckets": 32,
+           "t5_max_distance": 128, "fire_hidden": 32,
+           "rope": {"base": 500.0, "pairing": "rotate_half", "fraction": 1.0,
+                    "scaling": "llama3", "factor": 8.0, "original_max_len": 64,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "beta_fast": 32.0,
+                    "beta_slow": 1.0}}
+    cfg = ModelConfig.from_dict(old)
+    assert cfg.position == Rope(base=500.0, scaling={"name": "llama3", "factor": 8.0,
+                                                      "original_max_len": 64})
+    assert cfg.mask.window == 16 and cfg.attention.chunk_size == 64
+    t5 = ModelConfig.from_dict({**old, "position": "t5", "t5_num_buckets": 16, "mask": "causal"})
+    assert (t5.position.num_buckets, t5.position.max_distance, t5.mask.name) == (16, 128, "causal")

@@ -179,11 +179,11 @@ def test_gpt2_untied_relu_unscaled_logits_match(tmp_path):
 def test_llama_logits_match_transformers(llama_dirs, variant, attention):
     converted = assert_parity(llama_dirs[variant], TOKENS, attention)
     cfg = converted.config
-    assert (cfg.position, cfg.norm, cfg.mlp) == ("rope", "rmsnorm", "swiglu")
+    assert (cfg.position.name, cfg.norm, cfg.mlp) == ("rope", "rmsnorm", "swiglu")
     expected_scaling = {"gqa_llama3_tied": "llama3", "gqa_llama3_untied": "llama3",
                         "legacy_rope_scaling": "llama3", "mqa_linear": "linear", "yarn": "yarn",
                         "dynamic": "dynamic_ntk"}.get(variant, "none")
-    assert cfg.rope.scaling == expected_scaling
+    assert cfg.position.scaling.name == expected_scaling
     assert cfg.kv_heads == (LLAMA_VARIANTS.get(variant, {}).get("num_key_value_heads")
                             or (2 if variant == "legacy_rope_scaling" else 4))
 
@@ -191,7 +191,7 @@ def test_llama_logits_match_transformers(llama_dirs, variant, attention):
 @pytest.mark.parametrize("attention", ["reference", "xla"])
 def test_mistral_sliding_window_logits_match_transformers(mistral_dir, attention):
     converted = assert_parity(mistral_dir, TOKENS, attention)  # 16 tokens, window 6
-    assert (converted.config.mask, converted.config.window) == ("sliding_window", 6)
+    assert (converted.config.mask.name, converted.config.mask.window) == ("sliding_window", 6)
 
 
 # Greedy generation -----------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def test_converted_run_restores_with_load_run_and_samples(tmp_path, capsys):
     summary = convert_hf_directory(source, run)
     assert summary["tokenizer"] == "byte"
     model, params, tokenizer, config = load_run(run)
-    assert tokenizer.name == "byte" and config.position == "learned"
+    assert tokenizer.name == "byte" and config.position.name == "learned"
     tokens = np.random.default_rng(1).integers(0, 262, (2, 16))
     logits = np.asarray(model.apply({"params": params}, jnp.asarray(tokens)))
     assert np.max(np.abs(logits - reference_logits(source, tokens))) < ATOL
@@ -335,7 +335,7 @@ def test_run_without_tokenizer_is_external_and_exports_back(llama_dirs, tmp_path
     summary = convert_hf_directory(source, run)
     assert summary["tokenizer"] == "external" and "token ids" in summary["tokenizer_note"]
     model, params, tokenizer, config = load_converted_run(run)
-    assert tokenizer is None and config.rope.scaling == "llama3"
+    assert tokenizer is None and config.position.scaling.name == "llama3"
     out = export_run(run, str(tmp_path / "hf"))
     assert_same_tensors(source, out)
     exported = json.load(open(os.path.join(out, "config.json")))
@@ -538,7 +538,7 @@ def test_bert_masked_lm_logits_match_transformers(tmp_path, variant, attention):
 
 
 def test_bert_exact_gelu_is_named_until_the_project_has_it(tmp_path):
-    from transformers_jax.nn.layers import MLPS
+    from transformers_jax.registry import MLPS
 
     source = make_bert(tmp_path, hidden_act="gelu")
     if "gelu_exact" in MLPS:  # once nn/layers.py registers it, real BERT checkpoints convert
@@ -640,7 +640,7 @@ def test_t5_round_trip_and_run_directory(t5_dirs, tmp_path):
 
 def test_t5_inexpressible_fields_are_named():
     from transformers_jax.convert import t5 as t5_convert
-    from transformers_jax.nn.layers import MLPS
+    from transformers_jax.registry import MLPS
 
     base = {"model_type": "t5", "d_model": 32, "d_kv": 8, "num_heads": 4, "num_layers": 2}
     if "geglu" not in MLPS:

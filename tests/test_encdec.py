@@ -141,7 +141,7 @@ def test_every_attention_implementation_gives_the_same_model(position):
         dict(norm_position="post", mlp="relu", tie_embeddings=False),
         dict(n_kv_heads=1, mlp="swiglu", norm="rmsnorm", use_bias=False, position="t5",
              attention_scale=1.0),
-        dict(mask="sliding_window", window=3),
+        dict(mask={"name": "sliding_window", "window": 3}),
         dict(dropout=0.1, qk_norm=True),
     ],
 )

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_helpers import POSITIONS, init, tiny
+from model_helpers import POSITIONS, attention, init, tiny
 
-from transformers_jax import ModelConfig, RopeConfig
+from transformers_jax import ModelConfig, Rope
 from transformers_jax.nn.layers import Attention
 
 
@@ -41,7 +41,7 @@ def test_causal_no_leak_by_gradient(position):
 
 
 def test_sliding_window_no_leak_from_far_past():
-    model, params, tokens = init(tiny(mask="sliding_window", window=3, n_layers=1))
+    model, params, tokens = init(tiny(mask={"name": "sliding_window", "window": 3}, n_layers=1))
     grad = np.asarray(embedding_jacobian(model, params, tokens, 8))
     assert np.all(grad[:, :6] == 0.0) and np.all(grad[:, 9:] == 0.0)
     assert np.all(np.abs(grad[:, 6:9]).sum(-1) > 0)
@@ -79,7 +79,7 @@ def test_permutation_equivariance_without_positions():
 def test_every_attention_implementation_gives_the_same_model(position):
     results = {}
     for impl in ("reference", "xla", "chunked"):
-        cfg = tiny(position=position, attention=impl, attention_chunk=4, n_kv_heads=2)
+        cfg = tiny(position=position, attention=attention(impl), n_kv_heads=2)
         model, params, tokens = init(cfg)
 
         def loss(p, model=model, tokens=tokens):
@@ -131,8 +131,8 @@ def test_learned_table_rejects_longer_input():
         dict(n_kv_heads=2, mlp="swiglu", norm="rmsnorm", use_bias=False, tie_embeddings=False),
         dict(norm_position="post", mlp="relu"),
         dict(qk_norm=True, attention="chunked", attn_logit_softcap=5.0, final_logit_softcap=3.0),
-        dict(position="rope", rope=RopeConfig(pairing="interleaved", fraction=0.5,
-                                              scaling="yarn", factor=4.0, original_max_len=8)),
+        dict(position=Rope(pairing="interleaved", fraction=0.5, scaling={
+            "name": "yarn", "factor": 4.0, "original_max_len": 8})),
         dict(head_dim=16),
         dict(dtype="bfloat16"),
     ],

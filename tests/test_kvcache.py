@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from model_helpers import POSITIONS, init, tiny
+from model_helpers import attention as attention_switch
 
-from transformers_jax import RopeConfig
 from transformers_jax.nn.kvcache import init_cache, plan_write, required_cache_size
 
 
@@ -55,8 +55,8 @@ def test_cached_decoding_equals_full_forward(position, one_row):
 @pytest.mark.parametrize("one_row", [False, True], ids=["batch", "one-row"])
 @pytest.mark.parametrize("attention", ["reference", "chunked"])
 def test_sliding_window_ring_cache_holds_only_the_window(attention, one_row):
-    cfg = tiny(mask="sliding_window", window=4, position="alibi", attention=attention,
-               attention_chunk=4, init_std=0.1)
+    cfg = tiny(mask={"name": "sliding_window", "window": 4}, position="alibi",
+               attention=attention_switch(attention), init_std=0.1)
     model, params, tokens = init(cfg, T=14)
     full = np.asarray(model.apply({"params": params}, tokens))
     size = required_cache_size(cfg, 14)
@@ -67,7 +67,8 @@ def test_sliding_window_ring_cache_holds_only_the_window(attention, one_row):
 
 
 def test_rope_scaling_and_gqa_in_cache():
-    cfg = tiny(n_kv_heads=1, rope=RopeConfig(scaling="yarn", factor=2.0, original_max_len=8),
+    cfg = tiny(n_kv_heads=1, position={"name": "rope", "scaling": {
+                   "name": "yarn", "factor": 2.0, "original_max_len": 8}},
                mlp="swiglu", norm="rmsnorm", qk_norm=True, init_std=0.1)
     model, params, tokens = init(cfg, T=10)
     full = np.asarray(model.apply({"params": params}, tokens))

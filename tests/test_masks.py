@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformers_jax.nn.masks import AttentionMask, build_mask
+from transformers_jax.nn.masks import AttentionMask, SlidingWindow, build_mask
 
 
 def positions(n, batch=1):
@@ -33,7 +33,7 @@ def test_prefix_lm():
 
 
 def test_sliding_window():
-    m = build_mask("sliding_window", positions(5), positions(5), window=2).dense()
+    m = build_mask(SlidingWindow(window=2), positions(5), positions(5)).dense()
     expected = np.tril(np.ones((5, 5), bool)) & ~np.tril(np.ones((5, 5), bool), -2)
     np.testing.assert_array_equal(m[0, 0], expected)
 

@@ -19,10 +19,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
-from transformers_jax.models import FAMILIES
 from transformers_jax.parallel import LOGICAL_RULES, make_mesh, make_trainer, parse_mesh
 from transformers_jax.parallel.rules import abstract_variables, check_shardable, mesh_shardings
 from transformers_jax.parallel.strategies import weighted_sums
+from transformers_jax.registry import FAMILIES
 from transformers_jax.train import objectives
 from transformers_jax.train.optim import make_optimizer
 from transformers_jax.train.step import init_state, make_eval_step, make_train_step

@@ -17,8 +17,7 @@ from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
 from transformers_jax.models.gpt import default_positions
 from transformers_jax.nn.layers import make_norm, normal_init
 from transformers_jax.nn.masks import build_mask
-from transformers_jax.parallel import make_trainer
-from transformers_jax.parallel.remat import (
+from transformers_jax.nn.stack import (
     REMAT_POLICIES,
     apply_layers,
     decay_mask,
@@ -26,6 +25,7 @@ from transformers_jax.parallel.remat import (
     stack_layer_params,
     unstack_layer_params,
 )
+from transformers_jax.parallel import make_trainer
 from transformers_jax.train.optim import learning_rate_schedule
 from transformers_jax.train.step import init_state, make_train_step
 
@@ -48,7 +48,7 @@ class StackLM(nn.Module):
                          embedding_init=normal_init(cfg.init_std, ("vocab", "embed")))
         x_BTC = embed(tokens_BT)
         x_BTC = nn.Dropout(cfg.dropout)(x_BTC, deterministic=deterministic)
-        mask = build_mask(cfg.mask, positions_BT, positions_BT, window=cfg.window,
+        mask = build_mask(cfg.mask, positions_BT, positions_BT,
                           prefix_len=prefix_len, q_segments=segment_ids, kv_segments=segment_ids)
         x_BTC = apply_layers(cfg, x_BTC, positions=positions_BT, mask=mask, bias=None,
                              deterministic=deterministic, remat=self.remat, scan=self.scan)

@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformers_jax.config import RopeConfig
 from transformers_jax.nn.positions import (
     POSITIONS,
+    ROPE_SCALINGS,
     AlibiBias,
     FireBias,
+    Rope,
     T5RelativeBias,
     alibi_slopes,
     apply_rope,
@@ -23,15 +24,15 @@ from transformers_jax.nn.positions import (
 )
 from transformers_jax.registry import UnknownNameError
 
-SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+SCALINGS = tuple(ROPE_SCALINGS.names())
 
 
-def make_rope(scaling="none", pairing="rotate_half", fraction=1.0, **kw) -> RopeConfig:
+def make_rope(scaling="none", pairing="rotate_half", fraction=1.0, base=10000.0, **kw) -> Rope:
     """A small-context rope so that every scaling rule is active at test lengths."""
     if scaling != "none":
         kw.setdefault("factor", 4.0)
         kw.setdefault("original_max_len", 16)
-    return RopeConfig(scaling=scaling, pairing=pairing, fraction=fraction, **kw)
+    return Rope(scaling={"name": scaling, **kw}, pairing=pairing, fraction=fraction, base=base)
 
 
 def plain_inv_freq(base, d):
@@ -443,30 +444,34 @@ def test_fire_gradients_reach_c_and_threshold():
 # Registry ----------------------------------------------------------------------------------------
 
 
-def test_registry_kinds_and_unknown_name():
-    kinds = {name: POSITIONS.get(name).kind for name in POSITIONS}
-    assert kinds == {
-        "none": "none",
-        "sinusoidal": "embedding",
-        "learned": "embedding",
-        "rope": "rotary",
-        "alibi": "bias",
-        "t5": "bias",
-        "fire": "bias",
+def test_registry_hooks_and_unknown_name():
+    cfg = types.SimpleNamespace(n_heads=6, d_model=8, init_std=0.02, dtype="float32",
+                                param_dtype="float32", max_len=16, dims_per_head=4)
+    has = {name: (POSITIONS.get(name)().embedding(cfg) is not None,
+                  POSITIONS.get(name)().bias(cfg, False) is not None)
+           for name in ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire")}
+    assert has == {
+        "none": (False, False),
+        "sinusoidal": (True, False),
+        "learned": (True, False),
+        "rope": (False, False),
+        "alibi": (False, True),
+        "t5": (False, True),
+        "fire": (False, True),
     }
-    with pytest.raises(UnknownNameError, match="alibi, fire, learned, none, rope, sinusoidal, t5"):
-        POSITIONS.get("xpos")
-    for name in ("none", "sinusoidal", "learned", "rope"):
-        assert POSITIONS.get(name).make_bias is None
+    assert POSITIONS.get("learned")().max_length(cfg) == 16
+    assert POSITIONS.get("rope")().max_length(cfg) is None
+    with pytest.raises(UnknownNameError, match="alibi, fire, .*learned, none, rope"):
+        POSITIONS.get("no-such-scheme")
 
 
 def test_registry_builds_bias_modules_from_config():
-    cfg = types.SimpleNamespace(n_heads=6, t5_num_buckets=16, t5_max_distance=64, fire_hidden=12)
-    alibi = POSITIONS.get("alibi").make_bias(cfg, False)
+    cfg = types.SimpleNamespace(n_heads=6)
+    alibi = POSITIONS.get("alibi")().bias(cfg, False)
     assert isinstance(alibi, AlibiBias) and alibi.n_heads == 6
-    t5 = POSITIONS.get("t5").make_bias(cfg, True)
+    t5 = POSITIONS.get("t5")(num_buckets=16, max_distance=64).bias(cfg, True)
     assert isinstance(t5, T5RelativeBias)
     assert (t5.n_heads, t5.num_buckets, t5.max_distance, t5.bidirectional) == (6, 16, 64, True)
-    assert POSITIONS.get("t5").make_bias(cfg, False).bidirectional is False
-    fire = POSITIONS.get("fire").make_bias(cfg, False)
+    assert POSITIONS.get("t5")().bias(cfg, False).bidirectional is False
+    fire = POSITIONS.get("fire")(hidden=12).bias(cfg, False)
     assert isinstance(fire, FireBias) and (fire.n_heads, fire.hidden) == (6, 12)

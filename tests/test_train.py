@@ -154,7 +154,6 @@ def test_prefix_lm_on_text_and_a_synthetic_task_train():
 
 
 def test_init_from_another_run_fine_tunes_with_new_settings(tmp_path):
-    from transformers_jax import RopeConfig
     from transformers_jax.runs import load_run
 
     base = str(tmp_path / "base")
@@ -162,12 +161,13 @@ def test_init_from_another_run_fine_tunes_with_new_settings(tmp_path):
                       eval_batches=1, progress=False, run_dir=base)
     train(TINY_MODEL, cfg)
     _, base_params, _, _ = load_run(base)
-    longer = TINY_MODEL.replace(rope=RopeConfig(scaling="yarn", factor=2.0, original_max_len=16))
+    longer = TINY_MODEL.replace(position={"name": "rope", "scaling": {
+        "name": "yarn", "factor": 2.0, "original_max_len": 16}})
     tuned = cfg.replace(run_dir=str(tmp_path / "tuned"), init_from=base, seq_len=32,
                         learning_rate=1e-9, steps=1, warmup_steps=0)
     final = train(longer, tuned)
     _, params, _, config = load_run(tuned.run_dir)
-    assert config.rope.scaling == "yarn" and final["steps"] == 1
+    assert config.position.scaling.name == "yarn" and final["steps"] == 1
     # a vanishing learning rate: the fine-tuned params are the base params (nearly)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params, base_params)
     with pytest.raises(ValueError, match="do not have the shapes"):

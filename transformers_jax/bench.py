@@ -38,7 +38,7 @@ import numpy as np
 
 from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
-from transformers_jax.models import build_model
+from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.kvcache import init_cache
 from transformers_jax.nn.layers import count_params
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
@@ -85,7 +85,7 @@ def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0) -> d
     rng = np.random.default_rng(seed)
     shape = (cfg.batch_size, cfg.seq_len)
     inputs = rng.integers(0, model_cfg.vocab_size, shape, dtype=np.int32)
-    if model_cfg.family == "bert":
+    if family_of(model_cfg).masked_lm:
         return {"inputs": inputs, "targets": inputs.copy(),
                 "weights": (rng.random(shape) < 0.15).astype(np.float32)}
     return {"inputs": inputs, "targets": np.roll(inputs, -1, axis=1)}
@@ -282,25 +282,26 @@ def main(argv: list[str]) -> int:
         enable_compile_cache(options["--compile-cache"])
     env = environment()
     result = {
-        "model": {k: v for k, v in model_cfg.to_dict().items() if k != "rope"},
+        "model": model_cfg.to_dict(),
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
         "compile_cache": options.get("--compile-cache"),
         "training": bench_training(model_cfg, cfg, steps=cfg.steps,
                                    warmup=options.get("--warmup", 3)),
     }
-    causal = model_cfg.family == "gpt" and model_cfg.causal
+    causal = family_of(model_cfg).generates == "self" and model_cfg.mask.causal
     if options.get("--no-decode") or not causal:
         result["decoding"] = None
         result["decoding_note"] = ("skipped: --no-decode" if options.get("--no-decode") else
-                                   f"family {model_cfg.family!r} with mask {model_cfg.mask!r} "
-                                   "does not decode left to right")
+                                   f"family {model_cfg.family!r} with mask "
+                                   f"{model_cfg.mask.name!r} does not decode left to right")
     else:
         tiny = options.get("--tiny")
         prompt = options.get("--decode-prompt", 4 if tiny else 16)
         new = options.get("--decode-tokens", 12 if tiny else 240)
-        if model_cfg.position == "learned" and prompt + new > model_cfg.max_len:
-            new = model_cfg.max_len - prompt
+        limit = model_cfg.position.max_length(model_cfg)
+        if limit is not None and prompt + new > limit:
+            new = limit - prompt
         batches = tuple(int(b) for b in str(options.get("--decode-batches", "1,8")).split(","))
         result["decoding"] = bench_decoding(model_cfg, prompt, new, batches)
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -20,7 +20,7 @@ from transformers_jax.config import (
     apply_overrides,
     from_dict,
 )
-from transformers_jax.registry import UnknownNameError
+from transformers_jax.registry import FAMILIES, UnknownNameError
 
 ALIASES = {
     "--data": "train.data",
@@ -81,10 +81,9 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
     for key, value in overrides.items():
         section, _, rest = key.partition(".")
         sections[section][rest] = value
-    if (model_cfg.family == "bert" or sections["model"].get("family") == "bert") and (
-        "mask" not in sections["model"] and "mask" not in base.get("model", {})
-    ):
-        sections["model"]["mask"] = "bidirectional"  # BERT's natural mask unless asked otherwise
+    family = FAMILIES.get(sections["model"].get("family", model_cfg.family))
+    if "mask" not in sections["model"] and "mask" not in base.get("model", {}):
+        sections["model"]["mask"] = family.default_mask  # e.g. bert: bidirectional
     model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
     train_cfg = apply_overrides(train_cfg, sections["train"], "train.")
     return model_cfg, train_cfg
@@ -182,7 +181,7 @@ def cmd_fill_mask(argv: list[str]) -> int:
     from transformers_jax.runs import load_run
 
     model, params, tokenizer, config = load_run(args.run)
-    if config.family != "bert":
+    if not FAMILIES.get(config.family).fills_masks:
         raise ValueError(f"{args.run} holds a {config.family!r} model; fill-mask needs a masked "
                          "LM (train with --family bert)")
     for i, options in enumerate(fill_mask(model, params, tokenizer, args.text, args.top_k)):

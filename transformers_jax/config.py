@@ -11,15 +11,27 @@ import dataclasses
 import json
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from transformers_jax.registry import (
+    ATTENTION,
+    FAMILIES,
+    MASKS,
+    MLPS,
+    NORMS,
+    POSITIONS,
+    ROPE_SCALINGS,
+    Switch,
+    resolve_switch_fields,
+    switch_field,
+)
 
 DTYPES = ("float32", "bfloat16", "float16")
 NORM_POSITIONS = ("pre", "post")
-ROPE_PAIRINGS = ("rotate_half", "interleaved")
-ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
 REMAT_POLICIES = ("none", "full", "nothing_saveable", "dots_saveable",
-                  "dots_with_no_batch_dims_saveable", "everything_saveable")
+                  "dots_with_no_batch_dims_saveable", "everything_saveable",
+                  "save_attention_out", "save_qkv_proj")
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
 
 
@@ -34,36 +46,6 @@ def _fail(field_name: str, value: Any, why: str) -> None:
 def _check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         _fail(field_name, value, f"valid choices: {', '.join(choices)}")
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """Rotary embedding settings (REFERENCES.md section 4)."""
-
-    base: float = 10000.0
-    pairing: str = "rotate_half"  # rotate_half (GPT-NeoX, Llama) or interleaved (GPT-J)
-    fraction: float = 1.0  # partial rotary: share of each head's dims that rotate
-    scaling: str = "none"  # none, linear, ntk, dynamic_ntk, yarn, llama3
-    factor: float = 1.0  # context extension factor s
-    original_max_len: int = 2048  # L0: the context the model was trained at
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0  # llama3
-    beta_fast: float = 32.0  # yarn: rotations at which interpolation stops
-    beta_slow: float = 1.0  # yarn: rotations at which interpolation is full
-
-    def __post_init__(self) -> None:
-        _check_choice("rope.pairing", self.pairing, ROPE_PAIRINGS)
-        _check_choice("rope.scaling", self.scaling, ROPE_SCALINGS)
-        if self.base <= 1:
-            _fail("rope.base", self.base, "must be > 1 (10000 is the usual value)")
-        if not 0.0 < self.fraction <= 1.0:
-            _fail("rope.fraction", self.fraction, "must be in (0, 1]")
-        if self.factor < 1.0:
-            _fail("rope.factor", self.factor, "must be >= 1 (1 means no scaling)")
-        if self.scaling != "none" and self.factor == 1.0:
-            _fail("rope.factor", self.factor, f"rope.scaling={self.scaling!r} needs a factor > 1")
-        if self.original_max_len <= 0:
-            _fail("rope.original_max_len", self.original_max_len, "must be positive")
 
 
 @dataclass(frozen=True)
@@ -82,16 +64,12 @@ class ModelConfig:
     type_vocab_size: int = 2  # bert: token-type (segment A/B) embeddings; 0 for none
     n_decoder_layers: int | None = None  # encdec: decoder depth (None: same as n_layers)
 
-    # The three independent switches (each a registry name).
-    attention: str = "xla"  # reference, xla, chunked, cudnn
-    mask: str = "causal"  # causal, bidirectional, prefix, sliding_window
-    window: int | None = None  # keys visible to each query for mask=sliding_window
-    position: str = "rope"  # none, sinusoidal, learned, rope, alibi, t5, fire
-    rope: RopeConfig = field(default_factory=RopeConfig)
-    t5_num_buckets: int = 32
-    t5_max_distance: int = 128
-    fire_hidden: int = 32
-    attention_chunk: int = 128  # block size of the chunked implementation
+    # The three independent switches. Each holds a registered object carrying its own settings
+    # and hooks (see registry.py): given as a name ("alibi"), a JSON dict
+    # ({"name": "t5", "num_buckets": 16}) or an instance; stored as the instance.
+    attention: Switch = switch_field(ATTENTION, "xla")  # nn/attention.py
+    mask: Switch = switch_field(MASKS, "causal")  # nn/masks.py
+    position: Switch = switch_field(POSITIONS, "rope")  # nn/positions/
 
     # Block options.
     norm: str = "layernorm"  # layernorm, rmsnorm
@@ -112,13 +90,10 @@ class ModelConfig:
     scan_layers: bool = False  # one nn.scan over the layers; params stacked under "layers"
 
     def __post_init__(self) -> None:
-        # Registries live beside their implementations; import lazily to keep config JAX-free
-        # at import time.
-        from transformers_jax.registries import check_model_names
-
-        if isinstance(self.rope, dict):  # built from JSON
-            object.__setattr__(self, "rope", RopeConfig(**self.rope))
-        check_model_names(self)
+        resolve_switch_fields(self)
+        FAMILIES.check(self.family, "family")
+        NORMS.check(self.norm, "norm")
+        MLPS.check(self.mlp, "mlp")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
             if getattr(self, name) <= 0:
                 _fail(name, getattr(self, name), "must be a positive integer")
@@ -139,31 +114,10 @@ class ModelConfig:
                 f"must divide n_heads={self.n_heads} (n_heads for MHA, 1 for MQA, "
                 "a divisor for GQA)",
             )
-        if self.position == "rope":
-            rot = self.rotary_dim
-            if rot % 2 or rot == 0:
-                _fail(
-                    "head_dim",
-                    self.dims_per_head,
-                    f"rope rotates pairs of dims, so the rotary width "
-                    f"(head_dim * rope.fraction = {rot}) must be even and > 0; "
-                    "choose an even head_dim or change rope.fraction",
-                )
-        if self.position == "sinusoidal" and self.d_model % 2:
-            _fail("d_model", self.d_model, "sinusoidal positions need an even d_model")
-        if self.mask == "sliding_window":
-            if self.window is None or self.window <= 0:
-                _fail("window", self.window, "mask=sliding_window needs a positive window")
-        elif self.window is not None:
-            _fail("window", self.window, f"only used with mask=sliding_window, not {self.mask!r}")
         if self.type_vocab_size < 0:
             _fail("type_vocab_size", self.type_vocab_size, "must be >= 0 (0: no token types)")
         if self.n_decoder_layers is not None and self.n_decoder_layers <= 0:
             _fail("n_decoder_layers", self.n_decoder_layers, "must be positive or None")
-        if self.family == "encdec" and self.mask == "bidirectional":
-            _fail("mask", self.mask, "the encoder-decoder's mask switch sets decoder "
-                  "self-attention, which must not see later targets: use causal, "
-                  "sliding_window or prefix (the encoder is always bidirectional)")
         _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("param_dtype", self.param_dtype, DTYPES)
@@ -174,22 +128,11 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 _fail(name, value, "must be positive or None")
-        # jax.nn.dot_product_attention (xla, cudnn) and the Pallas kernels have no soft-cap.
-        if self.attn_logit_softcap is not None and self.attention in ("xla", "cudnn", "pallas"):
-            _fail(
-                "attention",
-                self.attention,
-                f"the {self.attention} kernel cannot soft-cap attention logits; use "
-                "attention=reference or attention=chunked with attn_logit_softcap",
-            )
-        if self.attention_chunk <= 0:
-            _fail("attention_chunk", self.attention_chunk, "must be positive")
-        if self.t5_num_buckets < 4 or self.t5_max_distance <= self.t5_num_buckets // 2:
-            _fail(
-                "t5_num_buckets",
-                self.t5_num_buckets,
-                "needs >= 4 buckets and t5_max_distance above half of them",
-            )
+        # Each switch refuses what it cannot serve (soft-cap without support, odd rotary
+        # widths, a window missing, a family whose decoder would see its targets, ...).
+        for switch in (self.attention, self.mask, self.position):
+            switch.check(self)
+        FAMILIES.get(self.family).check(self)
 
     # Derived sizes ---------------------------------------------------------------------------
     @property
@@ -201,21 +144,17 @@ class ModelConfig:
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
     @property
-    def rotary_dim(self) -> int:
-        return int(self.dims_per_head * self.rope.fraction)
-
-    @property
     def ff_dim(self) -> int:
         if self.d_ff is not None:
             return self.d_ff
-        if self.mlp in ("swiglu", "geglu"):  # gated: keep the parameter count of a 4x MLP
+        if MLPS.get(self.mlp).gated:  # gated: keep the parameter count of a 4x MLP
             return 8 * ((8 * self.d_model // 3 + 7) // 8)
         return 4 * self.d_model
 
     @property
-    def causal(self) -> bool:
-        """Whether a query may never see later keys (drives bias bucketing and decoding)."""
-        return self.mask in ("causal", "sliding_window")
+    def decoder_layers(self) -> int:
+        """Decoder depth of an encoder-decoder: ``n_decoder_layers``, else ``n_layers``."""
+        return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -226,6 +165,46 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         return from_dict(cls, data)
+
+    @staticmethod
+    def migrate(data: dict[str, Any]) -> dict[str, Any]:
+        """Read a config saved before the switches carried their settings (flat ``rope``,
+        ``window``, ``t5_*``, ``fire_hidden``, ``attention_chunk`` fields): those fields move
+        into the switch they belong to. Only fields of the switch in use are kept, as the
+        model built from the old config never read the others."""
+        data = dict(data)
+        legacy = {k: data.pop(k) for k in ("rope", "window", "t5_num_buckets", "t5_max_distance",
+                                          "fire_hidden", "attention_chunk") if k in data}
+        if not legacy:
+            return data
+        moves = {
+            ("position", "rope"): {"rope": None},
+            ("position", "t5"): {"t5_num_buckets": "num_buckets",
+                                 "t5_max_distance": "max_distance"},
+            ("position", "fire"): {"fire_hidden": "hidden"},
+            ("mask", "sliding_window"): {"window": "window"},
+            ("attention", "chunked"): {"attention_chunk": "chunk_size"},
+        }
+        for (field_name, entry), fields in moves.items():
+            if data.get(field_name, _DEFAULT_SWITCHES[field_name]) != entry:
+                continue
+            switch: dict[str, Any] = {"name": entry}
+            for old, new in fields.items():
+                if old == "rope" and isinstance(legacy.get("rope"), dict):
+                    rope = dict(legacy["rope"])
+                    scaling = {"name": rope.pop("scaling", "none")}
+                    kept = {f.name for f in dataclasses.fields(ROPE_SCALINGS.get(scaling["name"]))
+                            if f.init}
+                    for key in ("factor", "original_max_len", "low_freq_factor",
+                                "high_freq_factor", "beta_fast", "beta_slow"):
+                        if key in rope and key in kept:
+                            scaling[key] = rope[key]
+                        rope.pop(key, None)
+                    switch.update(rope, scaling=scaling)
+                elif old in legacy and legacy[old] is not None:
+                    switch[new] = legacy[old]
+            data[field_name] = switch
+        return data
 
 
 @dataclass(frozen=True)
@@ -324,13 +303,18 @@ class TrainConfig:
 
 def check_lengths(model: ModelConfig, seq_len: int) -> None:
     """Fail early when a run's sequence length cannot fit the model's position table."""
-    if model.position == "learned" and seq_len > model.max_len:
+    limit = model.position.max_length(model)
+    if limit is not None and seq_len > limit:
         _fail(
             "train.seq_len",
             seq_len,
-            f"longer than the learned position table (model.max_len={model.max_len}); "
-            "raise model.max_len, shorten the sequence or pick a scheme that extrapolates",
+            f"longer than position={model.position.name} allows ({limit} positions, "
+            "model.max_len); raise model.max_len, shorten the sequence or pick a scheme that "
+            "extrapolates",
         )
+
+
+_DEFAULT_SWITCHES = {"position": "rope", "mask": "causal", "attention": "xla"}
 
 
 # Construction from JSON and from command-line overrides ------------------------------------
@@ -369,42 +353,62 @@ def _coerce(text: str, annotation: Any, name: str) -> Any:
     return text
 
 
-def from_dict(cls: type, data: dict[str, Any]) -> Any:
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build a (possibly nested) config dataclass from plain JSON-like data."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    if hasattr(cls, "migrate"):
+        data = cls.migrate(data)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
+        owner = (f"{prefix[:-1]}={cls.registered_name} has" if issubclass(cls, Switch)
+                 else f"{prefix[:-1] or cls.__name__} has")
         raise ConfigError(
-            f"unknown {cls.__name__} field(s) {unknown}; valid fields: {', '.join(sorted(names))}"
+            f"unknown field(s) {[prefix + k for k in unknown]}: {owner} no such field; valid "
+            f"fields: {', '.join(sorted(fields)) or 'none'}"
         )
     hints = _field_types(cls)
     kwargs = {}
     for key, value in data.items():
-        if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
-            value = from_dict(hints[key], value)
+        if "registry" in fields[key].metadata:
+            pass  # a switch: the dataclass resolves names and dicts itself
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            value = from_dict(hints[key], value, f"{prefix}{key}.")
+        elif isinstance(value, list) and typing.get_origin(hints[key]) is tuple:
+            value = tuple(value)
         kwargs[key] = value
     return cls(**kwargs)
 
 
 def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") -> Any:
-    """Return ``config`` with dotted ``{"rope.scaling": "yarn"}`` string overrides applied."""
+    """Return ``config`` with dotted ``{"position.scaling": "yarn"}`` string overrides applied.
+
+    A switch field takes a registered name (``position=t5``: that entry with its defaults)
+    and, in the same call, its own fields (``position.num_buckets=16``).
+    """
     hints = _field_types(type(config))
-    names = {f.name for f in dataclasses.fields(config)}
+    fields = {f.name: f for f in dataclasses.fields(config) if f.init}
     grouped: dict[str, dict[str, str]] = {}
     changes: dict[str, Any] = {}
     for key, text in overrides.items():
         head, _, rest = key.partition(".")
-        if head not in names:
+        if head not in fields:
+            owner = (f"{prefix[:-1]}={config.name} has no such field" if isinstance(config, Switch)
+                     else f"valid {prefix or 'top-level '}fields")
             raise ConfigError(
-                f"unknown option --{prefix}{key}; valid {prefix or 'top-level '}fields: "
-                f"{', '.join(sorted(names))}"
+                f"unknown option --{prefix}{key}; {owner}: {', '.join(sorted(fields)) or 'none'}"
             )
+        registry = fields[head].metadata.get("registry")
         if rest:
             grouped.setdefault(head, {})[rest] = text
+        elif registry is not None:
+            registry.check(text, f"{prefix}{head}")
+            current = getattr(config, head)
+            changes[head] = current if current.name == text else registry.get(text)()
         elif dataclasses.is_dataclass(hints[head]):
-            changes[head] = from_dict(hints[head], json.loads(text))
+            changes[head] = from_dict(hints[head], json.loads(text), f"{prefix}{head}.")
         else:
             changes[head] = _coerce(text, hints[head], f"{prefix}{head}")
     for head, sub in grouped.items():
-        changes[head] = apply_overrides(getattr(config, head), sub, f"{prefix}{head}.")
+        current = changes.get(head, getattr(config, head))
+        changes[head] = apply_overrides(current, sub, f"{prefix}{head}.")
     return dataclasses.replace(config, **changes)

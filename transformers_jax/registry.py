@@ -1,13 +1,22 @@
-"""Tiny name -> object registries behind every string switch in the config.
+"""Name -> object registries behind every switch of the config, and the base of switch values.
 
-Adding a scheme is one function plus one ``@REGISTRY.register("name")`` line; looking up an
-unknown name raises an error that lists the valid ones.
+Every switch value (a positional scheme, a mask kind, an attention implementation, a RoPE
+scaling, a norm, an MLP, a model family) is one registered object that carries its own
+settings and the hooks the model calls; code outside it never tests its name. Adding one is
+one class (or function) plus one ``@REGISTRY.register("name")`` line, in its own file; looking
+up an unknown name raises an error that lists the valid ones.
+
+This module imports no JAX: the registries are declared here and fill themselves on first use
+by importing the module named in ``load`` (so ``config.py`` can resolve ``"rope"`` without
+importing the model code at import time, and no import cycle runs through the config).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -17,16 +26,29 @@ class UnknownNameError(ValueError):
 
 
 class Registry(Generic[T]):
-    """A mapping from names to implementations, with errors that list the choices."""
+    """A mapping from names to implementations, with errors that list the choices.
 
-    def __init__(self, kind: str):
+    ``load``: a module that registers the built-in entries when imported; it is imported the
+    first time the registry is read.
+    """
+
+    def __init__(self, kind: str, load: str | None = None):
         self.kind = kind
+        self._load = load
         self._entries: dict[str, T] = {}
+
+    def _ensure_loaded(self) -> None:
+        if self._load is not None:
+            module, self._load = self._load, None  # before importing: registering reads us
+            importlib.import_module(module)
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
+            if isinstance(obj, type) and issubclass(obj, Switch):
+                obj.registered_name = name
+                obj.registry = self
             self._entries[name] = obj
             return obj
 
@@ -36,6 +58,7 @@ class Registry(Generic[T]):
         return self.register(name)(obj)
 
     def get(self, name: str) -> T:
+        self._ensure_loaded()
         try:
             return self._entries[name]
         except KeyError:
@@ -45,6 +68,7 @@ class Registry(Generic[T]):
 
     def check(self, name: str, field: str) -> None:
         """Raise a config-style error naming ``field`` if ``name`` is not registered."""
+        self._ensure_loaded()
         if name not in self._entries:
             raise UnknownNameError(
                 f"{field}={name!r} is not a known {self.kind}; "
@@ -52,10 +76,100 @@ class Registry(Generic[T]):
             )
 
     def names(self) -> list[str]:
+        self._ensure_loaded()
         return sorted(self._entries)
 
+    def items(self) -> list[tuple[str, T]]:
+        return [(name, self._entries[name]) for name in self.names()]
+
     def __contains__(self, name: object) -> bool:
+        self._ensure_loaded()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    """Base of a registered switch value that carries its own settings (a frozen dataclass).
+
+    A config holds an instance. ``name`` is the registered name (set by ``Registry.register``,
+    and a field so that ``dataclasses.asdict`` writes it to JSON). On the command line
+    ``--model.position=t5`` picks the entry with its defaults and
+    ``--model.position.num_buckets=16`` sets one of its fields; in JSON it is
+    ``{"name": "t5", "num_buckets": 16, ...}``. A field that is itself a switch declares its
+    registry in its metadata (``switch_field(REGISTRY, "default")``).
+
+    Construction never fails on defaults; ``check(model_config)`` refuses what cannot work.
+    """
+
+    name: str = dataclasses.field(default="", init=False)
+    registered_name: ClassVar[str] = ""
+    registry: ClassVar[Registry | None] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.registered_name)
+        resolve_switch_fields(self)
+
+    def check(self, config: Any) -> None:
+        """Refuse, with a ``ConfigError`` naming the field, a model config it cannot serve."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        def is_default(f: dataclasses.Field) -> bool:
+            value = getattr(self, f.name)
+            if isinstance(value, Switch):  # the field's default is the name of an entry
+                return str(value) == f.default
+            return value == f.default
+
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                   if f.init and not is_default(f)]
+        return self.name + (f"({', '.join(changed)})" if changed else "")
+
+
+def switch_field(registry: Registry, default: str) -> Any:
+    """A dataclass field holding a switch of ``registry`` (``default``: an entry name)."""
+    return dataclasses.field(default=default, metadata={"registry": registry})
+
+
+def resolve_switch_fields(obj: Any, prefix: str = "") -> None:
+    """Turn names or JSON dicts in ``obj``'s switch fields into switch instances, in place."""
+    for f in dataclasses.fields(obj):
+        registry = f.metadata.get("registry")
+        if registry is not None:
+            value = resolve(registry, getattr(obj, f.name), prefix + f.name)
+            object.__setattr__(obj, f.name, value)
+
+
+def resolve(registry: Registry, value: Any, field: str) -> Switch:
+    """A switch value from a name (the entry's defaults), a JSON dict with ``name``, or an
+    instance (returned as it is)."""
+    from transformers_jax.config import ConfigError, from_dict
+
+    if isinstance(value, Switch):
+        registry.check(value.name, field)
+        return value
+    if isinstance(value, str):
+        registry.check(value, field)
+        return registry.get(value)()
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        registry.check(value["name"], field)
+        rest = {k: v for k, v in value.items() if k != "name"}  # the name is not an argument
+        return from_dict(registry.get(value["name"]), rest, prefix=f"{field}.")
+    raise ConfigError(
+        f"{field}={value!r}: expected a {registry.kind} name ({', '.join(registry.names())}) "
+        'or {"name": ..., <its fields>}'
+    )
+
+
+# The registries of the config's switches. Entries register themselves in the modules named.
+POSITIONS: Registry = Registry("position scheme", load="transformers_jax.nn.positions")
+ROPE_SCALINGS: Registry = Registry("RoPE scaling", load="transformers_jax.nn.positions")
+MASKS: Registry = Registry("mask kind", load="transformers_jax.nn.masks")
+ATTENTION: Registry = Registry("attention implementation", load="transformers_jax.nn.attention")
+NORMS: Registry = Registry("norm", load="transformers_jax.nn.layers")
+MLPS: Registry = Registry("mlp", load="transformers_jax.nn.layers")
+FAMILIES: Registry = Registry("model family", load="transformers_jax.models")

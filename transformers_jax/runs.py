@@ -6,11 +6,10 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig, TrainConfig, from_dict
 from transformers_jax.data.tokenizers import ByteTokenizer, load_tokenizer
-from transformers_jax.models import build_model
+from transformers_jax.models import build_model, family_of
 from transformers_jax.train.checkpoint import Checkpointer, abstract_like
 from transformers_jax.train.data import TOKENIZER_DIR
 from transformers_jax.train.objectives import objective_for
@@ -47,11 +46,8 @@ def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None
         config = from_dict(ModelConfig, meta["model"])
         train_cfg = from_dict(TrainConfig, meta["train"])
         model = build_model(config)
-        example = {"inputs": jnp.zeros((1, 8), jnp.int32)}
-        if config.mask == "prefix":
-            example["prefix_len"] = jnp.ones((1,), jnp.int32)
-        if config.family == "encdec":
-            example["encoder_inputs"] = jnp.zeros((1, 8), jnp.int32)
+        tokens, inputs = family_of(config).example_inputs(config)
+        example = {"inputs": tokens, **inputs}
         optimizer = make_optimizer(train_cfg)
         objective = objective_for(config.family)
         target = jax.eval_shape(

@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from transformers_jax.config import ModelConfig
+from transformers_jax.models import FAMILIES, family_of
 from transformers_jax.nn.kvcache import init_cache, required_cache_size
 
 NEG_INF = -1e30
@@ -71,10 +72,12 @@ def choose_tokens(logits_BV: jax.Array, key: jax.Array, cfg: SamplingConfig) -> 
 
 
 def check_decode_length(config: ModelConfig, total_len: int) -> None:
-    if config.position == "learned" and total_len > config.max_len:
+    limit = config.position.max_length(config)
+    if limit is not None and total_len > limit:
         raise ValueError(
-            f"prompt plus max_new_tokens is {total_len} tokens, longer than the learned "
-            f"position table (max_len={config.max_len}); shorten the prompt or max_new_tokens"
+            f"prompt plus max_new_tokens is {total_len} tokens, longer than "
+            f"position={config.position.name} allows (max_len={limit}); shorten the prompt or "
+            "max_new_tokens"
         )
 
 
@@ -178,15 +181,16 @@ def generate(
     is chosen (numpy arguments): the CLI streams text with it.
     """
     model_cfg: ModelConfig = model.config
-    if model_cfg.family == "encdec":
+    family = family_of(model_cfg)
+    if family.generates == "seq2seq":
         return _seq2seq(model, params, prompts, cfg, seed, on_token)
-    if model_cfg.family not in ("gpt",):
+    if family.generates != "self":
         raise ValueError(f"family={model_cfg.family!r} cannot generate with a KV cache; "
-                         "sampling is for gpt and encdec models")
-    if not model_cfg.causal and model_cfg.mask != "prefix":
+                         f"sampling is for {', '.join(generating_families())} models")
+    if not model_cfg.mask.decodes:
         raise ValueError(
-            f"sampling needs a causal mask, but this model uses mask={model_cfg.mask!r}; "
-            "a bidirectional encoder cannot generate left to right"
+            f"sampling needs a mask that decodes left to right (causal, sliding_window, "
+            f"prefix), but this model uses mask={model_cfg.mask.name!r}"
         )
     tokens, lengths = pad_prompts(prompts, cfg.pad_id)
     total = int(lengths.max()) + cfg.max_new_tokens
@@ -204,13 +208,18 @@ def _seq2seq(model, params, sources, cfg: SamplingConfig, seed: int, on_token):
         raise ValueError("an encoder-decoder starts decoding from bos: set SamplingConfig.bos_id")
     model_cfg = model.config
     # a learned table has no rows for padding past it: pad sources exactly then
-    tokens, lengths = pad_prompts(sources, cfg.pad_id,
-                                  multiple=1 if model_cfg.position == "learned" else 16)
+    limited = model_cfg.position.max_length(model_cfg) is not None
+    tokens, lengths = pad_prompts(sources, cfg.pad_id, multiple=1 if limited else 16)
     check_decode_length(model_cfg, max(int(lengths.max()), cfg.max_new_tokens + 1))
     valid = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
     out = _generate_seq2seq(model, params, jnp.asarray(tokens), jnp.asarray(valid),
                             jax.random.key(seed), cfg=cfg, bos_id=cfg.bos_id, on_token=on_token)
     return _cut_at_stops(out, cfg)
+
+
+def generating_families() -> list[str]:
+    """Names of the registered families that decode with a KV cache."""
+    return [name for name, family in FAMILIES.items() if family.generates]
 
 
 def _cut_at_stops(out, cfg: SamplingConfig) -> list[list[int]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from transformers_jax.config import ModelConfig, RopeConfig
+from transformers_jax.config import ModelConfig
 from transformers_jax.convert.common import (
     ARCHITECTURES,
     Architecture,
@@ -163,19 +163,15 @@ def convert_hf_directory(
 def _canonical(config: ModelConfig) -> ModelConfig:
     """``config`` with everything that does not change the function a model computes reset, so
     that two configs of the same network compare equal."""
-    rope = config.rope
-    if config.position != "rope":
-        rope = RopeConfig()
-    elif rope.scaling == "none":
-        rope = RopeConfig(base=rope.base, pairing=rope.pairing, fraction=rope.fraction)
     scale = config.attention_scale
     if scale is not None and scale == config.dims_per_head**-0.5:
         scale = None
     return config.replace(
-        attention="xla", attention_chunk=128, dtype="float32", param_dtype="float32",
+        attention="xla", dtype="float32", param_dtype="float32",
         dropout=0.0, init_std=0.02, d_ff=config.ff_dim, head_dim=config.dims_per_head,
-        n_kv_heads=config.kv_heads, rope=rope, attention_scale=scale,
-        max_len=config.max_len if config.position == "learned" else 256,
+        n_kv_heads=config.kv_heads, attention_scale=scale,
+        # the length limit matters only to a scheme that has one (a learned table)
+        max_len=config.max_len if config.position.max_length(config) is not None else 256,
     )
 
 
@@ -303,11 +299,12 @@ def compare_with_hf(src: str, hf: HFCheckpoint, tokens: np.ndarray) -> float:
     ``tokens`` (for an encoder-decoder: as both encoder and decoder inputs)."""
     import jax.numpy as jnp
 
-    from transformers_jax.models import build_model
+    from transformers_jax.models import build_model, family_of
 
     model = build_model(hf.config)
-    extra = {"encoder_inputs": jnp.asarray(tokens)} if hf.config.family == "encdec" else {}
-    ours = model.apply({"params": hf.params}, jnp.asarray(tokens), **extra)
+    tokens_BT = jnp.asarray(tokens)
+    extra = family_of(hf.config).inputs_for(hf.config, tokens_BT)
+    ours = model.apply({"params": hf.params}, tokens_BT, **extra)
     return float(np.max(np.abs(np.asarray(ours, np.float32) - hf_logits(src, tokens))))
 
 

@@ -28,7 +28,6 @@ from transformers_jax.convert.common import (
     dense,
     layer_norm,
     linear,
-    optional_field,
     pinned,
     require_layout,
     require_ours,
@@ -64,16 +63,11 @@ LAYOUT = {  # what BERT fixes (see common.Layout)
 
 
 def config_from_hf(raw: dict) -> ModelConfig:
-    from transformers_jax.models.bert import DEFAULT_TYPE_VOCAB_SIZE
-
     hf = HFConfig(raw, DEFAULTS, "bert")
     hf.require("is_decoder", False, "a causal BERT is not the masked-LM encoder this maps to")
     hf.require("add_cross_attention", False, "BERT with cross-attention is a decoder")
     hf.require("position_embedding_type", "absolute",
                "relative-key position embeddings are not implemented here")
-    extra = optional_field("bert", "type_vocab_size", hf["type_vocab_size"], "type_vocab_size",
-                           DEFAULT_TYPE_VOCAB_SIZE,
-                           f"the BERT model has {DEFAULT_TYPE_VOCAB_SIZE} token types")
     return build_config(
         "bert",
         **pinned(LAYOUT),
@@ -88,13 +82,11 @@ def config_from_hf(raw: dict) -> ModelConfig:
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         init_std=float(hf["initializer_range"]),
         dropout=0.0,
-        **extra,
+        type_vocab_size=hf["type_vocab_size"],
     )
 
 
 def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
-    from transformers_jax.models.bert import type_vocab_size
-
     arch = "bert"
     require_layout(config, arch, LAYOUT)
     require_plain_attention(config, arch, "BERT")
@@ -111,7 +103,7 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
         intermediate_size=config.ff_dim,
         hidden_act=activation_to_hf(config.mlp),
         max_position_embeddings=config.max_len,
-        type_vocab_size=type_vocab_size(config),
+        type_vocab_size=config.type_vocab_size,
         layer_norm_eps=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings,
         is_decoder=False,
@@ -134,9 +126,8 @@ def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
         *dense("cls.predictions.transform.dense.", "mlm_head/transform/", (C,), (C,)),
         *layer_norm("cls.predictions.transform.LayerNorm.", "mlm_head/norm/"),
     ]
-    from transformers_jax.models.bert import type_vocab_size
 
-    if type_vocab_size(config):
+    if config.type_vocab_size:
         out.append(copy(emb + "token_type_embeddings.weight",
                         enc + "token_type_embed/embedding"))
     if config.tie_embeddings:

@@ -21,7 +21,7 @@ import numpy as np
 
 from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.convert.hf_files import ConversionError
-from transformers_jax.registry import Registry
+from transformers_jax.registry import Registry, Switch
 
 Arrays = tuple[np.ndarray, ...]
 
@@ -226,28 +226,19 @@ def build_config(model_type: str, **fields: Any) -> ModelConfig:
 
 
 def require_ours(config: ModelConfig, arch: str, field: str, allowed: Any, why: str) -> None:
-    """Export check: ``config.<field>`` (dotted for rope) must be one of ``allowed``."""
+    """Export check: ``config.<field>`` (dotted into a switch, e.g. ``position.fraction``; a
+    switch itself by name) must be one of ``allowed``."""
     value: Any = config
     for part in field.split("."):
         value = getattr(value, part)
+    if isinstance(value, Switch):  # a switch is required by its registered name
+        value = value.name
     allowed = allowed if isinstance(allowed, tuple | list) else (allowed,)
     if value not in allowed:
         raise ConversionError(
             f"cannot export to Hugging Face {arch}: {field}={value!r} has no {arch} equivalent "
             f"({why})"
         )
-
-
-def optional_field(model_type: str, hf_field: str, value: Any, field: str, implied: Any,
-                   why: str) -> dict[str, Any]:
-    """``{field: value}`` for ``build_config`` when ModelConfig has ``field`` (one it may gain
-    later, such as BERT's ``type_vocab_size``); without that field nothing is passed, and
-    ``value`` must be the ``implied`` one the model hard-codes (``why`` says what that is)."""
-    if field in {f.name for f in dataclasses.fields(ModelConfig)}:
-        return {field: value}
-    if value != implied:
-        raise unsupported(model_type, hf_field, value, f"ModelConfig has no {field} field; {why}")
-    return {}
 
 
 # ``{ModelConfig field: (value, why)}``: what an architecture fixes, stated once for both
@@ -381,14 +372,9 @@ def ours_to_hf(arch: Architecture, config: ModelConfig, hf_config: dict,
 
 def example_inputs(config: ModelConfig, length: int = 8) -> tuple[tuple, dict]:
     """``(args, kwargs)`` for ``build_model(config).init``/``apply`` on a dummy batch."""
-    import jax.numpy as jnp
+    from transformers_jax.models import family_of
 
-    tokens = jnp.zeros((1, length), jnp.int32)
-    kwargs: dict[str, Any] = {}
-    if config.family == "encdec":
-        kwargs["encoder_inputs"] = tokens
-    if config.mask == "prefix":
-        kwargs["prefix_len"] = jnp.ones((1,), jnp.int32)
+    tokens, kwargs = family_of(config).example_inputs(config, length)
     return (tokens,), kwargs
 
 

@@ -86,10 +86,8 @@ def config_from_hf(raw: dict, model_type: str = "llama") -> ModelConfig:
         head_dim=head_dim,
         d_ff=hf["intermediate_size"],
         max_len=hf["max_position_embeddings"],
-        mask="causal" if window is None else "sliding_window",
-        window=window,
-        position="rope",
-        rope=rope_from_hf(hf, head_dim),
+        mask="causal" if window is None else {"name": "sliding_window", "window": window},
+        position=rope_from_hf(hf, head_dim),
         norm="rmsnorm",
         norm_position="pre",
         norm_eps=float(hf["rms_norm_eps"]),
@@ -112,7 +110,7 @@ def config_to_hf(config: ModelConfig, base: dict | None, model_type: str = "llam
         require_ours(config, arch, "mask", "causal",
                      "Llama attends causally (Mistral has the sliding window)")
     require_ours(config, arch, "position", "rope", "Llama uses rotary embeddings")
-    require_ours(config, arch, "rope.fraction", 1.0, "Llama rotates whole heads")
+    require_ours(config, arch, "position.fraction", 1.0, "Llama rotates whole heads")
     require_ours(config, arch, "norm", "rmsnorm", "Llama uses RMSNorm")
     require_ours(config, arch, "norm_position", "pre", "Llama normalises before each block")
     require_ours(config, arch, "mlp", "swiglu", "Llama's MLP is SwiGLU")
@@ -121,7 +119,7 @@ def config_to_hf(config: ModelConfig, base: dict | None, model_type: str = "llam
         require_ours(config, arch, name, None, "Llama does not soft-cap logits")
     require_ours(config, arch, "attention_scale", (None, config.dims_per_head**-0.5),
                  "Llama scales attention by 1/sqrt(head_dim)")
-    rope_parameters, pinned_len = rope_to_hf(config.rope, arch)
+    rope_parameters, pinned_len = rope_to_hf(config.position, arch)
     hf = dict(base or {})
     hf.pop("rope_scaling", None)  # the old spelling would take priority over rope_parameters
     hf.update(
@@ -139,11 +137,11 @@ def config_to_hf(config: ModelConfig, base: dict | None, model_type: str = "llam
         rms_norm_eps=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings,
         rope_parameters=rope_parameters,
-        rope_theta=config.rope.base,
+        rope_theta=config.position.base,
         initializer_range=config.init_std,
     )
     if model_type == "mistral":
-        hf["sliding_window"] = config.window
+        hf["sliding_window"] = getattr(config.mask, "window", None)  # None: no window
     else:
         hf.update(attention_bias=config.use_bias, mlp_bias=config.use_bias)
     hf.pop("original_max_position_embeddings", None)  # it would override the rope's own

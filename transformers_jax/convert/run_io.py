@@ -34,8 +34,9 @@ EXTERNAL = "external"  # meta["tokenizer"]["kind"] when the run has no tokenizer
 
 def train_config_for(config: ModelConfig) -> TrainConfig:
     """The default training settings, with a sequence length the model can take."""
-    if config.position == "learned":
-        return TrainConfig(seq_len=min(TrainConfig().seq_len, config.max_len))
+    limit = config.position.max_length(config)
+    if limit is not None:
+        return TrainConfig(seq_len=min(TrainConfig().seq_len, limit))
     return TrainConfig()
 
 
@@ -160,9 +161,7 @@ def load_converted_run(run_dir: str, step: int | None = None):
 
     meta = read_run_meta(run_dir, step)
     config = from_dict(ModelConfig, meta["model"])
-    if meta["tokenizer"].get("kind") not in ("huggingface", EXTERNAL) and (
-        config.family != "encdec"
-    ):
+    if meta["tokenizer"].get("kind") not in ("huggingface", EXTERNAL):
         return load_run(run_dir, step)
     from transformers_jax.models import build_model
     from transformers_jax.train.optim import make_optimizer

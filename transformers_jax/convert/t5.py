@@ -36,7 +36,6 @@ from transformers_jax.convert.common import (
     build_config,
     copy,
     linear,
-    optional_field,
     pinned,
     require_layout,
     require_ours,
@@ -105,26 +104,24 @@ def config_from_hf(raw: dict) -> ModelConfig:
     hf.require("is_encoder_decoder", True, "only the encoder-decoder T5 maps to encdec")
     layers = hf["num_layers"]
     decoder_layers = hf.get("num_decoder_layers", layers)
-    extra = optional_field("t5", "num_decoder_layers", decoder_layers, "n_decoder_layers", layers,
-                           f"the decoder has num_layers={layers} layers")
     return build_config(
         "t5",
-        **pinned(LAYOUT),
+        **{**pinned(LAYOUT), "position": {
+            "name": "t5", "num_buckets": hf["relative_attention_num_buckets"],
+            "max_distance": hf["relative_attention_max_distance"]}},
         vocab_size=hf["vocab_size"],
         d_model=hf["d_model"],
         n_layers=layers,
         n_heads=hf["num_heads"],
         head_dim=hf["d_kv"],
         d_ff=hf["d_ff"],
-        t5_num_buckets=hf["relative_attention_num_buckets"],
-        t5_max_distance=hf["relative_attention_max_distance"],
         norm_eps=float(hf["layer_norm_epsilon"]),
         mlp=_mlp(hf),
         # what the config says; the weights have the last word (see refine)
         tie_embeddings=hf.raw.get("tie_word_embeddings") is not False,
         attention_scale=1.0,
         dropout=0.0,
-        **extra,
+        n_decoder_layers=decoder_layers,
     )
 
 
@@ -135,8 +132,6 @@ def refine(config: ModelConfig, raw: dict, tensors: Mapping[str, np.ndarray]) ->
 
 
 def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
-    from transformers_jax.models.encdec import n_decoder_layers
-
     arch = "t5"
     require_layout(config, arch, LAYOUT)
     require_plain_attention(config, arch, "T5", fixed_head_dim=False)  # d_kv is free
@@ -156,10 +151,10 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
         d_kv=config.dims_per_head,
         d_ff=config.ff_dim,
         num_layers=config.n_layers,
-        num_decoder_layers=n_decoder_layers(config),
+        num_decoder_layers=config.decoder_layers,
         num_heads=config.n_heads,
-        relative_attention_num_buckets=config.t5_num_buckets,
-        relative_attention_max_distance=config.t5_max_distance,
+        relative_attention_num_buckets=config.position.num_buckets,
+        relative_attention_max_distance=config.position.max_distance,
         layer_norm_epsilon=config.norm_eps,
         feed_forward_proj=proj,
         is_encoder_decoder=True,
@@ -175,7 +170,6 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
 
 
 def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
-    from transformers_jax.models.encdec import n_decoder_layers
 
     C, H, D, F = config.d_model, config.n_heads, config.dims_per_head, config.ff_dim
     s = np.float32(config.d_model**-0.5) if scales_decoder_output(hf_config or {}) else None
@@ -223,7 +217,7 @@ def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
         out += [copy(hf + "0.layer_norm.weight", ours + "norm1/scale"),
                 copy(hf + "1.layer_norm.weight", ours + "norm2/scale")]
         out += mlp(hf + "1.DenseReluDense.", ours + "mlp/")
-    for i in range(n_decoder_layers(config)):
+    for i in range(config.decoder_layers):
         hf, ours = f"decoder.block.{i}.layer.", f"decoder/layer_{i}/"
         out += attention(hf + "0.SelfAttention.", ours + "attention/")
         out += attention(hf + "1.EncDecAttention.", ours + "cross_attention/")

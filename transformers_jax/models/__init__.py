@@ -1,22 +1,23 @@
-"""Model families, each a Linen module built from one ``ModelConfig``."""
+"""Model families, each a Linen module built from one ``ModelConfig`` and registered with
+what the rest of the library needs to know of it (``family.py``)."""
 
 from __future__ import annotations
 
 import flax.linen as nn
 
-from transformers_jax.models.bert import BERT
-from transformers_jax.models.encdec import EncoderDecoder
-from transformers_jax.models.gpt import GPT
-from transformers_jax.models.lstm import LSTMLM
-from transformers_jax.registry import Registry
+from transformers_jax.models import bert, encdec, gpt, lstm  # noqa: F401  (registers them)
+from transformers_jax.models.family import Family
+from transformers_jax.registry import FAMILIES
 
-FAMILIES: Registry[type[nn.Module]] = Registry("model family")
-FAMILIES.add("gpt", GPT)
-FAMILIES.add("bert", BERT)
-FAMILIES.add("encdec", EncoderDecoder)
-FAMILIES.add("lstm", LSTMLM)  # recurrent baseline for the context-usage experiment
+
+def family_of(config) -> Family:
+    """The registered ``Family`` of ``config.family``."""
+    return FAMILIES.get(config.family)
 
 
 def build_model(config) -> nn.Module:
     """The Linen module for ``config.family`` (``init``/``apply`` as usual)."""
-    return FAMILIES.get(config.family)(config)
+    return family_of(config).build(config)
+
+
+__all__ = ["FAMILIES", "Family", "build_model", "family_of"]

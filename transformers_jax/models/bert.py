@@ -25,31 +25,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import ModelConfig
+from transformers_jax.models.family import Family
 from transformers_jax.models.gpt import (
     Embedder,
     check_length,
     default_positions,
+    encoding_positions,
     make_embed,
     self_attention_mask,
 )
-from transformers_jax.nn.layers import MLPS, Block, Dense, dtype_of, make_norm, softcap
-from transformers_jax.nn.positions import POSITIONS
-
-# Until ModelConfig carries it, the token-type table has BERT's two rows (sentence A and B).
-DEFAULT_TYPE_VOCAB_SIZE = 2
-
-
-def type_vocab_size(config: ModelConfig) -> int:
-    """Rows of the token-type table (``config.type_vocab_size``; 0 means no table)."""
-    return int(getattr(config, "type_vocab_size", DEFAULT_TYPE_VOCAB_SIZE))
+from transformers_jax.nn.layers import Block, Dense, dtype_of, make_norm, softcap
+from transformers_jax.registry import FAMILIES, MLPS
 
 
 def check_mlm_mask(config: ModelConfig) -> None:
     """Warn when a masked-LM encoder is not bidirectional: it is allowed (an ablation), but a
     causal mask hides the right context that masked-LM prediction is meant to use."""
-    if config.mask != "bidirectional":
+    if config.mask.causal or config.mask.needs_prefix_len:
         warnings.warn(
-            f"mask={config.mask!r} with the masked-LM objective: each masked token sees only "
+            f"mask={config.mask.name!r} with the masked-LM objective: each masked token sees only "
             "part of its context; mask='bidirectional' is the usual choice for BERT",
             UserWarning,
             stacklevel=3,
@@ -64,17 +58,15 @@ class BertEncoder(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         self.embed = Embedder(cfg)
-        self.n_types = type_vocab_size(cfg)
+        self.n_types = cfg.type_vocab_size
         if self.n_types:
             self.token_type_embed = make_embed(cfg, self.n_types, (None, "embed"))
         if cfg.norm_position == "post":
             self.embed_norm = make_norm(cfg)
         else:
             self.final_norm = make_norm(cfg)
-        scheme = POSITIONS.get(cfg.position)
-        self.has_bias = scheme.kind == "bias"
-        if self.has_bias:  # one bias module for the whole stack, as in T5
-            self.relative_bias = scheme.make_bias(cfg, not cfg.causal)
+        # One bias module for the whole stack, as in T5 (None for schemes without a bias).
+        self.relative_bias = cfg.position.bias(cfg, not cfg.mask.causal)
         for i in range(cfg.n_layers):
             setattr(self, f"layer_{i}", Block(cfg))
         self.dropout = nn.Dropout(cfg.dropout)
@@ -92,6 +84,8 @@ class BertEncoder(nn.Module):
         cfg = self.config
         check_length(cfg, tokens_BT.shape[1])
         positions_BT = default_positions(tokens_BT) if positions is None else positions
+        mask = self_attention_mask(cfg, positions_BT, segment_ids, prefix_len)
+        positions_BT = encoding_positions(self, cfg, positions_BT, deterministic)
 
         x_BTC = self.embed(tokens_BT, positions_BT)
         if self.n_types:
@@ -107,8 +101,8 @@ class BertEncoder(nn.Module):
         x_BTC = self.dropout(x_BTC, deterministic=deterministic)
         x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
 
-        mask = self_attention_mask(cfg, positions_BT, segment_ids, prefix_len)
-        bias_BHTT = self.relative_bias(positions_BT, positions_BT) if self.has_bias else None
+        bias_BHTT = (None if self.relative_bias is None
+                     else self.relative_bias(positions_BT, positions_BT))
         for i in range(cfg.n_layers):
             x_BTC = getattr(self, f"layer_{i}")(
                 x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
@@ -239,3 +233,7 @@ def fill_mask(
             for i in best
         ])
     return results
+
+
+FAMILIES.add("bert", Family(BERT, objective="mlm", default_mask="bidirectional", tasks=None,
+                            masked_lm=True, fills_masks=True))

@@ -26,6 +26,7 @@ V vocabulary, H heads.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -33,7 +34,13 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.models.gpt import Embedder, check_length, default_positions, relative_bias
+from transformers_jax.models.family import Family, check_decoder_mask
+from transformers_jax.models.gpt import (
+    Embedder,
+    check_length,
+    default_positions,
+    relative_bias,
+)
 from transformers_jax.nn.kvcache import CacheStep, init_cache, plan_step
 from transformers_jax.nn.layers import (
     MLP,
@@ -45,27 +52,7 @@ from transformers_jax.nn.layers import (
     softcap,
 )
 from transformers_jax.nn.masks import AttentionMask, build_mask
-
-
-def n_decoder_layers(config: ModelConfig) -> int:
-    """Decoder depth: ``config.n_decoder_layers`` when set, else ``config.n_layers``."""
-    value = getattr(config, "n_decoder_layers", None)
-    return config.n_layers if value is None else int(value)
-
-
-def check_decoder_mask(config: ModelConfig) -> None:
-    if config.mask == "bidirectional":
-        raise ValueError(
-            "mask='bidirectional' for the encoder-decoder: the mask switch sets decoder "
-            "self-attention, which must not see later targets under teacher forcing; use "
-            "mask=causal, sliding_window or prefix (the encoder is always bidirectional)"
-        )
-
-
-def cross_attention_config(config: ModelConfig) -> ModelConfig:
-    """Cross-attention carries no position term: RoPE, the only scheme that lives inside the
-    attention layer, is switched off there (queries and keys come from different sequences)."""
-    return config.replace(position="none") if config.position == "rope" else config
+from transformers_jax.registry import FAMILIES
 
 
 def cross_attention_mask(
@@ -77,10 +64,10 @@ def cross_attention_mask(
     """Decoder queries over encoder keys: same segment when both sides have ids, otherwise
     only non-padding encoder keys (``kv_segments != 0``); never causal."""
     if q_segments is not None and kv_segments is not None:
-        return build_mask("bidirectional", q_positions, kv_positions,
-                          q_segments=q_segments, kv_segments=kv_segments)
+        return AttentionMask(q_positions, kv_positions, q_segments=q_segments,
+                             kv_segments=kv_segments)
     kv_valid = None if kv_segments is None else kv_segments != 0
-    return build_mask("bidirectional", q_positions, kv_positions, kv_valid=kv_valid)
+    return AttentionMask(q_positions, kv_positions, kv_valid=kv_valid)
 
 
 class DecoderBlock(nn.Module):
@@ -114,7 +101,7 @@ class DecoderBlock(nn.Module):
         cfg = self.config
         drop = nn.Dropout(cfg.dropout)
         self_attention = Attention(cfg, name="attention")
-        cross_attention = Attention(cross_attention_config(cfg), name="cross_attention")
+        cross_attention = Attention(cfg, cross=True, name="cross_attention")
         mlp = MLP(cfg, name="mlp")
         norm1, norm_cross, norm2 = (
             make_norm(cfg, "norm1"), make_norm(cfg, "norm_cross"), make_norm(cfg, "norm2")
@@ -164,8 +151,8 @@ class EncoderStack(nn.Module):
     @nn.compact
     def __call__(self, x_BSC, *, positions, segment_ids, deterministic: bool = True):
         cfg = self.config
-        mask = build_mask("bidirectional", positions, positions,
-                          q_segments=segment_ids, kv_segments=segment_ids)
+        mask = AttentionMask(positions, positions, q_segments=segment_ids,
+                             kv_segments=segment_ids)  # the encoder sees both ways
         bias_BHSS = relative_bias(self, cfg, positions, positions, bidirectional=True)
         for i in range(cfg.n_layers):
             x_BSC = Block(cfg, name=f"layer_{i}")(
@@ -189,12 +176,13 @@ class DecoderStack(nn.Module):
         cfg = self.config
         if cache is not None:
             return self._cached(x_BTC, encoded_BSC, cache, step, prefix_len)
-        mask = build_mask(cfg.mask, positions, positions, window=cfg.window,
-                          prefix_len=prefix_len, q_segments=segment_ids, kv_segments=segment_ids)
+        mask = build_mask(cfg.mask, positions, positions, prefix_len=prefix_len,
+                          q_segments=segment_ids, kv_segments=segment_ids)
         cross_mask = cross_attention_mask(positions, encoder_positions, segment_ids,
                                           encoder_segment_ids)
-        bias_BHTT = relative_bias(self, cfg, positions, positions, bidirectional=not cfg.causal)
-        for i in range(n_decoder_layers(cfg)):
+        bias_BHTT = relative_bias(self, cfg, positions, positions,
+                                  bidirectional=not cfg.mask.causal)
+        for i in range(cfg.decoder_layers):
             x_BTC = DecoderBlock(cfg, name=f"layer_{i}")(
                 x_BTC, positions=positions, mask=mask, bias=bias_BHTT, encoded=encoded_BSC,
                 encoder_positions=encoder_positions, cross_mask=cross_mask,
@@ -207,14 +195,14 @@ class DecoderStack(nn.Module):
     def _cached(self, x_BTC, encoded_BSC, cache: dict, step: CacheStep, prefix_len):
         """New decoder tokens over [cached slots, themselves] and the cached encoder."""
         cfg = self.config
-        mask = build_mask(cfg.mask, step.positions, step.kv_positions, window=cfg.window,
-                          prefix_len=prefix_len, kv_valid=step.kv_valid)
-        cross_mask = build_mask("bidirectional", step.positions, cache["encoder_positions"],
-                                kv_valid=cache["encoder_valid"])
+        mask = build_mask(cfg.mask, step.positions, step.kv_positions, prefix_len=prefix_len,
+                          kv_valid=step.kv_valid)
+        cross_mask = AttentionMask(step.positions, cache["encoder_positions"],
+                                   kv_valid=cache["encoder_valid"])
         bias = relative_bias(self, cfg, step.positions, step.kv_positions,
-                             bidirectional=not cfg.causal)
+                             bidirectional=not cfg.mask.causal)
         new_layers = {}
-        for i in range(n_decoder_layers(cfg)):
+        for i in range(cfg.decoder_layers):
             name = f"layer_{i}"
             x_BTC, new_layers[name] = DecoderBlock(cfg, name=name)(
                 x_BTC, positions=step.positions, mask=mask, bias=bias, encoded=encoded_BSC,
@@ -230,9 +218,9 @@ def init_encdec_cache(config: ModelConfig, batch_size: int, size: int, encoder_l
                       encoder_positions=None, encoder_valid=None) -> dict:
     """The decoding cache of an encoder-decoder: decoder self-attention slots (as
     ``nn.kvcache.init_cache``) plus, per layer, the encoder's projected keys and values."""
-    cache = init_cache(config, batch_size, size, n_layers=n_decoder_layers(config))
+    cache = init_cache(config, batch_size, size, n_layers=config.decoder_layers)
     N, D = config.kv_heads, config.dims_per_head
-    for i in range(n_decoder_layers(config)):
+    for i in range(config.decoder_layers):
         cache[f"layer_{i}"]["cross_key"] = jnp.zeros((batch_size, N, encoder_len, D),
                                                      jnp.dtype(config.dtype))  # heads-first
         cache[f"layer_{i}"]["cross_value"] = jnp.zeros_like(cache[f"layer_{i}"]["cross_key"])
@@ -255,7 +243,6 @@ class EncoderDecoder(nn.Module):
 
     def setup(self) -> None:
         cfg = self.config
-        check_decoder_mask(cfg)
         self.embed = Embedder(cfg)
         self.encoder = EncoderStack(cfg)
         self.decoder = DecoderStack(cfg)
@@ -429,3 +416,16 @@ def greedy_decode(
 
     buffer_BT, _ = jax.lax.fori_loop(0, max_len, body, (buffer_BT, jnp.zeros((B,), bool)))
     return buffer_BT[:, 1:]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncDecFamily(Family):
+    def check(self, config: ModelConfig) -> None:
+        check_decoder_mask(config)
+
+    def inputs_for(self, config: ModelConfig, tokens_BT):
+        return {**super().inputs_for(config, tokens_BT), "encoder_inputs": tokens_BT}
+
+
+FAMILIES.add("encdec", EncDecFamily(EncoderDecoder, objective="seq2seq", generates="seq2seq",
+                                    tasks="encdec", needs_task=True, cross_attention=True))

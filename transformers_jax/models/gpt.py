@@ -5,18 +5,17 @@ Shape legend: B batch, T length, C model width, V vocabulary, H heads.
 
 from __future__ import annotations
 
-import math
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
+from transformers_jax.models.family import Family
 from transformers_jax.nn.kvcache import plan_step
 from transformers_jax.nn.layers import Block, dtype_of, make_norm, normal_init, softcap
 from transformers_jax.nn.masks import build_mask
-from transformers_jax.nn.positions import POSITIONS, sinusoidal_embedding
-from transformers_jax.parallel.remat import apply_layers
+from transformers_jax.nn.stack import apply_layers
+from transformers_jax.registry import FAMILIES
 
 
 def default_positions(tokens_BT: jax.Array) -> jax.Array:
@@ -45,7 +44,6 @@ def self_attention_mask(cfg: ModelConfig, positions_BT: jax.Array,
         cfg.mask,
         positions_BT,
         positions_BT,
-        window=cfg.window,
         prefix_len=prefix_len,
         q_segments=segment_ids,
         kv_segments=segment_ids,
@@ -53,9 +51,8 @@ def self_attention_mask(cfg: ModelConfig, positions_BT: jax.Array,
 
 
 class Embedder(nn.Module):
-    """Token embedding plus, for ``sinusoidal``/``learned``, an absolute position embedding.
-
-    Also the tied output head (``attend``), so the two share one table when tied.
+    """Token embedding plus the position scheme's embedding, if it has one (learned,
+    sinusoidal). Also the tied output head (``attend``), so the two share one table when tied.
     """
 
     config: ModelConfig
@@ -63,22 +60,12 @@ class Embedder(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         self.tokens = make_embed(cfg, cfg.vocab_size, ("vocab", "embed"))
-        if cfg.position == "learned":
-            self.table = make_embed(cfg, cfg.max_len, ("length", "embed"))
+        self.table = cfg.position.embedding(cfg)
 
     def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
-        cfg = self.config
         x_BTC = self.tokens(tokens_BT)
-        if cfg.position == "learned":
-            x_BTC = x_BTC + self.table(positions_BT)
-        elif cfg.position == "sinusoidal":
-            # The fixed table is scaled so each component's RMS is init_std, the scale of the
-            # token embeddings (the original transformer's ratio, where both are O(1)). Larger,
-            # it drowns the tokens: at amplitude 1 training sat at the unigram loss, and at
-            # d**-0.5 (3x the tokens here) held-out loss was 2.77 against 2.19 (experiments/).
-            scale = cfg.init_std * math.sqrt(2.0)  # sin and cos have RMS 1/sqrt(2)
-            table = sinusoidal_embedding(positions_BT, cfg.d_model) * scale
-            x_BTC = x_BTC + table.astype(x_BTC.dtype)
+        if self.table is not None:
+            x_BTC = x_BTC + self.table(positions_BT).astype(x_BTC.dtype)
         return x_BTC
 
     def attend(self, x_BTC: jax.Array) -> jax.Array:
@@ -86,25 +73,35 @@ class Embedder(nn.Module):
 
 
 def check_length(config: ModelConfig, length: int) -> None:
-    """A learned table has no row past max_len: fail loudly instead of clamping the index."""
-    if config.position == "learned" and length > config.max_len:
+    """A scheme with a longest length (a learned table) fails loudly instead of clamping."""
+    limit = config.position.max_length(config)
+    if limit is not None and length > limit:
         raise ValueError(
-            f"sequence length {length} is longer than the learned position table "
-            f"(max_len={config.max_len}); use a shorter input, a larger model.max_len, or a "
-            f"position scheme that extrapolates (rope, alibi, t5, fire, sinusoidal, none)"
+            f"sequence length {length} is longer than position={config.position.name} allows "
+            f"(max_len={limit}); use a shorter input, a larger model.max_len, or a position "
+            "scheme that extrapolates"
         )
+
+
+def encoding_positions(module: nn.Module, config: ModelConfig, positions_BT: jax.Array,
+                       deterministic: bool) -> jax.Array:
+    """The positions the scheme's hooks see: in training, those of ``train_positions``
+    (randomized schemes draw them from the ``dropout`` RNG stream, the one the train step
+    passes); otherwise the real ones. Masks always use the real positions."""
+    if deterministic or not config.position.randomizes:
+        return positions_BT
+    return config.position.train_positions(module.make_rng("dropout"), positions_BT, config)
 
 
 def relative_bias(parent: nn.Module, config: ModelConfig, q_pos, k_pos, *, bidirectional: bool,
                   name: str = "relative_bias"):
-    """The additive [B, H, Q, K] bias of a bias scheme, or None for other schemes.
+    """The scheme's additive [B, H, Q, K] bias, or None for schemes without one.
 
     Computed once per forward pass and shared by every layer (as T5 does).
     """
-    scheme = POSITIONS.get(config.position)
-    if scheme.kind != "bias":
+    module = config.position.bias(config, bidirectional)
+    if module is None:
         return None
-    module = scheme.make_bias(config, bidirectional)
     return module.clone(parent=parent, name=name)(q_pos, k_pos)
 
 
@@ -138,6 +135,9 @@ class GPT(nn.Module):
             return self._cached(tokens_BT, cache, lengths, prefix_len)
         positions_BT = default_positions(tokens_BT) if positions is None else positions
 
+        mask = self_attention_mask(cfg, positions_BT, segment_ids, prefix_len)
+        positions_BT = encoding_positions(self, cfg, positions_BT, deterministic)
+
         embed = Embedder(cfg, name="embed")
         x_BTC = embed(tokens_BT, positions_BT)
         # A zero "perturbation" hook: lets tests take gradients w.r.t. the embedded inputs.
@@ -145,9 +145,8 @@ class GPT(nn.Module):
         x_BTC = nn.Dropout(cfg.dropout)(x_BTC, deterministic=deterministic)
         x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
 
-        mask = self_attention_mask(cfg, positions_BT, segment_ids, prefix_len)
         bias_BHTT = relative_bias(
-            self, cfg, positions_BT, positions_BT, bidirectional=not cfg.causal
+            self, cfg, positions_BT, positions_BT, bidirectional=not cfg.mask.causal
         )
 
         x_BTC = apply_layers(
@@ -188,12 +187,10 @@ class GPT(nn.Module):
         # Padding slots of a prompt batch may lie past a learned table: look up row 0 for them
         # (they are never attended to) rather than read out of bounds.
         x_BTC = embed(tokens_BT, jnp.where(step.valid, step.positions, 0))
-        mask = build_mask(
-            cfg.mask, step.positions, step.kv_positions, window=cfg.window,
-            prefix_len=prefix_len, kv_valid=step.kv_valid,
-        )
+        mask = build_mask(cfg.mask, step.positions, step.kv_positions, prefix_len=prefix_len,
+                          kv_valid=step.kv_valid)
         bias = relative_bias(self, cfg, step.positions, step.kv_positions,
-                             bidirectional=not cfg.causal)
+                             bidirectional=not cfg.mask.causal)
         new_cache = dict(step.meta)
         for i in range(cfg.n_layers):
             name = f"layer_{i}"
@@ -202,3 +199,6 @@ class GPT(nn.Module):
                 cache_write=step.write,
             )
         return self._logits(embed, x_BTC), new_cache
+
+
+FAMILIES.add("gpt", Family(GPT, objective="lm", generates="self"))

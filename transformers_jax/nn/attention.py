@@ -30,22 +30,20 @@ Implementations (the ``ATTENTION`` registry):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from transformers_jax.config import ConfigError
 from transformers_jax.nn.masks import AttentionMask, as_dense
-from transformers_jax.registry import Registry
+from transformers_jax.registry import ATTENTION, Switch
 
 Mask = AttentionMask | jax.Array | None
-AttentionFn = Callable[..., jax.Array]
-
-ATTENTION: Registry[AttentionFn] = Registry("attention implementation")
 
 
 def dot_product_attention(
@@ -55,10 +53,10 @@ def dot_product_attention(
     *,
     bias: jax.Array | None = None,
     mask: Mask = None,
-    implementation: str = "reference",
+    implementation: str | AttentionImpl = "reference",
     scale: float | None = None,
     logit_softcap: float | None = None,
-    chunk_size: int = 128,
+    chunk_size: int | None = None,
 ) -> jax.Array:
     """Attention of q over (k, v): ``[B, Q, H, D]``, ``[B, K, N, D]`` x 2 -> ``[B, Q, H, D]``.
 
@@ -66,26 +64,22 @@ def dot_product_attention(
       bias: additive float scores broadcastable to ``[B, H, Q, K]``; differentiable.
       mask: None, a boolean array broadcastable to ``[B, H, Q, K]`` (True = may attend), or an
         ``AttentionMask`` (the chunked kernel then builds it one tile at a time).
-      implementation: a name in ``ATTENTION`` (reference, xla, chunked, cudnn, pallas).
+      implementation: an ``ATTENTION`` entry or its name (reference, xla, chunked, cudnn,
+        pallas).
       scale: multiplies q.k; None means ``1 / sqrt(D)``. A Python number.
       logit_softcap: if set, scores become ``cap * tanh(scores / cap)`` before the bias.
-      chunk_size: tile length of the chunked kernel (ignored by the others).
+      chunk_size: with a name, the tile length of the chunked kernel (others ignore it).
 
     Returns the output in q's dtype.
     """
-    attend = ATTENTION.get(implementation)
+    impl = implementation
+    if isinstance(impl, str):
+        impl = ATTENTION.get(impl)()
+        if chunk_size is not None and hasattr(impl, "chunk_size"):
+            impl = dataclasses.replace(impl, chunk_size=chunk_size)
     _check_inputs(q, k, v, bias, mask, logit_softcap)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return attend(
-        q,
-        k,
-        v,
-        bias=bias,
-        mask=mask,
-        scale=scale,
-        logit_softcap=logit_softcap,
-        chunk_size=chunk_size,
-    )
+    return impl.attend(q, k, v, bias=bias, mask=mask, scale=scale, logit_softcap=logit_softcap)
 
 
 def attend_to_cache(
@@ -245,7 +239,6 @@ def _reference_probs(q, k, bias, mask, scale, logit_softcap) -> jax.Array:
     return e / jnp.where(total > 0, total, 1.0)
 
 
-@ATTENTION.register("reference")
 def reference_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=None):
     """Plain einsum + softmax; materialises the ``[B, H, Q, K]`` scores. The oracle."""
     del chunk_size  # only the chunked kernel tiles
@@ -283,7 +276,6 @@ def _jax_nn_attention(q, k, v, *, bias, mask, scale, logit_softcap, implementati
     return out
 
 
-@ATTENTION.register("xla")
 def xla_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=None):
     """``jax.nn.dot_product_attention`` with XLA's fused-by-compiler einsum/softmax."""
     del chunk_size
@@ -299,7 +291,6 @@ def xla_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=None)
     )
 
 
-@ATTENTION.register("cudnn")
 def cudnn_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=None):
     """cuDNN's fused flash attention through ``jax.nn``; NVIDIA GPUs, bf16/fp16 inputs."""
     del chunk_size
@@ -359,7 +350,6 @@ def _pallas_mask_parts(mask, q_len: int, k_len: int, implementation: str):
                          jnp.broadcast_to(kv_seg, (b, k_len)).astype(jnp.int32))
 
 
-@ATTENTION.register("pallas")
 def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128):
     """Pallas flash attention: ``jax.experimental.pallas.ops.tpu.flash_attention`` on TPU, the
     Triton kernel ``jax.experimental.pallas.ops.gpu.attention.mha`` on NVIDIA GPUs.
@@ -440,7 +430,6 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
 #   fully visible tiles (no masking work) measured no faster and compiles slower.
 
 
-@ATTENTION.register("chunked")
 def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128):
     """Blockwise online-softmax attention; any lengths (padded to whole tiles internally)."""
     if chunk_size < 1:
@@ -709,3 +698,93 @@ def _add_tile(d_bias, ds, q_start, k_start):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# The attention switch of the config: each entry says what it supports and how it attends.
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionImpl(Switch):
+    """Base of every ``registry.ATTENTION`` entry.
+
+    ``softcap``: can apply ``attn_logit_softcap``. ``dense_masks``: takes any boolean mask
+    (otherwise only causal and segment masks: no window, no prefix-LM). ``backends``: the
+    JAX platforms it runs on.
+    """
+
+    softcap: ClassVar[bool] = True
+    dense_masks: ClassVar[bool] = True
+    backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
+
+    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap) -> jax.Array:
+        raise NotImplementedError
+
+    def check(self, config: Any) -> None:
+        if config.attn_logit_softcap is not None and not self.softcap:
+            raise ConfigError(
+                f"attention={self.name!r}: the {self.name} kernel cannot soft-cap attention "
+                "logits; use attention=reference or attention=chunked with attn_logit_softcap")
+        window = getattr(config.mask, "window", None)
+        if not self.dense_masks and (window is not None or config.mask.needs_prefix_len):
+            raise ConfigError(
+                f"attention={self.name!r}: supports causal and segment masks only, not "
+                f"mask={config.mask.name}; use attention=chunked")
+
+
+@ATTENTION.register("reference")
+@dataclasses.dataclass(frozen=True)
+class Reference(AttentionImpl):
+    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
+        return reference_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                   logit_softcap=logit_softcap)
+
+
+@ATTENTION.register("xla")
+@dataclasses.dataclass(frozen=True)
+class Xla(AttentionImpl):
+    softcap: ClassVar[bool] = False
+
+    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
+        return xla_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                             logit_softcap=logit_softcap)
+
+
+@ATTENTION.register("cudnn")
+@dataclasses.dataclass(frozen=True)
+class Cudnn(AttentionImpl):
+    softcap: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("gpu",)
+
+    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
+        return cudnn_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                               logit_softcap=logit_softcap)
+
+
+@ATTENTION.register("pallas")
+@dataclasses.dataclass(frozen=True)
+class Pallas(AttentionImpl):
+    softcap: ClassVar[bool] = False
+    dense_masks: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("gpu", "tpu")
+
+    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
+        return pallas_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                logit_softcap=logit_softcap)
+
+
+@ATTENTION.register("chunked")
+@dataclasses.dataclass(frozen=True)
+class Chunked(AttentionImpl):
+    """``chunk_size``: the tile length (queries and keys)."""
+
+    chunk_size: int = 128
+
+    def check(self, config: Any) -> None:
+        super().check(config)
+        if self.chunk_size <= 0:
+            raise ConfigError(f"attention.chunk_size={self.chunk_size!r}: must be positive")
+
+    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
+        return chunked_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                 logit_softcap=logit_softcap, chunk_size=self.chunk_size)

@@ -81,9 +81,7 @@ def init_cache(config: ModelConfig, batch_size: int, size: int, n_layers: int | 
 
 def required_cache_size(config: ModelConfig, total_len: int) -> int:
     """Slots needed to decode up to ``total_len`` tokens: the window, or everything."""
-    if config.mask == "sliding_window":
-        return min(config.window, total_len)
-    return total_len
+    return config.mask.cache_slots(total_len)
 
 
 def plan_write(index: jax.Array, lengths: jax.Array, size: int, n_new: int) -> CacheWrite:

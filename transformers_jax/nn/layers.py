@@ -24,8 +24,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.nn.attention import attend_to_cache, dot_product_attention
 from transformers_jax.nn.kvcache import CacheWrite, RowSlot, write_row_slot, write_slots
 from transformers_jax.nn.masks import AttentionMask
-from transformers_jax.nn.positions import apply_rope
-from transformers_jax.registry import Registry
+from transformers_jax.registry import MLPS, NORMS
 
 
 def dtype_of(name: str) -> Any:
@@ -84,9 +83,6 @@ class Dense(nn.Module):
 
 
 # Norms -----------------------------------------------------------------------------------------
-NORMS: Registry[Callable[..., nn.Module]] = Registry("norm")
-
-
 @NORMS.register("layernorm")
 def _layernorm(config: ModelConfig, name: str | None = None) -> nn.Module:
     return nn.LayerNorm(
@@ -122,7 +118,6 @@ class MLPKind:
     gated: bool  # gated: act(x W_gate) * (x W_up), as in SwiGLU
 
 
-MLPS: Registry[MLPKind] = Registry("mlp")
 MLPS.add("gelu", MLPKind(lambda x: nn.gelu(x, approximate=True), gated=False))  # GPT-2's tanh
 MLPS.add("gelu_exact", MLPKind(lambda x: nn.gelu(x, approximate=False), gated=False))  # BERT
 MLPS.add("relu", MLPKind(nn.relu, gated=False))
@@ -167,12 +162,14 @@ def residual_std(cfg: ModelConfig) -> float:
 class Attention(nn.Module):
     """Multi-head attention (MHA, GQA or MQA) with the position and mask switches plugged in.
 
-    Self-attention when ``kv_inputs`` is None, cross-attention otherwise. Positions enter as a
-    q/k rotation (rope), or through ``bias`` (ALiBi, T5, FIRE; computed once by the model), or
-    not at all here (input embeddings).
+    Self-attention when ``kv_inputs`` is None, cross-attention otherwise. In self-attention
+    positions enter through the scheme's ``rotate`` hook (rope, xpos) and through ``bias``
+    (ALiBi, T5, FIRE, ...; computed once by the stack); cross-attention (``cross=True``:
+    queries and keys from different sequences) has no position term.
     """
 
     config: ModelConfig
+    cross: bool = False
 
     @nn.compact
     def __call__(
@@ -216,15 +213,14 @@ class Attention(nn.Module):
             q_BQHD = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dense["dtype"], name="query_norm")(
                 q_BQHD
             )
-        if cfg.position == "rope":
-            q_BQHD = apply_rope(q_BQHD, positions, cfg.rope, cfg.rotary_dim)
+        if not self.cross:
+            q_BQHD = cfg.position.rotate(cfg, q_BQHD, positions, "query")
 
         project_out = Dense((cfg.d_model,), ("heads", "head_dim", "embed"), in_dims=2,
                             std=residual_std(cfg), name="out", **dense)
         attend = functools.partial(
             dot_product_attention, bias=bias, mask=mask, implementation=cfg.attention,
-            scale=cfg.attention_scale, logit_softcap=cfg.attn_logit_softcap,
-            chunk_size=cfg.attention_chunk)
+            scale=cfg.attention_scale, logit_softcap=cfg.attn_logit_softcap)
         decode = functools.partial(attend_to_cache, bias=bias, mask=mask,
                                    scale=cfg.attention_scale, logit_softcap=cfg.attn_logit_softcap)
 
@@ -245,8 +241,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             k_BKND = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dense["dtype"],
                                 name="key_norm")(k_BKND)
-        if cfg.position == "rope":
-            k_BKND = apply_rope(k_BKND, kv_positions, cfg.rope, cfg.rotary_dim)
+        if not self.cross:
+            k_BKND = cfg.position.rotate(cfg, k_BKND, kv_positions, "key")
 
         if isinstance(cache_write, RowSlot):  # one token per row, in the order it asks for
             k_new, v_new = _heads_first(k_BKND), _heads_first(v_BKND)  # [B, N, 1, D]

@@ -14,13 +14,15 @@ tile at a time and so keep memory linear in the sequence length.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from transformers_jax.registry import Registry
+from transformers_jax.config import ConfigError
+from transformers_jax.registry import MASKS, Switch
 
 
 def causal_mask(q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
@@ -118,54 +120,102 @@ def as_dense(mask: AttentionMask | jax.Array | None) -> jax.Array | None:
     return mask
 
 
-# The mask switch of the config: each entry turns the config's mask settings into the static
-# parts of an AttentionMask; padding and segments are added by build_mask for every kind.
-MaskRule = Callable[..., dict]
-MASKS: Registry[MaskRule] = Registry("mask kind")
+# The mask switch of the config ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskKind(Switch):
+    """Base of every ``registry.MASKS`` entry: what it tells the rest of the model.
+
+    ``causal``: no query ever sees a later key (relative biases then bucket one direction).
+    ``decodes``: tokens can be generated left to right with a KV cache (causal and prefix-LM).
+    ``needs_prefix_len``: batches carry ``prefix_len`` ``[B]``.
+    """
+
+    causal: ClassVar[bool] = False
+    decodes: ClassVar[bool] = False
+    needs_prefix_len: ClassVar[bool] = False
+
+    def parts(self, prefix_len: jax.Array | None) -> dict:
+        """The static parts of an ``AttentionMask`` (padding and segments are added by
+        ``build_mask`` for every kind)."""
+        return {"causal": False}
+
+    def cache_slots(self, total_len: int) -> int:
+        """KV-cache slots needed to decode up to ``total_len`` tokens."""
+        return total_len
 
 
 @MASKS.register("causal")
-def _causal(*, window, prefix_len) -> dict:
-    return {"causal": True}
+@dataclasses.dataclass(frozen=True)
+class Causal(MaskKind):
+    causal: ClassVar[bool] = True
+    decodes: ClassVar[bool] = True
+
+    def parts(self, prefix_len):
+        return {"causal": True}
 
 
 @MASKS.register("bidirectional")
-def _bidirectional(*, window, prefix_len) -> dict:
-    return {"causal": False}
+@dataclasses.dataclass(frozen=True)
+class Bidirectional(MaskKind):
+    """Every query sees every key (of its segment): encoders."""
 
 
 @MASKS.register("prefix")
-def _prefix(*, window, prefix_len) -> dict:
-    if prefix_len is None:
-        raise ValueError("mask=prefix needs prefix_len [batch]: the length of each prefix")
-    return {"causal": True, "prefix_len": prefix_len}
+@dataclasses.dataclass(frozen=True)
+class Prefix(MaskKind):
+    """Prefix-LM: bidirectional over the first ``prefix_len`` tokens, causal after."""
+
+    decodes: ClassVar[bool] = True
+    needs_prefix_len: ClassVar[bool] = True
+
+    def parts(self, prefix_len):
+        if prefix_len is None:
+            raise ValueError("mask=prefix needs prefix_len [batch]: the length of each prefix")
+        return {"causal": True, "prefix_len": prefix_len}
 
 
 @MASKS.register("sliding_window")
-def _sliding_window(*, window, prefix_len) -> dict:
-    if window is None:
-        raise ValueError("mask=sliding_window needs a window size")
-    return {"causal": True, "window": window}
+@dataclasses.dataclass(frozen=True)
+class SlidingWindow(MaskKind):
+    """Causal, and each query sees only the ``window`` most recent positions (its own
+    included); a ring cache of ``window`` slots suffices for decoding."""
+
+    causal: ClassVar[bool] = True
+    decodes: ClassVar[bool] = True
+    window: int | None = None
+
+    def check(self, config: Any) -> None:
+        if self.window is None or self.window <= 0:
+            raise ConfigError(f"mask.window={self.window!r}: mask=sliding_window needs a "
+                              "positive window (--model.mask.window=W)")
+
+    def parts(self, prefix_len):
+        return {"causal": True, "window": self.window}
+
+    def cache_slots(self, total_len: int) -> int:
+        return min(self.window, total_len)
 
 
 def build_mask(
-    kind: str,
+    kind: MaskKind,
     q_positions: jax.Array,
     kv_positions: jax.Array,
     *,
-    window: int | None = None,
     prefix_len: jax.Array | None = None,
     kv_valid: jax.Array | None = None,
     q_segments: jax.Array | None = None,
     kv_segments: jax.Array | None = None,
 ) -> AttentionMask:
-    """Build the mask named by the config's ``mask`` switch, plus padding and segments."""
-    rule = MASKS.get(kind)(window=window, prefix_len=prefix_len)
+    """The mask of a ``MASKS`` entry (or its name), plus padding and segments."""
+    if isinstance(kind, str):
+        kind = MASKS.get(kind)()
     return AttentionMask(
         q_positions,
         kv_positions,
         kv_valid=kv_valid,
         q_segments=q_segments,
         kv_segments=kv_segments,
-        **rule,
+        **kind.parts(prefix_len),
     )

@@ -1,4 +1,5 @@
-"""Scaling out: meshes, the logical-axis rules table, parallel train steps, remat, multi-host.
+"""Scaling out: meshes, the logical-axis rules table, parallel train steps, multi-host (remat
+and scan over layers live in ``nn/stack.py``).
 
 ``make_trainer(strategy, model, optimizer, example_batch, mesh="data=4,fsdp=2,tensor=1")``
 gives the steps of one strategy (``single``, ``pmap``, ``shard_map``, ``jit``); all of them
@@ -7,7 +8,6 @@ compute the same update as one device on the same global batch.
 
 from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh, parse_mesh
 from transformers_jax.parallel.multihost import fetch, initialize, is_main_process
-from transformers_jax.parallel.remat import REMAT_POLICIES, apply_layers, remat_policy
 from transformers_jax.parallel.rules import LOGICAL_RULES, check_batch, check_shardable
 from transformers_jax.parallel.strategies import (
     STRATEGIES,
@@ -19,10 +19,8 @@ from transformers_jax.parallel.strategies import (
 __all__ = [
     "LOGICAL_RULES",
     "MESH_AXES",
-    "REMAT_POLICIES",
     "STRATEGIES",
     "ParallelTrainer",
-    "apply_layers",
     "check_batch",
     "check_shardable",
     "fetch",
@@ -33,5 +31,4 @@ __all__ = [
     "make_trainer",
     "mesh_rules",
     "parse_mesh",
-    "remat_policy",
 ]

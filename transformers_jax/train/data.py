@@ -94,16 +94,19 @@ def masking_of(cfg: TrainConfig):
 
 
 def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> RunData:
-    max_len = model_cfg.max_len if model_cfg.position == "learned" else None
-    prefix = model_cfg.mask == "prefix"
-    if model_cfg.family == "encdec" and not cfg.task:
-        raise ValueError("family=encdec trains on a sequence-to-sequence task: pass --task "
-                         "reverse (or copy, sort, addition, ...)")
-    if model_cfg.family == "bert" and cfg.task:
-        raise ValueError("family=bert trains a masked LM on text: drop --task (tasks are for "
-                         "gpt and encdec)")
+    from transformers_jax.models import family_of
+
+    family = family_of(model_cfg)
+    max_len = model_cfg.position.max_length(model_cfg)
+    prefix = model_cfg.mask.needs_prefix_len
+    if family.needs_task and not cfg.task:
+        raise ValueError(f"family={model_cfg.family} trains on a sequence-to-sequence task: "
+                         "pass --task reverse (or copy, sort, addition, ...)")
+    if family.tasks is None and cfg.task:
+        raise ValueError(f"family={model_cfg.family} trains on text: drop --task (tasks are "
+                         "for the families that generate)")
     if cfg.task:
-        fmt = "encdec" if model_cfg.family == "encdec" else "decoder"
+        fmt = family.tasks
         common = dict(train_lengths=cfg.train_lengths, fmt=fmt, prefix=prefix and fmt == "decoder",
                       max_len=max_len)
         train = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed,
@@ -122,7 +125,7 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
     held_out = make_lm_eval_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size,
                                      pack=cfg.pack, num_epochs=None, **common)
     eval_batches = take(held_out, cfg.eval_batches)
-    if model_cfg.family == "bert":  # corrupt 15% of tokens: the masked-LM batches
+    if family.masked_lm:  # corrupt 15% of tokens: the masked-LM batches
         from transformers_jax.train.objectives import MaskedBatches, mask_eval_batches
 
         masking = masking_of(cfg)

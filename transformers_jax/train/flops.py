@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.nn.layers import MLPS
 
 # Dense bfloat16 peaks (FLOP/s per chip) of common accelerators, by jax device_kind substring.
 KNOWN_PEAKS = {
@@ -32,22 +31,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True) -> fl
     two attention matmuls (scores and weighted sum) over the full ``seq_len`` keys, the
     convention of the PaLM paper's MFU (causal masking is not subtracted).
     """
-    if cfg.family == "lstm":  # four gates, each an input and a recurrent matmul, per layer
-        forward = 2 * (cfg.n_layers * 8 * cfg.d_model**2 + cfg.d_model * cfg.vocab_size)
-        return 3 * forward if training else forward
-    C, H, N, D, F, V = (
-        cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dims_per_head, cfg.ff_dim, cfg.vocab_size,
-    )
-    mlp_mats = 3 if MLPS.get(cfg.mlp).gated else 2
-    per_layer = C * H * D + 2 * C * N * D + H * D * C + mlp_mats * C * F
-    layers, cross_layers = cfg.n_layers, 0
-    if cfg.family == "encdec":  # encoder and decoder over equally long sequences (approx.)
-        cross_layers = cfg.n_decoder_layers or cfg.n_layers
-        layers += cross_layers
-    cross = C * H * D + 2 * C * N * D + H * D * C  # cross-attention projections
-    weight_macs = layers * per_layer + cross_layers * cross + C * V
-    attention_macs = (layers + cross_layers) * 2 * seq_len * H * D
-    forward = 2 * (weight_macs + attention_macs)
+    from transformers_jax.models import family_of
+
+    forward = family_of(cfg).forward_flops(cfg, seq_len)
     return 3 * forward if training else forward
 
 

@@ -1,0 +1,78 @@
+"""What a positional scheme is: one frozen config that carries the hooks the model calls.
+
+Shape legend: B batch, T length, H heads, D head width, C model width, Q query length,
+K key length.
+
+Positions are explicit int32 arrays ``[B, T]`` (``[B, Q]`` / ``[B, K]``): they restart in each
+packed segment and carry the cache offset while decoding, so no hook reads a position off an
+array index. A scheme fills the hooks it needs and inherits no-ops for the rest:
+
+=======================  ====================================================  ================
+hook                     called by                                             filled by
+=======================  ====================================================  ================
+``embedding(cfg)``       the embedder: a module ``positions [B, T] ->          learned,
+                         [B, T, C]`` added to the token embeddings             sinusoidal
+``rotate(cfg, x, pos,    self-attention, on queries (``role="query"``) and     rope, xpos
+role)``                  keys (``role="key"``) before the dot product
+``bias(cfg, bidir.)``    the layer stack, once per forward pass (every layer   alibi, t5, fire,
+                         shares it): a module ``(q_pos [B, Q], k_pos [B, K])   kerple
+                         -> float32 [B|1, H, Q, K]``; also at cache positions
+``train_positions(rng,   the layer stack in training: the positions the other  randomized
+pos)``                   hooks see (masks keep the real ones)
+``max_length(cfg)``      config checks, sampling, data: longest input or None  learned
+=======================  ====================================================  ================
+
+Cross-attention (queries and keys from different sequences) calls none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Literal
+
+import flax.linen as nn
+import jax
+
+from transformers_jax.registry import Switch
+
+Role = Literal["query", "key"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionScheme(Switch):
+    """Base of every entry of ``registry.POSITIONS``; the defaults add no position at all."""
+
+    extrapolates: ClassVar[bool] = True  # whether lengths past training are meaningful
+
+    def max_length(self, config: Any) -> int | None:
+        """The longest sequence the scheme can encode, or None for no limit."""
+        return None
+
+    def embedding(self, config: Any) -> nn.Module | None:
+        """A module ``positions [B, T] -> [B, T, C]`` added to the token embeddings."""
+        return None
+
+    def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
+               role: Role) -> jax.Array:
+        """Queries or keys ``[B, T, H, D]`` after the position transform (same shape, dtype)."""
+        return x_BTHD
+
+    def bias(self, config: Any, bidirectional: bool) -> nn.Module | None:
+        """A module ``(q_pos [B, Q], k_pos [B, K]) -> float32 [B|1, H, Q, K]`` added to the
+        attention scores; ``bidirectional`` says whether queries may see later keys."""
+        return None
+
+    def train_positions(self, rng: jax.Array, positions_BT: jax.Array,
+                        config: Any) -> jax.Array:
+        """The positions the hooks see in training (the real ones by default)."""
+        return positions_BT
+
+    @property
+    def randomizes(self) -> bool:
+        """Whether ``train_positions`` changes anything (then training needs an RNG)."""
+        return type(self).train_positions is not PositionScheme.train_positions
+
+
+def distance_BQK(q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    """``i - j`` for query position i and key position j: int ``[B, Q, K]``."""
+    return q_pos[:, :, None] - k_pos[:, None, :]
