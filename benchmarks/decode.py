@@ -57,14 +57,13 @@ def main() -> None:
 
     # One new token at prefix length L: cached step (cache of 1024 slots, L filled) versus a
     # full forward pass over the L-token prefix (what decoding without a cache repeats).
-    step = jax.jit(lambda p, c, t: model.apply({"params": p}, t, cache=c))
+    step = jax.jit(lambda p, c, t: model.apply({"params": p}, t, c, method="decode_step"))
     full = jax.jit(lambda p, t: model.apply({"params": p}, t)[:, -1])
     per_length = []
     for length in (64, 128, 256, 512, 1024):
         tokens = jnp.ones((1, length), jnp.int32)
         cache = init_cache(cfg, 1, 1024)
-        _, cache = jax.jit(lambda p, c, t: model.apply({"params": p}, t, cache=c))(
-            params, cache, tokens[:, :-1])
+        _, cache = step(params, cache, tokens[:, :-1])
         cached_s = best_time(lambda c=cache, t=tokens: step(params, c, t[:, -1:]))
         uncached_s = best_time(lambda t=tokens: full(params, t))
         per_length.append({"prefix": length, "cached_ms": 1e3 * cached_s,

@@ -27,6 +27,7 @@ script sets 0.95 when it is unset, so the batch search sees most of the card).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -181,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     fields = dict(TINY if tiny else GPT2_SMALL)
     seq_len = args.seq_len or (32 if tiny else 1024)
     fields["max_len"] = max(fields["max_len"], seq_len)
-    attention_switch = ({"name": "chunked", "chunk_size": min(64, seq_len)}
-                        if attention == "chunked" else attention)
-    model_cfg = ModelConfig(attention=attention_switch, **fields)
+    model_cfg = ModelConfig(attention=attention, **fields)
+    if hasattr(model_cfg.attention, "chunk_size"):  # a tiled kernel: tiles of at most 64
+        model_cfg = model_cfg.replace(attention=dataclasses.replace(
+            model_cfg.attention, chunk_size=min(64, seq_len)))
     budget = args.memory_budget or (64 * 2**20 if tiny else None)
     steps = args.steps or (3 if tiny else 10)
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import dataclasses
 import datetime
 import os
 import platform
@@ -123,8 +124,8 @@ def converted(hf, attention: str, chunk: int):
         hf.save_pretrained(directory)
         checkpoint = load_hf(directory, attention=attention)
     config = checkpoint.config
-    if attention == "chunked":
-        config = config.replace(attention={"name": "chunked", "chunk_size": chunk})
+    if hasattr(config.attention, "chunk_size"):  # a tiled kernel: the tile length asked for
+        config = config.replace(attention=dataclasses.replace(config.attention, chunk_size=chunk))
     return config, jax.tree.map(jnp.asarray, checkpoint.params)
 
 
@@ -327,21 +328,20 @@ def loss_tracking(candidate: list[float], reference: list[float], tolerance: flo
 def our_decoder(config, params, prompts: np.ndarray, new_tokens: int):
     """(run, compile seconds, prefill): ``run()`` greedy-decodes ``new_tokens`` after
     ``prompts`` with the KV cache, prefill included, and returns the new tokens."""
-    from transformers_jax.sample import SamplingConfig, _generate
+    from transformers_jax.sample import SamplingConfig, generate_tokens
+    from transformers_jax.sample import prefill as start_decoding
 
     model = build_model(config)
     batch, prompt_len = prompts.shape
     lengths = jnp.full((batch,), prompt_len, jnp.int32)
     tokens = jnp.asarray(prompts, jnp.int32)
     greedy = SamplingConfig(max_new_tokens=new_tokens, temperature=0.0)
-    total = prompt_len + new_tokens
 
     def run():
-        return jax.block_until_ready(_generate(model, params, tokens, lengths, jax.random.key(0),
-                                               cfg=greedy, cache_size=total))
+        return jax.block_until_ready(generate_tokens(model, params, tokens, lengths,
+                                                     jax.random.key(0), cfg=greedy))
 
-    prefill_fn = jax.jit(lambda p, t, n: model.apply(
-        {"params": p}, t, cache=init_cache(config, batch, total), lengths=n)[0])
+    prefill_fn = jax.jit(lambda p, t, n: start_decoding(model, p, t, n, new_tokens)[0])
 
     def prefill():
         return jax.block_until_ready(prefill_fn(params, tokens, lengths))
@@ -437,8 +437,9 @@ def per_token_by_prefix(shape: dict, hf, config, params, args) -> dict:
 
     model = build_model(config)
     size = max(shape["prefixes"]) + args.prefix_repeats + 2
-    prefill = jax.jit(lambda p, c, t: model.apply({"params": p}, t, cache=c))
-    step = jax.jit(lambda p, c, t: model.apply({"params": p}, t, cache=c), donate_argnums=1)
+    prefill = jax.jit(lambda p, c, t: model.apply({"params": p}, t, c, method="decode_step"))
+    step = jax.jit(lambda p, c, t: model.apply({"params": p}, t, c, method="decode_step"),
+                   donate_argnums=1)
     rows = []
     rng = np.random.default_rng(3)
     hf.eval()

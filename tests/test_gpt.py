@@ -108,11 +108,11 @@ def test_attention_layer_reproduces_the_three_token_example():
         "out": {"kernel": jnp.eye(2)[None, :, :]},
     }
     pos = jnp.arange(3)[None]
-    out = Attention(cfg).apply({"params": params}, X, positions=pos, mask=None)
+    out, _ = Attention(cfg).apply({"params": params}, X, positions=pos, mask=None)
     O = np.array([[1.6044, 0.7967], [1.1084, 1.3374], [1.5035, 1.0000]])
     np.testing.assert_allclose(out[0], O, atol=1e-4)
     causal = jnp.tril(jnp.ones((3, 3), bool))[None, None]
-    out = Attention(cfg).apply({"params": params}, X, positions=pos, mask=causal)
+    out, _ = Attention(cfg).apply({"params": params}, X, positions=pos, mask=causal)
     np.testing.assert_allclose(out[0, 0], [2.0, 0.0], atol=1e-4)  # row 1 sees only itself
     a = np.array([0.1956, 0.8044])
     np.testing.assert_allclose(out[0, 1], a @ np.array([[2.0, 0.0], [0.0, 2.0]]), atol=1e-3)
@@ -120,7 +120,7 @@ def test_attention_layer_reproduces_the_three_token_example():
 
 def test_learned_table_rejects_longer_input():
     model, params, _ = init(tiny(position="learned", max_len=8), T=8)
-    with pytest.raises(ValueError, match="longer than the learned position table"):
+    with pytest.raises(ValueError, match="longer than position=learned allows"):
         model.apply({"params": params}, jnp.zeros((1, 9), jnp.int32))
 
 

@@ -7,7 +7,7 @@ import pytest
 from model_helpers import POSITIONS, init, tiny
 from model_helpers import attention as attention_switch
 
-from transformers_jax.nn.kvcache import init_cache, plan_write, required_cache_size
+from transformers_jax.nn.kvcache import init_cache, plan_write
 
 
 def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size, one_row=False):
@@ -26,7 +26,8 @@ def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size, one_ro
     lengths = jnp.asarray(prompt_lengths, jnp.int32)
     prompt = jnp.where(jnp.arange(P)[None] < lengths[:, None], tokens[:, :P], 0)
     cache = init_cache(cfg, B, cache_size)
-    step = jax.jit(lambda c, t, n: model.apply({"params": params}, t, cache=c, lengths=n))
+    step = jax.jit(lambda c, t, n: model.apply({"params": params}, t, c, n,
+                                               method="decode_step"))
     logits, cache = step(cache, prompt, lengths)
     out = np.zeros((B, T, cfg.vocab_size), np.float32)
     for b in range(B):
@@ -59,7 +60,7 @@ def test_sliding_window_ring_cache_holds_only_the_window(attention, one_row):
                attention=attention_switch(attention), init_std=0.1)
     model, params, tokens = init(cfg, T=14)
     full = np.asarray(model.apply({"params": params}, tokens))
-    size = required_cache_size(cfg, 14)
+    size = cfg.mask.cache_slots(14)
     assert size == 4
     # a prompt longer than the ring: only its last 4 tokens stay in the cache
     cached = cached_logits(model, params, cfg, tokens, [6, 9], cache_size=size, one_row=one_row)
@@ -91,7 +92,6 @@ def test_encoder_decoder_cached_decoding_equals_full_forward(position):
     import flax.linen as nn
 
     from transformers_jax import ModelConfig, build_model
-    from transformers_jax.models.encdec import init_encdec_cache
 
     cfg = ModelConfig(family="encdec", vocab_size=32, d_model=32, n_layers=2, n_heads=4,
                       n_kv_heads=2, max_len=16, position=position, init_std=0.2)
@@ -103,9 +103,9 @@ def test_encoder_decoder_cached_decoding_equals_full_forward(position):
     params = nn.meta.unbox(model.init(jax.random.key(0), tgt, encoder_inputs=src)["params"])
     full = model.apply({"params": params}, tgt, encoder_inputs=src, encoder_segment_ids=seg)
     encoded = model.apply({"params": params}, src, encoder_segment_ids=seg, method="encode")
-    cache = init_encdec_cache(cfg, 2, 8, 7, encoder_valid=valid)
-    step = jax.jit(lambda c, t, e: model.apply({"params": params}, t, c, e,
-                                               method="decode_cached"))
+    cache = model.init_cache(2, 7, 7).replace(encoder_valid=valid)
+    step = jax.jit(lambda c, t, e: model.apply({"params": params}, t, c, encoded=e,
+                                               method="decode_step"))
     logits, cache = step(cache, tgt[:, :3], encoded)  # prefill 3 tokens, projects the encoder
     cached = [logits]
     for t in range(3, 6):  # then one token at a time, reading the stored cross keys/values

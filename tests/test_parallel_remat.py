@@ -14,52 +14,35 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
-from transformers_jax.models.gpt import default_positions
-from transformers_jax.nn.layers import make_norm, normal_init
-from transformers_jax.nn.masks import build_mask
+from transformers_jax.models import family_of
 from transformers_jax.nn.stack import (
     REMAT_POLICIES,
-    apply_layers,
     decay_mask,
     remat_policy,
     stack_layer_params,
     unstack_layer_params,
 )
 from transformers_jax.parallel import make_trainer
+from transformers_jax.registry import FAMILIES
 from transformers_jax.train.optim import learning_rate_schedule
 from transformers_jax.train.step import init_state, make_train_step
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_len=32, dropout=0.1)
 
 
-class StackLM(nn.Module):
-    """A small decoder built around ``apply_layers`` (what GPT becomes with the patch)."""
-
-    config: ModelConfig
-    remat: str = "none"
-    scan: bool = False
-
-    @nn.compact
-    def __call__(self, tokens_BT, *, positions=None, segment_ids=None, prefix_len=None,
-                 deterministic=True):
-        cfg = self.config
-        positions_BT = default_positions(tokens_BT) if positions is None else positions
-        embed = nn.Embed(cfg.vocab_size, cfg.d_model,
-                         embedding_init=normal_init(cfg.init_std, ("vocab", "embed")))
-        x_BTC = embed(tokens_BT)
-        x_BTC = nn.Dropout(cfg.dropout)(x_BTC, deterministic=deterministic)
-        mask = build_mask(cfg.mask, positions_BT, positions_BT,
-                          prefix_len=prefix_len, q_segments=segment_ids, kv_segments=segment_ids)
-        x_BTC = apply_layers(cfg, x_BTC, positions=positions_BT, mask=mask, bias=None,
-                             deterministic=deterministic, remat=self.remat, scan=self.scan)
-        return embed.attend(make_norm(cfg, "final_norm")(x_BTC)).astype(jnp.float32)
+def StackLM(config: ModelConfig, remat: str = "none", scan: bool = False):  # noqa: N802
+    """The GPT with the given remat policy and layer layout."""
+    return build_model(config.replace(remat=remat, scan_layers=scan))
 
 
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 16)), jnp.int32)
 
 
 def unboxed_init(model):
-    return nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), TOKENS)["params"])
+    tokens, inputs = family_of(model.config).example_inputs(model.config, TOKENS.shape[1])
+    tokens = jnp.broadcast_to(tokens, TOKENS.shape)
+    inputs = {k: jnp.broadcast_to(v, (TOKENS.shape[0], *v.shape[1:])) for k, v in inputs.items()}
+    return nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens, **inputs)["params"])
 
 
 def param_shapes(model):
@@ -67,9 +50,11 @@ def param_shapes(model):
 
 
 def loss_fn(model, deterministic=False):
+    inputs = family_of(model.config).inputs_for(model.config, TOKENS)
+
     def loss(params):
         logits = model.apply({"params": params}, TOKENS, deterministic=deterministic,
-                             rngs={"dropout": jax.random.key(1)})
+                             rngs={"dropout": jax.random.key(1)}, **inputs)
         return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
     return loss
@@ -172,24 +157,54 @@ def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
     assert max_diff(got_params, state.params) < 1e-5
 
 
-# Once ModelConfig has `remat` and `scan_layers` (the gpt.py patch), GPT itself is checked.
-HAS_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} >= {"remat", "scan_layers"}
+TRANSFORMERS = [name for name, family in FAMILIES.items() if family.module.__name__ != "LSTMLM"]
 
 
-@pytest.mark.skipif(not HAS_FIELDS, reason="ModelConfig has no remat/scan_layers fields yet")
-def test_gpt_remat_and_scan_switches():
+@pytest.mark.parametrize("family", TRANSFORMERS)
+@pytest.mark.parametrize("remat, scan", [("full", False), ("save_attention_out", False),
+                                         ("dots_saveable", True)])
+def test_every_family_runs_its_layers_through_the_one_stack(family, remat, scan):
+    """remat and scan_layers work for every transformer family: the same loss and gradients
+    as the plain loop (dropout on: the recomputation replays the same masks), the same
+    parameter tree (scan: stacked under ``layers``)."""
+    cfg = dataclasses.replace(CFG, family=family, mask=FAMILIES.get(family).default_mask,
+                              dropout=0.0 if scan else 0.1)  # scan splits dropout keys anew
+    plain = build_model(cfg)
+    params = unboxed_init(plain)
+    loss, grads = jax.jit(jax.value_and_grad(loss_fn(plain)))(params)
+    other = build_model(cfg.replace(remat=remat, scan_layers=scan))
+    if scan:
+        params = _stack_every_side(params, cfg)
+    loss_r, grads_r = jax.jit(jax.value_and_grad(loss_fn(other)))(params)
+    assert jax.tree.structure(param_shapes(other)) == jax.tree.structure(params)
+    np.testing.assert_allclose(loss_r, loss, rtol=1e-5)
+    if scan:
+        grads_r = _unstack_every_side(grads_r, cfg)
+    assert max_diff(grads_r, grads) < 1e-5
+    assert saved_residual_count(loss_fn(other), params) < saved_residual_count(
+        loss_fn(plain), _unstack_every_side(params, cfg) if scan else params)
+
+
+def _sides(params):
+    """Every subtree that holds layers (the model itself, or encoder/decoder/encoder)."""
+    return [k for k, v in params.items() if isinstance(v, dict) and (
+        "layer_0" in v or "layers" in v)]
+
+
+def _stack_every_side(params, cfg):
+    if "layer_0" in params:
+        return stack_layer_params(params, cfg.n_layers)
+    return {**params, **{k: stack_layer_params(params[k], cfg.n_layers) for k in _sides(params)}}
+
+
+def _unstack_every_side(params, cfg):
+    if "layers" in params:
+        return unstack_layer_params(params, cfg.n_layers)
+    return {**params, **{k: unstack_layer_params(params[k], cfg.n_layers)
+                         for k in _sides(params)}}
+
+
+def test_remat_policy_names_match_the_config_choices():
     from transformers_jax import config
 
-    assert tuple(getattr(config, "REMAT_POLICIES", REMAT_POLICIES)) == tuple(REMAT_POLICIES)
-    gpt_cfg = dataclasses.replace(CFG, dropout=0.0)
-    plain = build_model(gpt_cfg)
-    params = unboxed_init(plain)
-    loss, grads = jax.value_and_grad(loss_fn(plain))(params)
-    remat = build_model(dataclasses.replace(gpt_cfg, remat="full"))
-    loss_r, grads_r = jax.value_and_grad(loss_fn(remat))(params)
-    np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
-    assert max_diff(grads_r, grads) < 1e-6
-    scanned = build_model(dataclasses.replace(gpt_cfg, scan_layers=True))
-    stacked = stack_layer_params(params, gpt_cfg.n_layers)
-    np.testing.assert_allclose(scanned.apply({"params": stacked}, TOKENS),
-                               plain.apply({"params": params}, TOKENS), atol=1e-5)
+    assert set(config.REMAT_POLICIES) == set(REMAT_POLICIES)

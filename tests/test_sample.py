@@ -77,11 +77,11 @@ def test_streaming_callback_sees_every_token():
 def test_errors():
     cfg = tiny(position="learned", max_len=16)
     model, params, _ = init(cfg)
-    with pytest.raises(ValueError, match="longer than the learned position table"):
+    with pytest.raises(ValueError, match="longer than position=learned allows"):
         generate(model, params, [[1] * 10], SamplingConfig(max_new_tokens=7))
     bert_like = tiny(mask="bidirectional")
     model, params, _ = init(bert_like)
-    with pytest.raises(ValueError, match="needs a causal mask"):
+    with pytest.raises(ValueError, match="needs a mask that decodes"):
         generate(model, params, [[1]], SamplingConfig(max_new_tokens=2))
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=1.5)

@@ -39,7 +39,6 @@ import numpy as np
 from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model, family_of
-from transformers_jax.nn.kvcache import init_cache
 from transformers_jax.nn.layers import count_params
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -148,27 +147,24 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
 
 def bench_decoding(model_cfg: ModelConfig, prompt_len: int = 16, new_tokens: int = 240,
                    batches=(1, 8), repeats: int = 3) -> dict:
-    from transformers_jax.sample import SamplingConfig, _generate
+    from transformers_jax.sample import SamplingConfig, generate_tokens, prefill
 
     model = build_model(model_cfg)
     params = nn.meta.unbox(
         model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
     )
     greedy = SamplingConfig(max_new_tokens=new_tokens, temperature=0.0)
-    total = prompt_len + new_tokens
     out = {}
     for batch in batches:
         prompts = jnp.ones((batch, prompt_len), jnp.int32)
         lengths = jnp.full((batch,), prompt_len, jnp.int32)
-        prefill = jax.jit(lambda p, t, n, b=batch: model.apply(
-            {"params": p}, t, cache=init_cache(model_cfg, b, total), lengths=n))
+        first = jax.jit(lambda p, t, n: prefill(model, p, t, n, new_tokens))
 
         def generate(p=prompts, n=lengths):
-            return _generate(model, params, p, n, jax.random.key(0), cfg=greedy,
-                             cache_size=total)
+            return generate_tokens(model, params, p, n, jax.random.key(0), cfg=greedy)
 
-        _timed(prefill, params, prompts, lengths)  # compile
-        ttft = statistics.median(_timed(prefill, params, prompts, lengths)[1] for _ in range(5))
+        _timed(first, params, prompts, lengths)  # compile
+        ttft = statistics.median(_timed(first, params, prompts, lengths)[1] for _ in range(5))
         _, compile_s = _timed(generate)  # compile (and one run)
         runs = [_timed(generate)[1] for _ in range(repeats)]
         run_s = statistics.median(runs)

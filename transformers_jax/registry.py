@@ -170,6 +170,6 @@ POSITIONS: Registry = Registry("position scheme", load="transformers_jax.nn.posi
 ROPE_SCALINGS: Registry = Registry("RoPE scaling", load="transformers_jax.nn.positions")
 MASKS: Registry = Registry("mask kind", load="transformers_jax.nn.masks")
 ATTENTION: Registry = Registry("attention implementation", load="transformers_jax.nn.attention")
-NORMS: Registry = Registry("norm", load="transformers_jax.nn.layers")
-MLPS: Registry = Registry("mlp", load="transformers_jax.nn.layers")
+NORMS: Registry = Registry("norm", load="transformers_jax.nn.norms")
+MLPS: Registry = Registry("mlp", load="transformers_jax.nn.activations")
 FAMILIES: Registry = Registry("model family", load="transformers_jax.models")

@@ -18,7 +18,7 @@ from jax.experimental import io_callback
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import FAMILIES, family_of
-from transformers_jax.nn.kvcache import init_cache, required_cache_size
+from transformers_jax.nn.kvcache import KVCache
 
 NEG_INF = -1e30
 
@@ -125,43 +125,38 @@ def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig, on_t
     return jax.lax.while_loop(cond, body, carry)[4]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "cfg", "cache_size", "on_token"))
-def _generate(model, params, tokens_BP, lengths_B, key, *, cfg, cache_size, on_token=None):
-    """Decoder-only: prefill the right-padded prompts in one pass, then decode."""
-    B = tokens_BP.shape[0]
-    variables = {"params": params}
-    cache = init_cache(model.config, B, cache_size)
-    logits_BPV, cache = model.apply(variables, tokens_BP, cache=cache, lengths=lengths_B)
-    ones = jnp.ones((B,), jnp.int32)
-
-    def step_fn(cache, token_B):
-        logits_B1V, cache = model.apply(variables, token_B[:, None], cache=cache, lengths=ones)
-        return logits_B1V[:, 0], cache
-
-    last_BV = logits_BPV[jnp.arange(B), lengths_B - 1]
-    return _decode_loop(step_fn, last_BV, cache, key, cfg, on_token)
+def prefill(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, max_new_tokens: int,
+            bos_id: int | None = None) -> tuple[jax.Array, KVCache]:
+    """Start decoding right-padded prompts ``[B, P]`` (``lengths_B`` real tokens each):
+    ``(logits [B, V] of the first new token, cache)``. A decoder-only model runs the prompts
+    through the cache; an encoder-decoder encodes them and starts its decoder from ``bos_id``.
+    The same call for every generating family (each model has ``init_cache`` and ``prefill``).
+    """
+    B, P = prompts_BP.shape
+    cache = model.init_cache(B, P, max_new_tokens)
+    return model.apply({"params": params}, prompts_BP, lengths_B, cache, bos_id=bos_id,
+                       method="prefill")
 
 
-@functools.partial(jax.jit, static_argnames=("model", "cfg", "bos_id", "on_token"))
-def _generate_seq2seq(model, params, sources_BS, valid_BS, key, *, cfg, bos_id, on_token=None):
-    """Encoder-decoder: run the encoder once, project its keys/values into the cache at the
-    first decoder step, then decode from ``bos``."""
-    from transformers_jax.models.encdec import init_encdec_cache
+def decode_step(model, params, tokens_B: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """One token per row through the cache: ``(logits [B, V], new cache)``."""
+    logits_B1V, cache = model.apply({"params": params}, tokens_B[:, None], cache,
+                                    method="decode_step")
+    return logits_B1V[:, 0], cache
 
-    B, S = sources_BS.shape
-    variables = {"params": params}
-    encoded = model.apply(variables, sources_BS, encoder_segment_ids=valid_BS.astype(jnp.int32),
-                          method="encode")
-    cache = init_encdec_cache(model.config, B, cfg.max_new_tokens + 1, S, encoder_valid=valid_BS)
-    bos = jnp.full((B, 1), bos_id, jnp.int32)
-    logits_B1V, cache = model.apply(variables, bos, cache, encoded, method="decode_cached")
 
-    def step_fn(cache, token_B):
-        logits_B1V, cache = model.apply(variables, token_B[:, None], cache, None,
-                                        method="decode_cached")
-        return logits_B1V[:, 0], cache
+@functools.partial(jax.jit, static_argnames=("model", "cfg", "on_token"))
+def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, key: jax.Array,
+                    *, cfg: SamplingConfig, on_token: Callable | None = None) -> jax.Array:
+    """The compiled decoder: prefill, then one compiled loop of ``decode_step``; returns the
+    new tokens ``[B, max_new_tokens]`` (``pad_id`` after a row stops). What ``generate`` and
+    the benchmarks run."""
+    first_BV, cache = prefill(model, params, prompts_BP, lengths_B, cfg.max_new_tokens,
+                              bos_id=cfg.bos_id)
+    def step_fn(cache, tokens_B):
+        return decode_step(model, params, tokens_B, cache)
 
-    return _decode_loop(step_fn, logits_B1V[:, 0], cache, key, cfg, on_token)
+    return _decode_loop(step_fn, first_BV, cache, key, cfg, on_token)
 
 
 def generate(
@@ -182,9 +177,7 @@ def generate(
     """
     model_cfg: ModelConfig = model.config
     family = family_of(model_cfg)
-    if family.generates == "seq2seq":
-        return _seq2seq(model, params, prompts, cfg, seed, on_token)
-    if family.generates != "self":
+    if not family.generates:
         raise ValueError(f"family={model_cfg.family!r} cannot generate with a KV cache; "
                          f"sampling is for {', '.join(generating_families())} models")
     if not model_cfg.mask.decodes:
@@ -192,28 +185,17 @@ def generate(
             f"sampling needs a mask that decodes left to right (causal, sliding_window, "
             f"prefix), but this model uses mask={model_cfg.mask.name!r}"
         )
-    tokens, lengths = pad_prompts(prompts, cfg.pad_id)
-    total = int(lengths.max()) + cfg.max_new_tokens
-    check_decode_length(model_cfg, total)
-    size = required_cache_size(model_cfg, tokens.shape[1] + cfg.max_new_tokens)
-    out = _generate(
-        model, params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(seed),
-        cfg=cfg, cache_size=size, on_token=on_token,
-    )
-    return _cut_at_stops(out, cfg)
-
-
-def _seq2seq(model, params, sources, cfg: SamplingConfig, seed: int, on_token):
-    if cfg.bos_id is None:
+    if family.generates == "seq2seq" and cfg.bos_id is None:
         raise ValueError("an encoder-decoder starts decoding from bos: set SamplingConfig.bos_id")
-    model_cfg = model.config
-    # a learned table has no rows for padding past it: pad sources exactly then
+    # A learned table has no rows for padding past it: pad exactly then; else to a multiple
+    # of 16 so that few prompt shapes compile.
     limited = model_cfg.position.max_length(model_cfg) is not None
-    tokens, lengths = pad_prompts(sources, cfg.pad_id, multiple=1 if limited else 16)
-    check_decode_length(model_cfg, max(int(lengths.max()), cfg.max_new_tokens + 1))
-    valid = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
-    out = _generate_seq2seq(model, params, jnp.asarray(tokens), jnp.asarray(valid),
-                            jax.random.key(seed), cfg=cfg, bos_id=cfg.bos_id, on_token=on_token)
+    tokens, lengths = pad_prompts(prompts, cfg.pad_id, multiple=1 if limited else 16)
+    decoded = (int(lengths.max()) + cfg.max_new_tokens if family.generates == "self"
+               else max(int(lengths.max()), cfg.max_new_tokens + 1))
+    check_decode_length(model_cfg, decoded)
+    out = generate_tokens(model, params, jnp.asarray(tokens), jnp.asarray(lengths),
+                          jax.random.key(seed), cfg=cfg, on_token=on_token)
     return _cut_at_stops(out, cfg)
 
 

@@ -26,15 +26,11 @@ import numpy as np
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.models.family import Family
-from transformers_jax.models.gpt import (
-    Embedder,
-    check_length,
-    default_positions,
-    encoding_positions,
-    make_embed,
-    self_attention_mask,
-)
-from transformers_jax.nn.layers import Block, Dense, dtype_of, make_norm, softcap
+from transformers_jax.models.gpt import check_length, default_positions
+from transformers_jax.nn.layers import Dense, Embedder, dtype_of, make_embed, softcap
+from transformers_jax.nn.masks import build_mask
+from transformers_jax.nn.norms import make_norm
+from transformers_jax.nn.stack import LayerStack, encoding_positions
 from transformers_jax.registry import FAMILIES, MLPS
 
 
@@ -51,24 +47,25 @@ def check_mlm_mask(config: ModelConfig) -> None:
 
 
 class BertEncoder(nn.Module):
-    """``tokens [B, T] -> hidden states [B, T, C]``, plus the token table for a tied head."""
+    """``tokens [B, T] -> hidden states [B, T, C]``, plus the token table for a tied head.
+
+    Parameters: ``embed``, ``token_type_embed``, ``embed_norm`` (post-norm), ``relative_bias``
+    (bias schemes), ``layer_i`` (or ``layers``), ``final_norm`` (pre-norm).
+    """
 
     config: ModelConfig
 
     def setup(self) -> None:
         cfg = self.config
         self.embed = Embedder(cfg)
-        self.n_types = cfg.type_vocab_size
-        if self.n_types:
-            self.token_type_embed = make_embed(cfg, self.n_types, (None, "embed"))
+        if cfg.type_vocab_size:
+            self.token_type_embed = make_embed(cfg, cfg.type_vocab_size, (None, "embed"))
         if cfg.norm_position == "post":
             self.embed_norm = make_norm(cfg)
-        else:
-            self.final_norm = make_norm(cfg)
         # One bias module for the whole stack, as in T5 (None for schemes without a bias).
         self.relative_bias = cfg.position.bias(cfg, not cfg.mask.causal)
-        for i in range(cfg.n_layers):
-            setattr(self, f"layer_{i}", Block(cfg))
+        self.stack = LayerStack(cfg, cfg.n_layers)
+        nn.share_scope(self, self.stack)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def __call__(
@@ -84,11 +81,12 @@ class BertEncoder(nn.Module):
         cfg = self.config
         check_length(cfg, tokens_BT.shape[1])
         positions_BT = default_positions(tokens_BT) if positions is None else positions
-        mask = self_attention_mask(cfg, positions_BT, segment_ids, prefix_len)
+        mask = build_mask(cfg.mask, positions_BT, positions_BT, prefix_len=prefix_len,
+                          q_segments=segment_ids, kv_segments=segment_ids)
         positions_BT = encoding_positions(self, cfg, positions_BT, deterministic)
 
         x_BTC = self.embed(tokens_BT, positions_BT)
-        if self.n_types:
+        if cfg.type_vocab_size:
             types_BT = jnp.zeros_like(tokens_BT) if token_types is None else token_types
             x_BTC = x_BTC + self.token_type_embed(types_BT)
         elif token_types is not None:
@@ -103,18 +101,13 @@ class BertEncoder(nn.Module):
 
         bias_BHTT = (None if self.relative_bias is None
                      else self.relative_bias(positions_BT, positions_BT))
-        for i in range(cfg.n_layers):
-            x_BTC = getattr(self, f"layer_{i}")(
-                x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
-                deterministic=deterministic,
-            )
-        if cfg.norm_position == "pre":
-            x_BTC = self.final_norm(x_BTC)
+        x_BTC, _ = self.stack(x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
+                              deterministic=deterministic)
         return x_BTC
 
     def embedding_table(self) -> jax.Array:
         """The token embedding ``[V, C]`` (what a tied output projection multiplies by)."""
-        return self.embed.tokens.embedding
+        return self.embed.table_VC()
 
 
 class MLMHead(nn.Module):

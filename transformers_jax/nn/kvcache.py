@@ -1,19 +1,22 @@
 """The key/value cache for decoding: an explicit pytree passed in and returned, never hidden state.
 
-Layout (B batch, S cache slots, N kv heads, D head dim)::
+``KVCache`` (B batch, S cache slots, N kv heads, D head dim, L layers)::
 
-    {"index": int32 [B],          # tokens written so far per row (= next token's position)
-     "positions": int32 [B, S],   # position of the token held by each slot
-     "valid": bool [B, S],        # whether the slot holds a token at all
-     "layer_0": {"key": [B, N, S, D], "value": [B, N, S, D]}, ...}
+    index      int32 [B]      tokens written so far per row (= the next token's position)
+    positions  int32 [B, S]   position of the token held by each slot
+    valid      bool  [B, S]   whether the slot holds a token at all
+    layers     L x LayerKV    keys and values [B, N, S, D] of each layer's self-attention
+    cross      L x LayerKV    an encoder-decoder's cross-attention keys/values [B, N, S_enc, D]
+    encoder_positions, encoder_valid   [B, S_enc], with ``cross``
+    prefix_len int32 [B]      with a prefix-LM mask: each row's prefix (its prompt)
 
 Keys and values are stored heads-first, the layout a decoding step reads them in (a
 ``[B, S, N, D]`` cache was copied into it by every layer at every step). Keys are stored after
-RoPE. Slots are a ring: token number ``p`` of a row lives in slot
-``p % S``. With a sliding-window mask a cache of ``window`` slots therefore suffices; for other
-masks S must hold the whole sequence (``init_cache`` checks the size it is given). Because masks
-and biases are computed from the stored positions, the same code serves full caches, ring
-caches, and batches of prompts with different lengths.
+the position scheme's ``rotate``. Slots are a ring: token number ``p`` of a row lives in slot
+``p % S``. With a sliding-window mask a cache of ``window`` slots therefore suffices (the mask
+kind's ``cache_slots``); for other masks S must hold the whole sequence. Because masks and
+biases are computed from the stored positions, the same code serves full caches, ring caches,
+and batches of prompts with different lengths.
 """
 
 from __future__ import annotations
@@ -22,8 +25,35 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from transformers_jax.config import ModelConfig
+
+
+@struct.dataclass
+class LayerKV:
+    """One attention layer's cached keys and values, heads-first ``[B, N, S, D]``."""
+
+    key: jax.Array
+    value: jax.Array
+
+
+@struct.dataclass
+class KVCache:
+    """Everything a decoding step reads and returns (see the module docstring)."""
+
+    index: jax.Array
+    positions: jax.Array
+    valid: jax.Array
+    layers: tuple[LayerKV, ...]
+    cross: tuple[LayerKV, ...] | None = None
+    encoder_positions: jax.Array | None = None
+    encoder_valid: jax.Array | None = None
+    prefix_len: jax.Array | None = None  # [B]: a prefix-LM's prefix (the prompt) per row
+
+    @property
+    def size(self) -> int:
+        return self.positions.shape[1]
 
 
 class CacheWrite(NamedTuple):
@@ -61,27 +91,23 @@ def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot, axis: int = 1
     return jax.vmap(one_row)(old, new.astype(old.dtype), where.slot)
 
 
-def init_cache(config: ModelConfig, batch_size: int, size: int, n_layers: int | None = None):
-    """An empty cache of ``size`` slots per row for every layer."""
+def init_cache(config: ModelConfig, batch_size: int, size: int,
+               n_layers: int | None = None) -> KVCache:
+    """An empty cache of ``size`` slots per row for ``n_layers`` layers (default all)."""
     N, D = config.kv_heads, config.dims_per_head
     dtype = jnp.dtype(config.dtype)
     layers = config.n_layers if n_layers is None else n_layers
-    cache = {
-        "index": jnp.zeros((batch_size,), jnp.int32),
-        "positions": jnp.zeros((batch_size, size), jnp.int32),
-        "valid": jnp.zeros((batch_size, size), bool),
-    }
-    for i in range(layers):
-        cache[f"layer_{i}"] = {
-            "key": jnp.zeros((batch_size, N, size, D), dtype),
-            "value": jnp.zeros((batch_size, N, size, D), dtype),
-        }
-    return cache
 
+    def empty() -> LayerKV:
+        return LayerKV(jnp.zeros((batch_size, N, size, D), dtype),
+                       jnp.zeros((batch_size, N, size, D), dtype))
 
-def required_cache_size(config: ModelConfig, total_len: int) -> int:
-    """Slots needed to decode up to ``total_len`` tokens: the window, or everything."""
-    return config.mask.cache_slots(total_len)
+    return KVCache(
+        index=jnp.zeros((batch_size,), jnp.int32),
+        positions=jnp.zeros((batch_size, size), jnp.int32),
+        valid=jnp.zeros((batch_size, size), bool),
+        layers=tuple(empty() for _ in range(layers)),
+    )
 
 
 def plan_write(index: jax.Array, lengths: jax.Array, size: int, n_new: int) -> CacheWrite:
@@ -108,12 +134,13 @@ def write_slots(old: jax.Array, new: jax.Array, plan: CacheWrite, axis: int = 1)
     return jnp.where(plan.write.reshape(shape), gathered, old)
 
 
-def advance(cache: dict, new_positions: jax.Array, lengths: jax.Array, plan: CacheWrite) -> dict:
+def advance(cache: KVCache, new_positions: jax.Array, lengths: jax.Array,
+            plan: CacheWrite) -> dict:
     """The bookkeeping part of the cache after writing: positions, validity, index."""
     return {
-        "index": cache["index"] + lengths,
-        "positions": write_slots(cache["positions"], new_positions, plan),
-        "valid": cache["valid"] | plan.write,
+        "index": cache.index + lengths,
+        "positions": write_slots(cache.positions, new_positions, plan),
+        "valid": cache.valid | plan.write,
     }
 
 
@@ -127,26 +154,25 @@ class CacheStep(NamedTuple):
     kv_positions: jax.Array  # int32 [B, K]
     kv_valid: jax.Array  # bool [B, K]
     write: CacheWrite | RowSlot
-    meta: dict  # the new "index", "positions", "valid"
+    meta: dict  # the new index, positions and valid of the KVCache
 
 
-def plan_step(cache: dict, n_new: int, lengths: jax.Array | None) -> CacheStep:
+def plan_step(cache: KVCache, n_new: int, lengths: jax.Array | None) -> CacheStep:
     """Plan a cached step over ``n_new`` tokens per row (``lengths`` of them real).
 
     Several tokens (prefill) attend over ``[cached slots, new tokens]`` and are stored after;
     one token per row (decoding) in either order of ``RowSlot``.
     """
-    B = cache["index"].shape[0]
-    S = cache["positions"].shape[1]
+    B, S = cache.positions.shape
     lengths_B = jnp.full((B,), n_new, jnp.int32) if lengths is None else lengths
-    positions_BT = cache["index"][:, None] + jnp.arange(n_new, dtype=jnp.int32)[None, :]
+    positions_BT = cache.index[:, None] + jnp.arange(n_new, dtype=jnp.int32)[None, :]
     valid_BT = jnp.arange(n_new)[None, :] < lengths_B[:, None]
     if n_new == 1:
-        write: CacheWrite | RowSlot = RowSlot(cache["index"] % S, read_first=B == 1)
+        write: CacheWrite | RowSlot = RowSlot(cache.index % S, read_first=B == 1)
         meta = {
-            "index": cache["index"] + lengths_B,
-            "positions": write_row_slot(cache["positions"], positions_BT, write),
-            "valid": write_row_slot(cache["valid"], valid_BT, write) | cache["valid"],
+            "index": cache.index + lengths_B,
+            "positions": write_row_slot(cache.positions, positions_BT, write),
+            "valid": write_row_slot(cache.valid, valid_BT, write) | cache.valid,
         }
         if not write.read_first:
             return CacheStep(positions_BT, valid_BT, meta["positions"], meta["valid"], write,
@@ -157,17 +183,17 @@ def plan_step(cache: dict, n_new: int, lengths: jax.Array | None) -> CacheStep:
         return CacheStep(
             positions_BT,
             valid_BT,
-            jnp.concatenate([cache["positions"], positions_BT], axis=1),
-            jnp.concatenate([cache["valid"] & ~overwritten, valid_BT], axis=1),
+            jnp.concatenate([cache.positions, positions_BT], axis=1),
+            jnp.concatenate([cache.valid & ~overwritten, valid_BT], axis=1),
             write,
             meta,
         )
-    write = plan_write(cache["index"], lengths_B, S, n_new)
+    write = plan_write(cache.index, lengths_B, S, n_new)
     return CacheStep(
         positions_BT,
         valid_BT,
-        jnp.concatenate([cache["positions"], positions_BT], axis=1),
-        jnp.concatenate([cache["valid"], valid_BT], axis=1),
+        jnp.concatenate([cache.positions, positions_BT], axis=1),
+        jnp.concatenate([cache.valid, valid_BT], axis=1),
         write,
         advance(cache, positions_BT, lengths_B, write),
     )

@@ -1,9 +1,10 @@
-"""Rematerialisation by policy name, and the layer stack as a Python loop or one ``nn.scan``.
+"""The one layer stack every family runs: blocks in a loop or one ``nn.scan``, remat by policy
+name, the final norm; plus what the stack's layers share (mask-free position inputs, the bias).
 
 Shape legend: B batch, T length, C model width, L layers.
 
 ``remat`` trades compute for memory: the backward pass recomputes what the forward pass did not
-keep. The policy says what is kept:
+keep. The policy (``model.remat``) says what is kept:
 
 ====================================  ===========================================================
 ``none``                              keep everything (no remat; the default)
@@ -11,18 +12,21 @@ keep. The policy says what is kept:
 ``dots_saveable``                     keep every matmul output, recompute the cheap elementwise
                                       work (norms, activations, softmax)
 ``dots_with_no_batch_dims_saveable``  keep the weight matmuls (q/k/v/out, MLP) but recompute the
-                                      attention score/value products (batched dots): attention's
-                                      ``[B, H, T, T]`` memory goes, the projections stay
+                                      attention score/value products (batched dots)
+``save_qkv_proj``                     keep the q/k/v projections (tagged ``query_proj``,
+                                      ``key_proj``, ``value_proj``), recompute the rest
+``save_attention_out``                also keep each attention output (``attention_out``):
+                                      the backward pass recomputes only the MLP and norms
+``everything_saveable``               remat in name only: for comparisons
 ====================================  ===========================================================
 
-``scan=True`` runs the layers as one ``nn.scan`` over stacked parameters (a leading ``layers``
+``scan_layers`` runs the layers as one ``nn.scan`` over stacked parameters (a leading ``layers``
 axis, logical name ``layers``): one layer is compiled instead of L, so compile time stops
 growing with depth. ``stack_layer_params`` / ``unstack_layer_params`` convert between the two
 parameter layouts, which compute the same function.
 
-``apply_layers`` is called from a model's compact ``__call__`` in place of its
-``for i in range(n_layers): x = Block(...)(x, ...)`` loop; with ``remat="none"`` and
-``scan=False`` it builds exactly that loop and the same parameter tree (``layer_0``, ...).
+A model creates ``LayerStack`` and shares its scope (``nn.share_scope``), so the layers sit in
+the model's own parameter tree (``layer_0`` ... or ``layers``, and ``final_norm``).
 """
 
 from __future__ import annotations
@@ -35,103 +39,125 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ConfigError, ModelConfig
+from transformers_jax.nn.kvcache import CacheWrite, LayerKV, RowSlot
 from transformers_jax.nn.layers import Block
+from transformers_jax.nn.norms import make_norm
 
 _cp = jax.checkpoint_policies
+_QKV = ("query_proj", "key_proj", "value_proj")
 REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
     "none": None,  # no remat at all
     "full": _cp.nothing_saveable,
     "nothing_saveable": _cp.nothing_saveable,
     "dots_saveable": _cp.dots_saveable,
     "dots_with_no_batch_dims_saveable": _cp.dots_with_no_batch_dims_saveable,
-    "everything_saveable": _cp.everything_saveable,  # remat in name only: for comparisons
+    "everything_saveable": _cp.everything_saveable,
+    "save_qkv_proj": _cp.save_only_these_names(*_QKV),
+    "save_attention_out": _cp.save_only_these_names(*_QKV, "attention_out"),
 }
 
 LAYERS_AXIS = "layers"
 
 
-def check_remat(name: str) -> None:
-    if name not in REMAT_POLICIES:
-        raise ConfigError(
-            f"remat={name!r} is not a known remat policy; valid choices: "
-            f"{', '.join(REMAT_POLICIES)}"
-        )
-
-
 def remat_policy(name: str) -> Callable[..., bool] | None:
     """The ``jax.checkpoint`` policy called ``name`` (None for ``none``: no remat)."""
-    check_remat(name)
+    if name not in REMAT_POLICIES:
+        raise ConfigError(f"remat={name!r} is not a known remat policy; valid choices: "
+                          f"{', '.join(REMAT_POLICIES)}")
     return REMAT_POLICIES[name]
 
 
 class _Layer(Block):
-    """``Block`` with a positional signature and ``deterministic`` as a static attribute.
-
-    ``nn.remat`` and ``nn.scan`` pass arguments positionally and trace them, so the Python
-    bool that switches dropout must not be one of them. Being a subclass (not a wrapper) keeps
-    the parameter tree exactly that of ``Block``.
-    """
+    """``Block`` with a positional signature, static ``deterministic``, and the residual stream
+    as its only output (what ``nn.remat``/``nn.scan`` want: they trace their arguments, so the
+    Python bool that switches dropout must not be one). A subclass, so the parameter tree is
+    exactly ``Block``'s."""
 
     deterministic: bool = True
     scanned: bool = False  # nn.scan wants (carry, output); the carry is the residual stream
 
-    def __call__(self, x_BTC, positions, mask, bias):
-        y_BTC = super().__call__(
-            x_BTC, positions=positions, mask=mask, bias=bias, deterministic=self.deterministic
-        )
+    def __call__(self, x_BTC, positions, mask, bias, encoded, cross_mask):
+        y_BTC, _, _ = super().__call__(x_BTC, positions=positions, mask=mask, bias=bias,
+                                       encoded=encoded, cross_mask=cross_mask,
+                                       deterministic=self.deterministic)
         return (y_BTC, None) if self.scanned else y_BTC
 
 
-def layer_class(remat: str = "none", *, scanned: bool = False) -> type[nn.Module]:
-    """The per-layer module: ``_Layer``, wrapped in ``nn.remat`` with the named policy."""
-    policy = remat_policy(remat)
-    if remat == "none":
-        return _Layer
-    # Inside a scan, CSE across iterations is impossible anyway; outside, keep JAX's default.
-    return nn.remat(_Layer, policy=policy, prevent_cse=not scanned)
+class LayerStack(nn.Module):
+    """``n_layers`` blocks (with cross-attention when ``cross``), then the final norm of a
+    pre-norm model. Returns ``(x [B, T, C], caches)``: caches are None without a ``cache``,
+    else ``(self-attention LayerKVs, cross-attention LayerKVs or None)`` for the new cache."""
 
+    config: ModelConfig
+    n_layers: int
+    cross: bool = False
 
-def apply_layers(
-    config: ModelConfig,
-    x_BTC: jax.Array,
-    *,
-    positions: jax.Array,
-    mask: Any,
-    bias: jax.Array | None = None,
-    deterministic: bool = True,
-    remat: str = "none",
-    scan: bool = False,
-) -> jax.Array:
-    """Run ``config.n_layers`` blocks over ``x_BTC [B, T, C]``; call from a compact method.
-
-    Parameters live under ``layer_{i}`` (loop) or ``layers`` (scan, stacked on axis 0).
-    """
-    check_remat(remat)
-    if not scan:
-        if remat == "none":
-            for i in range(config.n_layers):
-                x_BTC = Block(config, name=f"layer_{i}")(
-                    x_BTC, positions=positions, mask=mask, bias=bias, deterministic=deterministic
-                )
-            return x_BTC
-        cls = layer_class(remat)
-        for i in range(config.n_layers):
-            x_BTC = cls(config, deterministic=deterministic, name=f"layer_{i}")(
-                x_BTC, positions, mask, bias
+    @nn.compact
+    def __call__(self, x_BTC: jax.Array, *, positions: jax.Array, mask: Any,
+                 bias: jax.Array | None = None, encoded: jax.Array | None = None,
+                 cross_mask: Any = None, deterministic: bool = True,
+                 cache: tuple[LayerKV, ...] | None = None,
+                 cross_cache: tuple[LayerKV, ...] | None = None,
+                 write: CacheWrite | RowSlot | None = None):
+        cfg = self.config
+        policy = remat_policy(cfg.remat)
+        caches = None
+        if cache is not None:  # decoding: a plain loop that threads each layer's cache
+            if cfg.scan_layers:
+                raise ValueError(
+                    "KV-cache decoding reads each layer's parameters by name: convert scanned "
+                    "parameters with nn.stack.unstack_layer_params and decode with "
+                    "scan_layers=False")
+            new_self, new_cross = [], []
+            for i in range(self.n_layers):
+                x_BTC, kv, cross_kv = Block(cfg, self.cross, name=f"layer_{i}")(
+                    x_BTC, positions=positions, mask=mask, bias=bias, encoded=encoded,
+                    cross_mask=cross_mask, cache=cache[i],
+                    cross_cache=None if cross_cache is None else cross_cache[i], write=write)
+                new_self.append(kv)
+                new_cross.append(cross_kv)
+            caches = (tuple(new_self), tuple(new_cross) if self.cross else None)
+        elif cfg.scan_layers:
+            layer = _Layer if policy is None else nn.remat(_Layer, policy=policy,
+                                                           prevent_cse=False)
+            stack = nn.scan(
+                layer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast,) * 5,
+                length=self.n_layers,
+                metadata_params={nn.PARTITION_NAME: LAYERS_AXIS},
             )
-        return x_BTC
-    stack = nn.scan(
-        layer_class(remat, scanned=True),
-        variable_axes={"params": 0},
-        split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
-        length=config.n_layers,
-        metadata_params={nn.PARTITION_NAME: LAYERS_AXIS},
-    )
-    x_BTC, _ = stack(config, deterministic=deterministic, scanned=True, name=LAYERS_AXIS)(
-        x_BTC, positions, mask, bias
-    )
-    return x_BTC
+            x_BTC, _ = stack(cfg, self.cross, deterministic=deterministic, scanned=True,
+                             name=LAYERS_AXIS)(x_BTC, positions, mask, bias, encoded, cross_mask)
+        else:
+            layer = _Layer if policy is None else nn.remat(_Layer, policy=policy)
+            for i in range(self.n_layers):
+                x_BTC = layer(cfg, self.cross, deterministic=deterministic, name=f"layer_{i}")(
+                    x_BTC, positions, mask, bias, encoded, cross_mask)
+        if cfg.norm_position == "pre":
+            x_BTC = make_norm(cfg, "final_norm")(x_BTC)
+        return x_BTC, caches
+
+
+def encoding_positions(module: nn.Module, config: ModelConfig, positions_BT: jax.Array,
+                       deterministic: bool) -> jax.Array:
+    """The positions the scheme's hooks see: in training, those of ``train_positions``
+    (randomized schemes draw them from the ``dropout`` RNG stream, the one the train step
+    passes); otherwise the real ones. Masks always use the real positions."""
+    if deterministic or not config.position.randomizes:
+        return positions_BT
+    return config.position.train_positions(module.make_rng("dropout"), positions_BT, config)
+
+
+def relative_bias(parent: nn.Module, config: ModelConfig, q_pos, k_pos, *, bidirectional: bool,
+                  name: str = "relative_bias") -> jax.Array | None:
+    """The scheme's additive ``[B, H, Q, K]`` bias (None for schemes without one), computed
+    once per forward pass and shared by every layer of a stack (as T5 does)."""
+    module = config.position.bias(config, bidirectional)
+    if module is None:
+        return None
+    return module.clone(parent=parent, name=name)(q_pos, k_pos)
 
 
 def decay_mask(params: dict) -> Any:
