@@ -381,7 +381,7 @@ def load_tokenizer(directory: str) -> Tokenizer:
         meta = json.load(f)
     kind = meta.get("kind")
     if kind == "huggingface":  # a converted checkpoint's own tokenizer (needs transformers)
-        from transformers_jax.convert.tokenizer import HFTokenizer
+        from transformers_jax.data.hf_tokenizer import HFTokenizer
 
         return HFTokenizer.load(directory)
     if kind == "byte":
