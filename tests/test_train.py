@@ -13,8 +13,8 @@ import pytest
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.corpus import default_corpus, read_text
+from transformers_jax.loop import train
 from transformers_jax.train.flops import flops_per_token
-from transformers_jax.train.loop import train
 from transformers_jax.train.losses import lm_loss
 from transformers_jax.train.optim import decay_mask, learning_rate_schedule
 

@@ -47,7 +47,7 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
 
 def cmd_train(argv: list[str]) -> int:
     model_cfg, train_cfg = build_configs(argv)
-    from transformers_jax.train.loop import train  # imports JAX: after the configs are valid
+    from transformers_jax.loop import train  # imports JAX: after the configs are valid
 
     # The vocabulary follows the tokenizer unless given explicitly.
     explicit = model_cfg.vocab_size != ModelConfig().vocab_size
