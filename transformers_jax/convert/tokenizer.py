@@ -1,6 +1,6 @@
 """Finding the tokenizer of a Hugging Face checkpoint directory.
 
-``HFTokenizer`` (``data/hf_tokenizer.py``) wraps ``transformers.AutoTokenizer`` behind this
+``HFTokenizer`` (``data/tokenizers.py``) wraps ``transformers.AutoTokenizer`` behind this
 project's ``Tokenizer`` interface; it lives in ``data/`` because ``load_tokenizer`` restores it
 from a run directory. This module says whether a source directory has such a tokenizer, or
 one of ours.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from transformers_jax.data.hf_tokenizer import HFTokenizer
+from transformers_jax.data.tokenizers import HFTokenizer
 
 __all__ = ["HFTokenizer", "has_hf_tokenizer", "is_tjax_tokenizer_file"]
 
