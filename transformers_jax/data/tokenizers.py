@@ -402,7 +402,7 @@ def load_tokenizer(directory: str) -> Tokenizer:
     return tok
 
 
-# A Hugging Face tokenizer ---------------------------------------------------------------------
+# A Hugging Face tokenizer --------------------------------------------------------------------
 
 # Files that make up a Hugging Face tokenizer (whichever of them a directory has).
 HF_TOKENIZER_FILES = (
