@@ -17,8 +17,8 @@ import numpy as np
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.sources import open_documents
+from transformers_jax.loop import train
 from transformers_jax.runs import load_run
-from transformers_jax.train.loop import train
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
 

@@ -12,6 +12,8 @@ import pytest
 from model_helpers import assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
+from transformers_jax.data import classification as C
+from transformers_jax.data.mlm_batches import mlm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.bert import BERT, encode_with_masks, fill_mask
 from transformers_jax.models.heads import build_classifier, init_from_mlm
@@ -225,12 +227,12 @@ def test_fine_tuning_learns_a_synthetic_classification_task():
 def test_tfds_classification_loader_on_mocked_imdb(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
-        data = O.load_classification("imdb_reviews", "train")
+        data = C.load_classification("imdb_reviews", "train")
         assert data.text_keys == ("text",) and data.num_labels == 2 and len(data) == 12
-        batch = O.classification_batch_at(data, 4, 24, seed=0, index=0)
-        again = O.classification_batch_at(data, 4, 24, seed=0, index=0)
+        batch = C.classification_batch_at(data, 4, 24, seed=0, index=0)
+        again = C.classification_batch_at(data, 4, 24, seed=0, index=0)
         with pytest.raises(ValueError, match="no feature"):
-            O.load_classification("imdb_reviews", "train", text_key="sentence")
+            C.load_classification("imdb_reviews", "train", text_key="sentence")
     for k in batch:
         np.testing.assert_array_equal(batch[k], again[k])
     assert batch["inputs"].shape == batch["segment_ids"].shape == (4, 24)
@@ -246,11 +248,11 @@ def test_tfds_classification_loader_on_mocked_imdb(tmp_path):
 
 
 def test_sentence_pairs_get_token_types_and_truncate_the_longer_text():
-    ids, types = O.encode_classification_example(["abcdefgh", "xy"], 10)
+    ids, types = C.encode_classification_example(["abcdefgh", "xy"], 10)
     sp = TOK.special
     assert list(ids) == [sp["cls"], *b"abcde", sp["sep"], *b"xy", sp["sep"]]
     assert list(types) == [0] * 7 + [1] * 3
-    ids, types = O.encode_classification_example([b"ab"], 6)
+    ids, types = C.encode_classification_example([b"ab"], 6)
     assert list(ids) == [sp["cls"], *b"ab", sp["sep"], sp["pad"], sp["pad"]]
 
 
@@ -264,7 +266,7 @@ def test_masked_lm_trains_and_fill_mask_recovers_the_masked_byte():
     objective = O.objective_for("bert")
 
     def batch_at(tokens, seed, index):
-        return O.mlm_batch(tokens, 32, 26, seed, index)
+        return mlm_batch(tokens, 32, 26, seed, index)
 
     params = objective.init_params(model, jax.random.key(0), batch_at(corpus, 0, 0))
     evaluate = jax.jit(lambda p, b: objective.loss(model, p, b, None, True))

@@ -14,10 +14,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.loop import train
 from transformers_jax.runs import load_run
 from transformers_jax.sample import SamplingConfig, generate
 from transformers_jax.train.checkpoint import Checkpointer, CheckpointMismatchError
-from transformers_jax.train.loop import train
 
 TINY = ["--model.n_layers=1", "--model.d_model=32", "--model.n_heads=2", "--model.dropout=0.1",
         "--train.batch_size=4", "--train.seq_len=32", "--train.log_every=1",

@@ -318,7 +318,7 @@ def test_converted_run_restores_with_load_run_and_samples(tmp_path, capsys):
 def test_fine_tuning_resumes_from_a_converted_run(tmp_path):
     from transformers_jax.config import TrainConfig
     from transformers_jax.convert.run_io import read_run_meta
-    from transformers_jax.train.loop import train
+    from transformers_jax.loop import train
 
     source = make_gpt2(tmp_path / "hf", vocab_size=262)
     run = str(tmp_path / "run")

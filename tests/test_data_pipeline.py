@@ -186,6 +186,31 @@ def test_resume_of_a_task_iterator_and_a_mismatched_state():
         make(seed=1).set_state(state)
 
 
+def test_prefix_batches_resume_exactly_and_keep_the_loss_off_the_prefix():
+    from transformers_jax.data.prefix_lm import PrefixBatches
+
+    def make():
+        return PrefixBatches(make_lm_iterator(DOCS, CHAR, 16, 4, seed=7, shard=(0, 1)), seed=3)
+
+    it = make()
+    take(it, 3)
+    state = json.loads(json.dumps(it.get_state()))
+    assert state["count"] == 3 and "inner" in state
+    expected = take(it, 4)
+    fresh = make()
+    fresh.set_state(state)
+    for a, b in zip(expected, take(fresh, 4), strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    for batch in expected:
+        # target t is token t + 1: inside the prefix (no loss) while t + 1 < prefix_len
+        positions = batch.get("positions", np.broadcast_to(np.arange(16), (4, 16)))
+        inside = positions + 1 < batch["prefix_len"][:, None]
+        assert np.all(batch["weights"][inside] == 0) and np.any(batch["weights"] > 0)
+    assert any(not np.array_equal(a["prefix_len"], expected[0]["prefix_len"]) for a in expected)
+
+
 def test_default_corpus_train_and_eval(tmp_path):
     data_dir = str(tmp_path)
     it = make_lm_iterator(None, BYTE, 64, 8, seed=0, shard=(0, 1), data_dir=data_dir)

@@ -9,9 +9,13 @@ import pytest
 from model_helpers import assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
+from transformers_jax.data import seq2seq
+from transformers_jax.data.prefix_lm import prefix_lm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.encdec import EncoderDecoder
 from transformers_jax.train import objectives as O
+from transformers_jax.train.evaluate import seq2seq_exact_match
+from transformers_jax.train.losses import sequence_accuracy
 from transformers_jax.train.step import init_state, make_train_step
 
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
@@ -164,8 +168,8 @@ def test_bidirectional_decoder_mask_is_refused():
 
 
 def test_seq2seq_batches_follow_the_contract():
-    batch = O.seq2seq_batch("reverse", 4, seed=0, index=3, max_size=5)
-    again = O.seq2seq_batch("reverse", 4, seed=0, index=3, max_size=5)
+    batch = seq2seq.seq2seq_batch("reverse", 4, seed=0, index=3, max_size=5)
+    again = seq2seq.seq2seq_batch("reverse", 4, seed=0, index=3, max_size=5)
     for k in batch:
         np.testing.assert_array_equal(batch[k], again[k])
     sp = TOK.special
@@ -178,7 +182,7 @@ def test_seq2seq_batches_follow_the_contract():
         assert batch["targets"][i, n] == sp["eos"] and batch["inputs"][i, 0] == sp["bos"]
         np.testing.assert_array_equal(batch["inputs"][i, 1 : n + 1], batch["targets"][i, :n])
         assert batch["weights"][i].sum() == n + 1
-    src, tgt = O.task_pairs("addition", [3], seed=0)[0]
+    src, tgt = seq2seq.task_pairs("addition", [3], seed=0)[0]
     a, b = TOK.decode(src).split("+")
     assert int(TOK.decode(tgt)) == int(a) + int(b) and len(a) == len(b) == 3
 
@@ -226,14 +230,14 @@ def test_encoder_decoder_learns_synthetic_tasks(task):
     position, max_size, steps, required = SEQ2SEQ_CASES[task]
     cfg = tiny(vocab_size=TOK.vocab_size, d_model=64, n_layers=1, position=position)
     model, params = fit(cfg, O.objective_for("encdec"),
-                        lambda i: O.seq2seq_batch(task, 64, 0, i, max_size=max_size), steps)
+                        lambda i: seq2seq.seq2seq_batch(task, 64, 0, i, max_size=max_size), steps)
     sizes = list(range(1, max_size + 4))
-    accuracy = O.seq2seq_exact_match(model, params, task, sizes, n_per_size=64)
+    accuracy = seq2seq_exact_match(model, params, task, sizes, n_per_size=64)
     print(f"\n{task}: greedy exact match by size (trained on 1-{max_size}): {accuracy}")
     assert all(accuracy[n] >= required for n in range(1, max_size + 1)), accuracy
     # Greedy exact match equals the teacher-forced sequence accuracy on the same examples.
-    pairs = O.task_pairs(task, [max_size] * 64, seed=1234 + 1000 * max_size)
-    batch = O.pack_seq2seq(pairs, *O.task_shapes(task, max_size + 3))
+    pairs = seq2seq.task_pairs(task, [max_size] * 64, seed=1234 + 1000 * max_size)
+    batch = seq2seq.pack_seq2seq(pairs, *seq2seq.task_shapes(task, max_size + 3))
     _, metrics = O.seq2seq_objective(model, params, batch)
     np.testing.assert_allclose(float(metrics["sequence_accuracy"]), accuracy[max_size])
 
@@ -246,8 +250,8 @@ def test_prefix_lm_learns_a_conditional_task_with_loss_after_the_prefix():
 
     def batch_at(i, seed=0, n=64):
         rng = np.random.default_rng([seed, i])
-        pairs = O.task_pairs("reverse", rng.integers(1, 5, size=n), seed=seed * 100_000 + i)
-        return O.prefix_lm_batch(pairs, 11)
+        pairs = seq2seq.task_pairs("reverse", rng.integers(1, 5, size=n), seed=seed * 100_000 + i)
+        return prefix_lm_batch(pairs, 11)
 
     batch = batch_at(0)
     src_end = batch["prefix_len"][0]
@@ -256,7 +260,7 @@ def test_prefix_lm_learns_a_conditional_task_with_loss_after_the_prefix():
     model, params = fit(cfg, O.objective_for("gpt"), batch_at, 400)
     held_out = batch_at(0, seed=1, n=256)
     _, metrics = O.lm_objective(model, params, held_out)
-    accuracy = float(O.sequence_accuracy(
+    accuracy = float(sequence_accuracy(
         O.apply_model(model, params, held_out, O.GPT_INPUTS), held_out["targets"],
         held_out["weights"]))
     print(f"\nprefix-LM reverse: token accuracy {float(metrics['accuracy']):.3f}, "

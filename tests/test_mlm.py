@@ -21,8 +21,9 @@ from transformers_jax.data.mlm import (
     mask_tokens,
     special_ids_of,
 )
+from transformers_jax.data.mlm_batches import mlm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
-from transformers_jax.train.objectives import mlm_batch, mlm_objective, objective_for
+from transformers_jax.train.objectives import mlm_objective, objective_for
 
 TOK = ByteTokenizer()
 SPECIAL = special_ids_of(TOK)
@@ -192,8 +193,8 @@ def test_mlm_loss_only_on_chosen_positions():
 
 
 def test_masked_batches_over_the_text_pipeline_resume_exactly():
+    from transformers_jax.data.mlm_batches import MaskedBatches, mask_eval_batches
     from transformers_jax.data.pipeline import make_lm_iterator
-    from transformers_jax.train.objectives import MaskedBatches, mask_eval_batches
 
     docs = ["the cat sat on the mat. " * 3, "a dog. ", "birds fly south in winter. " * 2]
 

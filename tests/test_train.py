@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.data.batches import lm_batch, split_tokens
 from transformers_jax.data.corpus import default_corpus, read_text
+from transformers_jax.loop import train
 from transformers_jax.train.flops import flops_per_token
-from transformers_jax.train.loop import train
+from transformers_jax.train.losses import lm_loss
 from transformers_jax.train.optim import decay_mask, learning_rate_schedule
-from transformers_jax.train.step import lm_loss
 
 TINY_MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, max_len=32)
 
@@ -57,14 +56,6 @@ def test_flops_per_token_by_hand():
     assert flops_per_token(cfg, seq_len=4) == 6 * macs
 
 
-def test_batches_are_a_pure_function_of_seed_and_step():
-    tokens = np.arange(1000, dtype=np.int32)
-    a, b = lm_batch(tokens, 4, 16, seed=3, index=7), lm_batch(tokens, 4, 16, seed=3, index=7)
-    np.testing.assert_array_equal(a["inputs"], b["inputs"])
-    np.testing.assert_array_equal(a["targets"], a["inputs"] + 1)  # next-token targets
-    assert not np.array_equal(a["inputs"], lm_batch(tokens, 4, 16, 3, 8)["inputs"])
-
-
 def test_corpus_errors_and_default(tmp_path):
     assert len(default_corpus()) > 400_000
     with pytest.raises(FileNotFoundError, match="no such file"):
@@ -72,8 +63,6 @@ def test_corpus_errors_and_default(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
     with pytest.raises(ValueError, match="empty"):
         read_text(str(tmp_path / "empty.txt"))
-    with pytest.raises(ValueError, match="too short for seq_len"):
-        split_tokens(np.arange(50), 0.1, seq_len=32)
 
 
 def test_loss_falls_on_a_learnable_corpus(tmp_path):

@@ -40,6 +40,7 @@ from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
+from transformers_jax.overrides import parse_overrides
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.step import init_state, make_train_step
@@ -261,8 +262,6 @@ def enable_compile_cache(directory: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from transformers_jax.cli import parse_overrides
-
     options, argv = split_bench_options(argv)
     overrides, _ = parse_overrides(argv)
     model_over = {k[6:]: v for k, v in overrides.items() if k.startswith("model.")}

@@ -20,53 +20,8 @@ from transformers_jax.config import (
     apply_overrides,
     from_dict,
 )
+from transformers_jax.overrides import ALIASES, FLAGS, parse_overrides
 from transformers_jax.registry import FAMILIES, UnknownNameError
-
-ALIASES = {
-    "--data": "train.data",
-    "--steps": "train.steps",
-    "--run-dir": "train.run_dir",
-    "--seed": "train.seed",
-    "--family": "model.family",
-    "--task": "train.task",
-    "--tokenizer": "train.tokenizer",
-}
-FLAGS = {"--json": "train.json", "--no-progress": ("train.progress", "false")}
-
-
-def parse_overrides(argv: list[str]) -> tuple[dict[str, str], str | None]:
-    """Split ``--section.field=value`` / ``--section.field value`` into a dict."""
-    overrides: dict[str, str] = {}
-    config_file = None
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            raise ConfigError(f"unexpected argument {arg!r}; options look like --model.d_model=64")
-        key, eq, value = arg.partition("=")
-        if key in FLAGS and not eq:
-            target = FLAGS[key]
-            name, value = target if isinstance(target, tuple) else (target, "true")
-            overrides[name] = value
-            i += 1
-            continue
-        if not eq:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"option {key} needs a value")
-            value = argv[i + 1]
-            i += 1
-        i += 1
-        if key == "--config":
-            config_file = value
-            continue
-        name = ALIASES.get(key, key[2:])
-        if not name.startswith(("model.", "train.")):
-            raise ConfigError(
-                f"unknown option {key}; use --model.FIELD or --train.FIELD (or one of "
-                f"{', '.join([*ALIASES, *FLAGS, '--config'])})"
-            )
-        overrides[name] = value
-    return overrides, config_file
 
 
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
@@ -91,7 +46,7 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
 
 def cmd_train(argv: list[str]) -> int:
     model_cfg, train_cfg = build_configs(argv)
-    from transformers_jax.train.loop import train  # imports JAX: after the configs are valid
+    from transformers_jax.loop import train  # imports JAX: after the configs are valid
 
     # The vocabulary follows the tokenizer unless given explicitly.
     explicit = model_cfg.vocab_size != ModelConfig().vocab_size

@@ -22,6 +22,7 @@ from transformers_jax.registry import (
     NORMS,
     POSITIONS,
     ROPE_SCALINGS,
+    ConfigError,
     Switch,
     resolve_switch_fields,
     switch_field,
@@ -33,10 +34,6 @@ REMAT_POLICIES = ("none", "full", "nothing_saveable", "dots_saveable",
                   "dots_with_no_batch_dims_saveable", "everything_saveable",
                   "save_attention_out", "save_qkv_proj")
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message says which field and how to fix it."""
 
 
 def _fail(field_name: str, value: Any, why: str) -> None:

@@ -21,6 +21,12 @@ from typing import Any, ClassVar, Generic, TypeVar
 T = TypeVar("T")
 
 
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message says which field and how to fix it.
+    (Defined here, the bottom layer, so that switch entries can raise it; ``config`` exports
+    it.)"""
+
+
 class UnknownNameError(ValueError):
     """Raised when a switch names something no registry entry provides."""
 
@@ -147,8 +153,6 @@ def resolve_switch_fields(obj: Any, prefix: str = "") -> None:
 def resolve(registry: Registry, value: Any, field: str) -> Switch:
     """A switch value from a name (the entry's defaults), a JSON dict with ``name``, or an
     instance (returned as it is)."""
-    from transformers_jax.config import ConfigError, from_dict
-
     if isinstance(value, Switch):
         registry.check(value.name, field)
         return value
@@ -157,8 +161,15 @@ def resolve(registry: Registry, value: Any, field: str) -> Switch:
         return registry.get(value)()
     if isinstance(value, dict) and isinstance(value.get("name"), str):
         registry.check(value["name"], field)
+        cls = registry.get(value["name"])
+        fields = sorted(f.name for f in dataclasses.fields(cls) if f.init)
         rest = {k: v for k, v in value.items() if k != "name"}  # the name is not an argument
-        return from_dict(registry.get(value["name"]), rest, prefix=f"{field}.")
+        unknown = sorted(set(rest) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"unknown field(s) {[f'{field}.{k}' for k in unknown]}: {field}={value['name']} "
+                f"has no such field; valid fields: {', '.join(fields) or 'none'}")
+        return cls(**rest)  # nested switches resolve in __post_init__
     raise ConfigError(
         f"{field}={value!r}: expected a {registry.kind} name ({', '.join(registry.names())}) "
         'or {"name": ..., <its fields>}'

@@ -1,6 +1,6 @@
 """Write converted weights as a run directory that ``runs.load_run`` restores like a trained run.
 
-The layout is the training loop's (``train/loop.py``, ``train/checkpoint.py``)::
+The layout is the training loop's (``loop.py``, ``train/checkpoint.py``)::
 
     RUN_DIR/checkpoints/0/state   TrainState(step=0, params, opt_state, rng), orbax StandardSave
     RUN_DIR/checkpoints/0/meta    JSON: model, train, step, data, tokenizer, versions, source

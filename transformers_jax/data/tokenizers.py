@@ -1,4 +1,5 @@
-"""Tokenizers with one interface: byte-level, a character vocabulary, and SentencePiece.
+"""Tokenizers with one interface: byte-level, a character vocabulary, SentencePiece, and a
+converted checkpoint's own Hugging Face tokenizer (``HFTokenizer``, needs ``transformers``).
 
 Every tokenizer has ``encode(text) -> int32 [N]``, ``decode(ids) -> str``, ``vocab_size``, the
 special ids ``pad_id``, ``bos_id``, ``eos_id``, ``mask_id``, ``cls_id``, ``sep_id`` (also in
@@ -22,6 +23,7 @@ import io
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -381,8 +383,6 @@ def load_tokenizer(directory: str) -> Tokenizer:
         meta = json.load(f)
     kind = meta.get("kind")
     if kind == "huggingface":  # a converted checkpoint's own tokenizer (needs transformers)
-        from transformers_jax.convert.tokenizer import HFTokenizer
-
         return HFTokenizer.load(directory)
     if kind == "byte":
         tok: Tokenizer = ByteTokenizer()
@@ -400,3 +400,98 @@ def load_tokenizer(directory: str) -> Tokenizer:
     if tok.vocab_size != meta["vocab_size"] or tok.special != meta["special"]:
         raise ValueError(f"{path}: the restored tokenizer's ids differ from the saved ones")
     return tok
+
+
+# A Hugging Face tokenizer --------------------------------------------------------------------
+
+# Files that make up a Hugging Face tokenizer (whichever of them a directory has).
+HF_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+FILES_SUBDIR = "hf"
+
+
+class HFTokenizer(Tokenizer):
+    """``AutoTokenizer.from_pretrained(files_dir)`` with our interface (needs ``transformers``)."""
+
+    name = "huggingface"
+
+    def __init__(self, files_dir: str) -> None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ImportError(
+                "this run's tokenizer is a Hugging Face tokenizer: install transformers "
+                "(pip install 'transformers-jax[parity]') to encode and decode text with it"
+            ) from None
+        self.files_dir = files_dir
+        self.hf = AutoTokenizer.from_pretrained(files_dir)
+        ids = {
+            "pad": self.hf.pad_token_id,
+            "bos": self.hf.bos_token_id,
+            "eos": self.hf.eos_token_id,
+            "mask": self.hf.mask_token_id,
+            "cls": self.hf.cls_token_id,
+            "sep": self.hf.sep_token_id,
+        }
+        if ids["pad"] is None:
+            ids["pad"] = ids["eos"]
+        self.special = {k: int(v) for k, v in ids.items() if v is not None}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        ids = self.hf.encode(as_text(text), add_special_tokens=False)
+        return np.asarray(ids, dtype=np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = ids[(ids >= 0) & (ids < self.vocab_size)]
+        return self.hf.decode(ids.tolist(), skip_special_tokens=True)
+
+    def save(self, directory: str) -> str:
+        """Copy the Hugging Face files to ``directory/hf`` and write our ``tokenizer.json``."""
+        target = os.path.join(directory, FILES_SUBDIR)
+        copy_hf_tokenizer_files(self.files_dir, target)
+        return super().save(directory)
+
+    def save_hf(self, directory: str) -> list[str]:
+        """Copy the Hugging Face files themselves into ``directory`` (for an exported model)."""
+        return copy_hf_tokenizer_files(self.files_dir, directory)
+
+    def _config(self) -> dict:
+        return {"files": FILES_SUBDIR, "hf_class": type(self.hf).__name__}
+
+    @classmethod
+    def load(cls, directory: str) -> HFTokenizer:
+        """Restore from what ``save(directory)`` wrote (checking the ids did not change)."""
+        with open(os.path.join(directory, TOKENIZER_FILE)) as f:
+            meta = json.load(f)
+        tok = cls(os.path.join(directory, meta.get("files", FILES_SUBDIR)))
+        if tok.vocab_size != meta["vocab_size"] or tok.special != meta["special"]:
+            raise ValueError(f"{directory}: the restored tokenizer's ids differ from the saved")
+        return tok
+
+
+def copy_hf_tokenizer_files(source: str, target: str) -> list[str]:
+    os.makedirs(target, exist_ok=True)
+    copied = []
+    for name in HF_TOKENIZER_FILES:
+        path = os.path.join(source, name)
+        if os.path.isfile(path):
+            shutil.copyfile(path, os.path.join(target, name))
+            copied.append(name)
+    return copied

@@ -57,7 +57,8 @@ from transformers_jax.parallel.rules import (
     check_shardable,
     mesh_shardings,
 )
-from transformers_jax.train.step import TrainState, init_state, lm_loss, model_inputs
+from transformers_jax.train.losses import lm_loss
+from transformers_jax.train.step import TrainState, init_state, model_inputs
 
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
 DATA_AXIS = "data"
@@ -78,7 +79,7 @@ def weighted_sums(
 
     Adding these over shards and dividing by the added weights gives exactly the metrics of
     the whole batch on one device. ``objective=None`` is next-token prediction through
-    ``train.step.lm_loss`` (``make_train_step``'s loss); otherwise a
+    ``train.losses.lm_loss`` (``make_train_step``'s loss); otherwise a
     ``train.objectives.Objective``, whose mean loss and metrics are weighted by its ``tokens``
     metric when it reports one. (Both divide by ``max(W, 1)``, and so does this.)
     """

@@ -14,7 +14,6 @@ half-written one.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -130,7 +129,10 @@ def config_differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]
 
 
 def check_same_model(saved_model: dict, wanted: ModelConfig, where: str) -> None:
-    diffs = config_differences(saved_model, dataclasses.asdict(wanted))
+    """Refuse to resume a checkpoint of another model. A config saved before the switches
+    carried their settings is migrated first (``ModelConfig.migrate``), so it compares by
+    what it means, not by its old layout."""
+    diffs = config_differences(ModelConfig.from_dict(saved_model).to_dict(), wanted.to_dict())
     if diffs:
         raise CheckpointMismatchError(
             f"the checkpoint in {where} was written for a different model:\n  "

@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from transformers_jax.config import ModelConfig, TrainConfig
+from transformers_jax.data.mlm import MaskingConfig
+from transformers_jax.data.mlm_batches import MaskedBatches, mask_eval_batches
 from transformers_jax.data.pipeline import (
     make_lm_eval_iterator,
     make_lm_iterator,
@@ -22,7 +22,9 @@ from transformers_jax.data.pipeline import (
     make_tokenizer,
     take,
 )
+from transformers_jax.data.prefix_lm import PrefixBatches, eval_prefix_batches
 from transformers_jax.data.tokenizers import Tokenizer, load_tokenizer
+from transformers_jax.models import family_of
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -33,43 +35,6 @@ class RunData:
     train: Any  # a Grain DatasetIterator of batches (get_state / set_state)
     eval_batches: list[dict]
     description: str
-
-
-def add_random_prefix(batch: dict, rng: np.random.Generator) -> dict:
-    """Prefix-LM on text: each row gets a prefix of 1..T/2 tokens (per packed document, since
-    positions restart) that is attended bidirectionally and carries no loss."""
-    B, T = batch["inputs"].shape
-    if "prefix_len" in batch:
-        return batch
-    prefix_len = rng.integers(1, max(T // 2, 1) + 1, size=B).astype(np.int32)
-    positions = batch.get("positions", np.broadcast_to(np.arange(T), (B, T)))
-    after = (positions + 1 >= prefix_len[:, None]).astype(np.float32)
-    weights = batch.get("weights", np.ones((B, T), np.float32)) * after
-    return {**batch, "prefix_len": prefix_len, "weights": weights}
-
-
-class _WithPrefix:
-    """Wraps an iterator to add ``prefix_len``; its RNG is a function of the batch count, so
-    the state to resume is the inner iterator's plus that count."""
-
-    def __init__(self, inner, seed: int):
-        self.inner, self.seed, self.count = inner, seed, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict:
-        batch = next(self.inner)
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, self.count])
-        self.count += 1
-        return add_random_prefix(batch, rng)
-
-    def get_state(self) -> dict:
-        return {"inner": self.inner.get_state(), "count": self.count}
-
-    def set_state(self, state: dict) -> None:
-        self.inner.set_state(state["inner"])
-        self.count = state["count"]
 
 
 def run_tokenizer(cfg: TrainConfig) -> Tokenizer:
@@ -86,16 +51,12 @@ def run_tokenizer(cfg: TrainConfig) -> Tokenizer:
     return tokenizer
 
 
-def masking_of(cfg: TrainConfig):
-    from transformers_jax.data.mlm import MaskingConfig
-
+def masking_of(cfg: TrainConfig) -> MaskingConfig:
     return MaskingConfig(rate=cfg.mlm_rate, mask_fraction=cfg.mlm_mask_fraction,
                          random_fraction=cfg.mlm_random_fraction)
 
 
 def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> RunData:
-    from transformers_jax.models import family_of
-
     family = family_of(model_cfg)
     max_len = model_cfg.position.max_length(model_cfg)
     prefix = model_cfg.mask.needs_prefix_len
@@ -126,15 +87,12 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                                      pack=cfg.pack, num_epochs=None, **common)
     eval_batches = take(held_out, cfg.eval_batches)
     if family.masked_lm:  # corrupt 15% of tokens: the masked-LM batches
-        from transformers_jax.train.objectives import MaskedBatches, mask_eval_batches
-
         masking = masking_of(cfg)
         train = MaskedBatches(train, cfg.seed, tokenizer, masking)
         eval_batches = mask_eval_batches(eval_batches, cfg.seed, tokenizer, masking)
     elif prefix:
-        train = _WithPrefix(train, cfg.seed)
-        rng = np.random.default_rng([cfg.seed & 0xFFFFFFFF, 1 << 30])
-        eval_batches = [add_random_prefix(b, rng) for b in eval_batches]
+        train = PrefixBatches(train, cfg.seed)
+        eval_batches = eval_prefix_batches(eval_batches, cfg.seed)
     name = cfg.data or "the default corpus (Python's pydoc topics)"
     return RunData(tokenizer, train, eval_batches,
                    f"{name}, {tokenizer.name} tokens (vocab {tokenizer.vocab_size}), "

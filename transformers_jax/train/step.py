@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from transformers_jax.train.objectives import OBJECTIVES
+
 
 @struct.dataclass
 class TrainState:
@@ -27,11 +29,7 @@ def model_inputs(batch: dict) -> dict:
 
 def _objective(objective):
     """The given objective, or next-token LM (``train/objectives.py`` holds them all)."""
-    if objective is not None:
-        return objective
-    from transformers_jax.train.objectives import OBJECTIVES
-
-    return OBJECTIVES.get("lm")
+    return OBJECTIVES.get("lm") if objective is None else objective
 
 
 def init_state(
@@ -51,17 +49,6 @@ def init_state(
         opt_state=optimizer.init(params),
         rng=jax.random.key_data(rng),
     )
-
-
-def lm_loss(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array | None = None):
-    """Mean next-token cross-entropy (and accuracy) over positions with weight 1."""
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
-    correct = (jnp.argmax(logits_BTV, -1) == targets_BT).astype(jnp.float32)
-    if weights_BT is None:
-        weights_BT = jnp.ones_like(losses)
-    weights_BT = weights_BT.astype(jnp.float32)
-    count = jnp.maximum(weights_BT.sum(), 1.0)
-    return (losses * weights_BT).sum() / count, (correct * weights_BT).sum() / count
 
 
 def make_train_step(

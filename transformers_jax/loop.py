@@ -1,4 +1,8 @@
-"""The training loop behind ``tjax train``: data, jit-compiled steps, eval, logging, metrics."""
+"""The training loop behind ``tjax train``: data, jit-compiled steps, eval, logging, metrics.
+
+An orchestrator above ``train/`` (steps, objectives, checkpoints, the run's data) and
+``parallel/`` (the strategy that runs those steps over the mesh), so it lives at the top of
+the package beside ``bench.py`` and ``convert/``, not inside ``train/``."""
 
 from __future__ import annotations
 
