@@ -15,6 +15,7 @@ from transformers_jax.nn.positions import (  # noqa: F401  (importing registers 
     rope_scaling,
     sinusoidal,
     t5,
+    xpos,
 )
 from transformers_jax.nn.positions.alibi import AlibiBias, alibi_slopes
 from transformers_jax.nn.positions.base import PositionScheme, distance_BQK
