@@ -9,6 +9,7 @@ soon as it is registered.
 from transformers_jax.nn.positions import (  # noqa: F401  (importing registers the schemes)
     alibi,
     fire,
+    kerple,
     learned,
     nope,
     rope,
