@@ -12,6 +12,7 @@ from transformers_jax.nn.positions import (  # noqa: F401  (importing registers 
     kerple,
     learned,
     nope,
+    randomized,
     rope,
     rope_scaling,
     sinusoidal,
