@@ -49,10 +49,10 @@ class XPos(Rope):
     scale grows as ``(1/zeta_0)**(m/scale_base) = 3.5**(m/512)`` (gamma 0.4, scale_base 512)
     while the query scale shrinks by the same rule; their product is the small decay, but each
     factor must stay finite. ``max_length`` refuses positions at which the key scale would pass
-    ``2**(e - 8)``, e the largest exponent of the compute dtype, leaving 2**8 for the key's own
-    size: about 34,000 positions in float32 and bfloat16 (the scale alone overflows float32 near
-    36,000; the query scale becomes subnormal near 35,700), about 2,260 in float16.
-    The transform itself is computed in float32.
+    ``2**(e - 8)``, where 2**e overflows the compute dtype (e = 128; 16 in float16), leaving
+    2**8 for the key's own size: 33,995 positions in float32 and bfloat16 (the scale alone
+    overflows float32 near 36,200; the query scale turns subnormal near 35,700), 2,267 in
+    float16. The transform itself is computed in float32.
     """
 
     gamma: float = 0.4
@@ -69,7 +69,7 @@ class XPos(Rope):
 
     def max_length(self, config: Any) -> int:
         """Positions 0 .. N-1 whose key scale stays within the compute dtype (see the class)."""
-        max_exponent = math.log2(float(jnp.finfo(jnp.dtype(config.dtype)).max))
+        max_exponent = jnp.finfo(jnp.dtype(config.dtype)).maxexp  # 2**maxexp overflows
         zeta_0 = self.gamma / (1.0 + self.gamma)  # the smallest zeta: pair 0
         limit = self.scale_base * (max_exponent - HEADROOM_BITS) * math.log(2) / -math.log(zeta_0)
         return int(limit) + 1
