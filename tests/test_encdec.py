@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from model_helpers import assert_attention_implementations_agree
+from model_helpers import POSITIONS, assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.data.tokenizers import ByteTokenizer
@@ -14,7 +14,6 @@ from transformers_jax.models.encdec import EncoderDecoder
 from transformers_jax.train import objectives as O
 from transformers_jax.train.step import init_state, make_train_step
 
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 TOK = ByteTokenizer()
 S, T = 9, 7
 

@@ -75,7 +75,7 @@ def test_permutation_equivariance_without_positions():
     assert np.abs(np.asarray(permuted) - np.asarray(logits[:, perm])).max() > 1e-2
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "learned"])
+@pytest.mark.parametrize("position", POSITIONS)
 def test_every_attention_implementation_gives_the_same_model(position):
     results = {}
     for impl in ("reference", "xla", "chunked"):
@@ -120,7 +120,7 @@ def test_attention_layer_reproduces_the_three_token_example():
 
 def test_learned_table_rejects_longer_input():
     model, params, _ = init(tiny(position="learned", max_len=8), T=8)
-    with pytest.raises(ValueError, match="longer than the learned position table"):
+    with pytest.raises(ValueError, match="longer than position=learned allows"):
         model.apply({"params": params}, jnp.zeros((1, 9), jnp.int32))
 
 
