@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from model_helpers import assert_attention_implementations_agree
+from model_helpers import POSITIONS, assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.data import classification as C
@@ -20,7 +20,6 @@ from transformers_jax.models.heads import build_classifier, init_from_mlm
 from transformers_jax.train import objectives as O
 from transformers_jax.train.step import TrainState, make_train_step
 
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 TOK = ByteTokenizer()
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from model_helpers import assert_attention_implementations_agree
+from model_helpers import POSITIONS, assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.data import seq2seq
@@ -18,7 +18,6 @@ from transformers_jax.train.evaluate import seq2seq_exact_match
 from transformers_jax.train.losses import sequence_accuracy
 from transformers_jax.train.step import init_state, make_train_step
 
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 TOK = ByteTokenizer()
 S, T = 9, 7
 

@@ -75,7 +75,7 @@ def test_permutation_equivariance_without_positions():
     assert np.abs(np.asarray(permuted) - np.asarray(logits[:, perm])).max() > 1e-2
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "learned"])
+@pytest.mark.parametrize("position", POSITIONS)
 def test_every_attention_implementation_gives_the_same_model(position):
     results = {}
     for impl in ("reference", "xla", "chunked"):

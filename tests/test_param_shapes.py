@@ -5,6 +5,9 @@ One JSON file per family x position scheme in ``tests/golden/``: the flattened p
 intended change, regenerate them and review the diff:
 
     TJAX_REGEN_GOLDEN=1 python -m pytest -q tests/test_param_shapes.py
+
+The schemes are every registered one (``model_helpers.POSITIONS``); a new scheme fails here
+until its goldens exist: create only those with ``-k NAME`` added to the command above.
 """
 
 import json
@@ -14,13 +17,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from model_helpers import POSITIONS
 
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.models.heads import build_classifier
 
 GOLDEN = Path(__file__).parent / "golden"
 REGENERATE = os.environ.get("TJAX_REGEN_GOLDEN", "") not in ("", "0")
-POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 FAMILIES = ["gpt", "bert", "encdec"]
 # Deliberately uneven sizes, so that a transposed or swapped dimension shows in the shapes.
 BASE = dict(vocab_size=40, d_model=24, n_layers=2, n_heads=3, n_kv_heads=1, d_ff=56, max_len=20)

@@ -9,12 +9,15 @@ soon as it is registered.
 from transformers_jax.nn.positions import (  # noqa: F401  (importing registers the schemes)
     alibi,
     fire,
+    kerple,
     learned,
     nope,
+    randomized,
     rope,
     rope_scaling,
     sinusoidal,
     t5,
+    xpos,
 )
 from transformers_jax.nn.positions.alibi import AlibiBias, alibi_slopes
 from transformers_jax.nn.positions.base import PositionScheme, distance_BQK

@@ -1,0 +1,120 @@
+"""``randomized``: randomized positional encodings (Ruoss et al. 2023, "Randomized Positional
+Encodings Boost Length Generalization of Transformers") on top of a base scheme.
+
+Shape legend: B batch, T length, L ``max_position``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformers_jax.config import ConfigError
+from transformers_jax.nn.positions.base import PositionScheme, Role
+from transformers_jax.registry import POSITIONS, switch_field
+
+
+def sample_positions(rng: jax.Array, positions_BT: jax.Array, max_position: int) -> jax.Array:
+    """An ordered random subset of ``[0, max_position)`` for each sequence, int32 ``[B, T]``.
+
+    A sequence is a run of consecutive positions (p, p+1, ...): packed segments restart their
+    positions, so each segment is sampled on its own, uniformly among the subsets of its size,
+    and its k-th token gets the k-th smallest position drawn. How: each row draws T distinct
+    values in random order (the top-T indices of L uniform numbers); any fixed set of n of them
+    is a uniform n-subset; sorting the values within each run (runs are contiguous, so one
+    lexicographic sort by (run, value) does it) orders them.
+    """
+    B, T = positions_BT.shape
+    if T > max_position:
+        raise ValueError(f"a sequence of {T} tokens needs at least {T} positions to sample from; "
+                         f"position.max_position is {max_position}")
+    follows_BT = positions_BT[:, 1:] == positions_BT[:, :-1] + 1
+    starts_BT = jnp.concatenate([jnp.ones((B, 1), bool), ~follows_BT], axis=1)
+    run_BT = jnp.cumsum(starts_BT, axis=1)
+    _, drawn_BT = jax.lax.top_k(jax.random.uniform(rng, (B, max_position)), T)
+    order_BT = jnp.lexsort((drawn_BT, run_BT), axis=-1)
+    return jnp.take_along_axis(drawn_BT, order_BT, axis=-1).astype(jnp.int32)
+
+
+@POSITIONS.register("randomized")
+@dataclasses.dataclass(frozen=True)
+class Randomized(PositionScheme):
+    """The ``base`` scheme fed, in training, a sorted random subset of positions drawn from
+    ``[0, max_position)`` for each sequence (packed segments each draw their own, see
+    ``sample_positions``), so that every position up to ``max_position`` (L, at least the
+    longest test length) is trained even when training sequences are short. Every other hook
+    is the base's.
+
+    Evaluation: the paper samples at test time too (its Figure 1; the reference code,
+    ``google-deepmind/randomized_positional_encodings``, draws a fresh ordered subset of M
+    positions from [0, L) on every call, training and ``range_evaluation`` alike, with no
+    train/test switch). Our models call ``train_positions`` only when not deterministic, so a
+    deterministic forward pass (evaluation, KV-cache decoding) sees the real positions
+    0 .. T-1. To evaluate as the paper does, pass
+    ``positions=scheme.test_positions(rng, positions, config)`` to the model: with causal or
+    bidirectional masks (plus segments) that changes nothing but the positions the base sees,
+    since sorted positions keep every order the mask tests; masks that measure distances in
+    positions (sliding window, prefix) would see the sampled ones. Cached decoding cannot
+    sample this way (the subset depends on the final length).
+
+    ``base``: rope, xpos, learned or sinusoidal (a scheme that embeds or rotates positions and
+    has no bias; the paper's noisy relative and ALiBi variants randomize a distance table,
+    which this does not do). With ``learned`` the table needs ``max_position`` rows:
+    ``model.max_len >= max_position``. ``max_length`` is at most ``max_position``: a sequence
+    cannot draw more distinct positions than there are.
+    """
+
+    max_position: int = 2048
+    base: PositionScheme = switch_field(POSITIONS, "rope")
+
+    def check(self, config: Any) -> None:
+        if self.max_position <= 0:
+            raise ConfigError(f"position.max_position={self.max_position!r}: must be positive "
+                              "(the number of positions to sample from, at least the longest "
+                              "test length)")
+        base = self.base
+        acts = (base.embedding(config) is not None
+                or type(base).rotate is not PositionScheme.rotate)
+        has_bias = base.bias(config, False) is not None
+        if not acts or has_bias or base.randomizes:
+            has = ("its own bias" if has_bias else "its own randomization" if base.randomizes
+                   else "no position embedding or rotation to feed")
+            raise ConfigError(
+                f"position.base={base.name}: randomized positions need a base that embeds or "
+                f"rotates positions without a bias (rope, xpos, learned, sinusoidal); "
+                f"{base.name} has {has}")
+        base.check(config)
+        limit = base.max_length(config)
+        if limit is not None and limit < self.max_position:
+            raise ConfigError(
+                f"position.max_position={self.max_position}: position.base={base.name} encodes "
+                f"only {limit} positions (model.max_len for a learned table); raise "
+                "model.max_len to at least max_position or lower max_position")
+
+    def max_length(self, config: Any) -> int:
+        limit = self.base.max_length(config)
+        return self.max_position if limit is None else min(limit, self.max_position)
+
+    def embedding(self, config: Any) -> nn.Module | None:
+        return self.base.embedding(config)
+
+    def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
+               role: Role) -> jax.Array:
+        return self.base.rotate(config, x_BTHD, positions_BT, role)
+
+    def bias(self, config: Any, bidirectional: bool) -> nn.Module | None:
+        return self.base.bias(config, bidirectional)
+
+    def train_positions(self, rng: jax.Array, positions_BT: jax.Array,
+                        config: Any) -> jax.Array:
+        return sample_positions(rng, positions_BT, self.max_position)
+
+    def test_positions(self, rng: jax.Array, positions_BT: jax.Array,
+                       config: Any) -> jax.Array:
+        """The paper's test-time positions: the same draw as in training, for the test length
+        (at most ``max_position``). Not called by the models (see the class docstring)."""
+        return sample_positions(rng, positions_BT, self.max_position)
