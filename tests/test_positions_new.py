@@ -274,8 +274,6 @@ def test_bert_training_forward_uses_random_positions():
     assert np.abs(np.asarray(a - b)).max() > 1e-4
 
 
-@pytest.mark.xfail(strict=True, reason="model-side gap: models/encdec.py never calls "
-                   "encoding_positions, so train_positions is ignored by the encoder-decoder")
 def test_encdec_training_forward_uses_random_positions():
     cfg = ModelConfig(family="encdec", vocab_size=32, d_model=32, n_layers=1, n_heads=4,
                       position={"name": "randomized", "max_position": 32})
