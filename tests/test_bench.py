@@ -60,7 +60,7 @@ def test_tjax_bench_bf16_reports_both_peaks_and_bert_skips_decoding(capsys):
                        "--family", "bert"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result["training"]["mfu"]) == {"bfloat16", "float32"}
-    assert result["model"]["mask"] == "bidirectional"
+    assert result["model"]["mask"] == {"name": "bidirectional"}
     assert result["decoding"] is None and "bert" in result["decoding_note"]
 
 

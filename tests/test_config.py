@@ -46,7 +46,7 @@ def test_bad_values_name_field_and_fix(changes, fragments):
     [
         ("attention", "chunked, cudnn, pallas, reference, xla"),
         ("mask", "bidirectional, causal, prefix, sliding_window"),
-        ("position", "alibi, fire, learned, none, rope, sinusoidal, t5"),
+        ("position", "alibi, fire, kerple, learned, none, randomized, rope, sinusoidal, t5, xpos"),
         ("norm", "layernorm, rmsnorm"),
         ("mlp", "geglu, gelu, gelu_exact, relu, swiglu"),
     ],

@@ -163,7 +163,7 @@ def llama_dirs(tmp_path_factory):
 def test_gpt2_logits_match_transformers(gpt2_dir, attention):
     converted = assert_parity(gpt2_dir, TOKENS, attention)
     cfg = converted.config
-    assert (cfg.position, cfg.norm, cfg.mlp, cfg.tie_embeddings, cfg.use_bias) == (
+    assert (cfg.position.name, cfg.norm, cfg.mlp, cfg.tie_embeddings, cfg.use_bias) == (
         "learned", "layernorm", "gelu", True, True)
 
 
@@ -449,7 +449,7 @@ BASES = {gpt2_convert: GPT2, llama_convert: LLAMA, bert_convert: BERT}
     (llama_convert, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     (llama_convert, {"attention_bias": True}, "attention_bias=True.*mlp_bias=False"),
     (llama_convert, {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
-     "rope_type='longrope'.*supported rope types: default, linear, dynamic, yarn, llama3"),
+     "rope_type='longrope'.*supported rope types: default, dynamic, linear, llama3, yarn"),
     (llama_convert, {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
                                          "attention_factor": 1.5,
                                          "original_max_position_embeddings": 8}},
@@ -523,7 +523,7 @@ def test_bert_masked_lm_logits_match_transformers(tmp_path, variant, attention):
     source = make_bert(tmp_path / "hf", **changes)
     converted = load_hf(source, attention=attention)
     cfg = converted.config
-    assert (cfg.family, cfg.mask, cfg.norm_position, cfg.position) == (
+    assert (cfg.family, cfg.mask.name, cfg.norm_position, cfg.position.name) == (
         "bert", "bidirectional", "post", "learned")
     ours = build_model(cfg).apply({"params": converted.params}, jnp.asarray(TOKENS),
                                   token_types=jnp.asarray(TYPES))
@@ -596,7 +596,7 @@ def t5_reference(directory):
 def test_t5_decoder_logits_match_transformers(t5_dirs, variant, attention):
     converted = load_hf(t5_dirs[variant], attention=attention)
     cfg = converted.config
-    assert (cfg.family, cfg.position, cfg.attention_scale, cfg.norm) == (
+    assert (cfg.family, cfg.position.name, cfg.attention_scale, cfg.norm) == (
         "encdec", "t5", 1.0, "rmsnorm")
     assert cfg.tie_embeddings == (variant == "tied_relu_scaled")
     ours = build_model(cfg).apply({"params": converted.params}, jnp.asarray(DECODER_TOKENS),

@@ -130,3 +130,41 @@ def test_encoder_decoder_generate_equals_uncached_greedy():
     out = generate(model, params, src.tolist(), sampling)
     reference = greedy_decode(model, params, src, max_len=6, bos_id=1, eos_id=-1, pad_id=0)
     assert out == np.asarray(reference).tolist()
+
+
+def _mask_switch(name: str) -> dict:
+    """A registered mask kind with settings that make a small test meaningful."""
+    import dataclasses
+
+    from transformers_jax.registry import MASKS
+
+    fields = {f.name for f in dataclasses.fields(MASKS.get(name)) if f.init}
+    return {"name": name, **({"window": 3} if "window" in fields else {})}
+
+
+def _decoding_masks() -> list[str]:
+    from transformers_jax.registry import MASKS
+
+    return [name for name, kind in MASKS.items() if kind.decodes]
+
+
+@pytest.mark.parametrize("mask", _decoding_masks())
+def test_every_decoding_mask_kind_generates_what_the_full_forward_pass_predicts(mask):
+    """For each registered mask kind that decodes (a new one is covered once registered):
+    prefill a prompt, then decode greedily; every step's logits equal those of a full forward
+    pass over the prompt plus the tokens so far. A prefix-LM takes the prompt as its prefix."""
+    from transformers_jax.sample import decode_step, prefill
+
+    cfg = tiny(mask=_mask_switch(mask), position="rope", init_std=0.3)
+    needs_prefix = cfg.mask.needs_prefix_len
+    lengths = jnp.array([5], jnp.int32)
+    model, params, tokens = init(cfg, T=5, B=1, **({"prefix_len": lengths} if needs_prefix else {}))
+    logits, cache = prefill(model, params, tokens, lengths, max_new_tokens=4)
+    seq = tokens
+    for _ in range(4):
+        inputs = {"prefix_len": lengths} if needs_prefix else {}
+        full = model.apply({"params": params}, seq, **inputs)[:, -1]
+        np.testing.assert_allclose(logits, full, atol=2e-5, rtol=1e-5)
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        seq = jnp.concatenate([seq, token[:, None]], axis=1)
+        logits, cache = decode_step(model, params, token, cache)

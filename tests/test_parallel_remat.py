@@ -17,14 +17,13 @@ from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
 from transformers_jax.models import family_of
 from transformers_jax.nn.stack import (
     REMAT_POLICIES,
-    decay_mask,
     remat_policy,
     stack_layer_params,
     unstack_layer_params,
 )
 from transformers_jax.parallel import make_trainer
 from transformers_jax.registry import FAMILIES
-from transformers_jax.train.optim import learning_rate_schedule
+from transformers_jax.train.optim import decay_mask, learning_rate_schedule
 from transformers_jax.train.step import init_state, make_train_step
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_len=32, dropout=0.1)
@@ -85,11 +84,9 @@ def test_policy_names():
 
 
 def test_decay_mask_sees_through_the_stacked_layer_axis():
-    from transformers_jax.train.optim import decay_mask as loop_decay_mask
-
     params = {"layer_0": {"w": jnp.ones((3, 4)), "scale": jnp.ones(4)}, "head": jnp.ones((4, 2))}
     stacked = stack_layer_params({**params, "layer_1": params["layer_0"]}, 2)
-    assert decay_mask(params) == loop_decay_mask(params)
+    assert decay_mask(params) == {"layer_0": {"w": True, "scale": False}, "head": True}
     assert decay_mask(stacked) == {"layers": {"w": True, "scale": False}, "head": True}
 
 
@@ -125,7 +122,7 @@ def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
     assert kernel.names == ("layers", "embed", "heads", "head_dim")
     assert kernel.value.shape == (cfg.n_layers, 32, 4, 8)
 
-    # train.optim's optimizer with the layout-aware decay mask (see remat.decay_mask).
+    # train.optim's optimizer with the layout-aware decay mask (see train.optim.decay_mask).
     tc = TrainConfig(steps=10, warmup_steps=2, learning_rate=1e-3)
     optimizer = optax.chain(
         optax.clip_by_global_norm(tc.grad_clip),

@@ -41,6 +41,7 @@ from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
 from transformers_jax.overrides import parse_overrides
+from transformers_jax.registry import FAMILIES
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.step import init_state, make_train_step
@@ -48,8 +49,8 @@ from transformers_jax.train.step import init_state, make_train_step
 # Config (a) of the benchmark issue: a character-level GPT-2 shape. Attention is the chunked
 # kernel with 64-wide tiles, the fastest here for training (BENCHMARKS.md).
 DEFAULT_MODEL = ModelConfig(vocab_size=65, d_model=128, n_layers=4, n_heads=4, max_len=256,
-                            position="learned", dropout=0.0, attention="chunked",
-                            attention_chunk=64)
+                            position="learned", dropout=0.0,
+                            attention={"name": "chunked", "chunk_size": 64})
 DEFAULT_TRAIN = TrainConfig(batch_size=16, seq_len=256, steps=30, warmup_steps=0)
 # --tiny: the same code paths in seconds.
 TINY_MODEL = {"d_model": "32", "n_layers": "1", "n_heads": "2", "max_len": "64"}
@@ -94,8 +95,9 @@ def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0) -> d
 def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup: int = 3):
     from transformers_jax.train.objectives import objective_for
 
-    if model_cfg.family not in ("gpt", "bert"):
-        raise ConfigError(f"tjax bench times the gpt and bert families, not {model_cfg.family!r}")
+    if family_of(model_cfg).needs_task:
+        raise ConfigError(f"tjax bench times families that train on text (next-token or "
+                          f"masked LM), not {model_cfg.family!r}, which trains on task pairs")
     model = build_model(model_cfg)
     objective = objective_for(model_cfg.family)
     optimizer = make_optimizer(cfg)
@@ -269,8 +271,8 @@ def main(argv: list[str]) -> int:
     if options.get("--tiny"):
         model_over = {**TINY_MODEL, **model_over}
         train_over = {**TINY_TRAIN, **train_over}
-    if model_over.get("family") == "bert" and "mask" not in model_over:
-        model_over["mask"] = "bidirectional"
+    if "family" in model_over and "mask" not in model_over:  # e.g. bert: bidirectional
+        model_over["mask"] = FAMILIES.get(model_over["family"]).default_mask
     model_cfg = apply_overrides(DEFAULT_MODEL, model_over, "model.")
     cfg = apply_overrides(DEFAULT_TRAIN, train_over, "train.")
     if options.get("--compile-cache"):

@@ -1,7 +1,8 @@
 """``tjax``: the command line. ``tjax train [--model.FIELD=VALUE ...] [--train.FIELD=VALUE ...]``.
 
-Every field of ``ModelConfig`` and ``TrainConfig`` can be overridden as ``--model.position=alibi``
-or ``--model.rope.scaling yarn``; ``--config FILE.json`` loads both sections first. Short
+Every field of ``ModelConfig`` and ``TrainConfig`` can be overridden as ``--model.position=alibi``;
+a switch's own settings as ``--model.position.scaling yarn`` (``--model.mask=sliding_window
+--model.mask.window=64``); ``--config FILE.json`` loads both sections first. Short
 aliases: ``--data PATH``, ``--steps N``, ``--json``, ``--run-dir DIR``, ``--family NAME``.
 """
 
@@ -190,15 +191,24 @@ def main(argv: list[str] | None = None) -> int:
 def option_help() -> str:
     import dataclasses
 
+    def settings(switch_cls) -> str:
+        return " ".join(f"--model.{{field}}.{f.name}={f.default}" for f in
+                        dataclasses.fields(switch_cls) if f.init)
+
     lines = ["tjax train options (defaults shown):", ""]
     for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if dataclasses.is_dataclass(default):
-                for sub in dataclasses.fields(default):
-                    lines.append(f"  --{section}.{f.name}.{sub.name}={getattr(default, sub.name)}")
-            else:
+            registry = f.metadata.get("registry")
+            if registry is None:
                 lines.append(f"  --{section}.{f.name}={default}")
+                continue
+            # a switch: its entries, and the settings each one takes
+            lines.append(f"  --{section}.{f.name}={default}  ({', '.join(registry.names())})")
+            for name, entry in registry.items():
+                own = settings(entry).replace("{field}", f.name)
+                if own:
+                    lines.append(f"      {f.name}={name}: {own}")
     lines += ["", "aliases: " + ", ".join([*ALIASES, *FLAGS, "--config FILE.json"])]
     return "\n".join(lines)
 

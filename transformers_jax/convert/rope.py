@@ -62,7 +62,7 @@ def rope_from_hf(hf: HFConfig, head_dim: int, *, partial_ok: bool = False) -> di
     by_type = _scalings_by_hf_type()
     if kind not in by_type:
         raise unsupported(hf.model_type, f"{field}.rope_type", kind,
-                          f"supported rope types: {', '.join(by_type)}")
+                          f"supported rope types: {', '.join(sorted(by_type))}")
     fraction = float(params.get("partial_rotary_factor", 1.0))
     if fraction != 1.0 and not partial_ok:
         raise unsupported(hf.model_type, f"{field}.partial_rotary_factor", fraction,

@@ -1,5 +1,5 @@
 """The one layer stack every family runs: blocks in a loop or one ``nn.scan``, remat by policy
-name, the final norm; plus what the stack's layers share (mask-free position inputs, the bias).
+name, the final norm; and the positions the scheme's hooks see in training.
 
 Shape legend: B batch, T length, C model width, L layers.
 
@@ -148,28 +148,6 @@ def encoding_positions(module: nn.Module, config: ModelConfig, positions_BT: jax
     if deterministic or not config.position.randomizes:
         return positions_BT
     return config.position.train_positions(module.make_rng("dropout"), positions_BT, config)
-
-
-def relative_bias(parent: nn.Module, config: ModelConfig, q_pos, k_pos, *, bidirectional: bool,
-                  name: str = "relative_bias") -> jax.Array | None:
-    """The scheme's additive ``[B, H, Q, K]`` bias (None for schemes without one), computed
-    once per forward pass and shared by every layer of a stack (as T5 does)."""
-    module = config.position.bias(config, bidirectional)
-    if module is None:
-        return None
-    return module.clone(parent=parent, name=name)(q_pos, k_pos)
-
-
-def decay_mask(params: dict) -> Any:
-    """``train.optim.decay_mask`` (decay matrices only) for either layout: under ``layers`` the
-    leading axis stacks layers, so a stacked norm scale ``[L, C]`` is still a vector and gets
-    no weight decay. (Counting it as a matrix silently decays every norm scale and bias.)"""
-
-    def is_matrix(path, x) -> bool:
-        stacked = any(getattr(k, "key", None) == LAYERS_AXIS for k in path)
-        return x.ndim - (1 if stacked else 0) >= 2
-
-    return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
 def stack_layer_params(params: dict, n_layers: int) -> dict:

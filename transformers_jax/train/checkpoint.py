@@ -121,7 +121,11 @@ def config_differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]
     out = []
     for key in sorted(set(saved) | set(wanted)):
         a, b = saved.get(key, "<missing>"), wanted.get(key, "<missing>")
-        if isinstance(a, dict) and isinstance(b, dict):
+        if isinstance(a, dict) and isinstance(b, dict) and a.get("name") != b.get("name"):
+            # two different switch entries: their names say it (not every setting)
+            out.append(f"{prefix}{key}: checkpoint has {a.get('name')!r}, asked for "
+                       f"{b.get('name')!r}")
+        elif isinstance(a, dict) and isinstance(b, dict):
             out += config_differences(a, b, f"{prefix}{key}.")
         elif a != b:
             out.append(f"{prefix}{key}: checkpoint has {a!r}, asked for {b!r}")

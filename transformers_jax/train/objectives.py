@@ -23,7 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from transformers_jax.registry import Registry
+from transformers_jax.registry import FAMILIES, Registry
 from transformers_jax.train.losses import classification_loss, sequence_accuracy, token_metrics
 
 LossFn = Callable[[nn.Module, Any, dict, "jax.Array | None", bool], tuple[jax.Array, dict]]
@@ -117,12 +117,8 @@ for _objective in (
     Objective("token_classification", token_classification_objective, BERT_INPUTS),
 ):
     OBJECTIVES.add(_objective.name, _objective)
-FAMILY_OBJECTIVES = {"gpt": "lm", "bert": "mlm", "encdec": "seq2seq", "lstm": "lm"}
 
 
 def objective_for(family: str) -> Objective:
-    """The default objective of a model family."""
-    if family not in FAMILY_OBJECTIVES:
-        raise ValueError(f"family {family!r} has no default objective; known: "
-                         f"{', '.join(sorted(FAMILY_OBJECTIVES))}")
-    return OBJECTIVES.get(FAMILY_OBJECTIVES[family])
+    """The default objective of a model family (its registry entry names it)."""
+    return OBJECTIVES.get(FAMILIES.get(family).objective)
