@@ -206,8 +206,8 @@ def test_packed_segments_each_draw_a_uniform_subset():
 
 def test_randomized_delegates_to_its_base_and_checks_it():
     base = tiny(position="learned", max_len=16)
-    cfg = tiny(position={"name": "randomized", "base": "learned", "max_position": 16},
-               max_len=16)
+    cfg = tiny(position={"name": "randomized", "base": "learned", "max_position": 16,
+                         "evaluate": "real"}, max_len=16)
     assert cfg.position.max_length(cfg) == 16 and cfg.position.randomizes
     model, params, tokens = init(cfg)
     base_model, base_params, _ = init(base)
@@ -249,20 +249,30 @@ def test_training_forward_uses_random_positions_and_never_leaks(base):
         assert np.abs(np.asarray(grad)[:, : query + 1]).sum() > 0
 
 
-def test_test_positions_are_the_papers_draw_for_longer_sequences():
+def test_evaluation_draws_positions_as_the_paper_and_real_positions_decode_with_a_cache():
     """At test time the paper draws an ordered subset of M positions from [0, L) again (M may
-    exceed the training length); the models, when deterministic, see the real positions, so an
-    evaluation that follows the paper passes the drawn ones in."""
-    cfg = tiny(position={"name": "randomized", "max_position": 40}, max_len=16)
-    model, params, _ = init(cfg, T=8)
-    tokens = jax.random.randint(jax.random.key(5), (2, 30), 0, cfg.vocab_size)
-    real = jnp.broadcast_to(jnp.arange(30), (2, 30))
-    drawn = cfg.position.test_positions(jax.random.key(7), real, cfg)
-    np.testing.assert_array_equal(drawn, sample_positions(jax.random.key(7), real, 40))
+    exceed the training length): ``evaluate="sample"`` does so in every deterministic forward
+    pass, fixed by ``eval_seed``; ``evaluate="real"`` uses 0..T-1 and is the setting that
+    decodes with a KV cache (the sampled one is refused, naming the fix)."""
+    from transformers_jax.sample import SamplingConfig, generate
+
+    sampled = tiny(position={"name": "randomized", "max_position": 40}, max_len=16)
+    real_cfg = sampled.replace(position={"name": "randomized", "max_position": 40,
+                                         "evaluate": "real"})
+    model, params, _ = init(sampled, T=8)
+    real_model = build_model(real_cfg)
+    tokens = jax.random.randint(jax.random.key(5), (2, 30), 0, sampled.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(30), (2, 30))
+    drawn = sample_positions(jax.random.key(0), positions, 40)  # eval_seed 0
     assert (np.diff(np.asarray(drawn), axis=1) > 0).all() and int(drawn.max()) < 40
-    out = model.apply({"params": params}, tokens, positions=drawn)
-    assert np.isfinite(np.asarray(out)).all()
-    assert np.abs(np.asarray(out - model.apply({"params": params}, tokens))).max() > 1e-4
+    out = model.apply({"params": params}, tokens)
+    np.testing.assert_array_equal(out, model.apply({"params": params}, tokens))  # fixed draw
+    np.testing.assert_allclose(out, real_model.apply({"params": params}, tokens,
+                                                     positions=drawn), atol=1e-6)
+    assert np.abs(np.asarray(out - real_model.apply({"params": params}, tokens))).max() > 1e-4
+    with pytest.raises(ValueError, match="position.evaluate=real"):
+        generate(model, params, [[1, 2]], SamplingConfig(max_new_tokens=2))
+    assert len(generate(real_model, params, [[1, 2]], SamplingConfig(max_new_tokens=2))[0]) == 2
 
 
 def test_bert_training_forward_uses_random_positions():
@@ -324,3 +334,15 @@ def test_nested_settings_round_trip():
     assert kerple.position.init_r1 == 1.5
     with pytest.raises(ConfigError, match="no such field"):
         apply_overrides(ModelConfig(), {"position": "xpos", "position.bogus": "1"})
+
+
+@pytest.mark.parametrize("base", ["rope", "learned"])
+def test_randomized_positions_evaluated_on_real_positions_decode_with_the_cache(base):
+    from test_kvcache import cached_logits
+
+    cfg = tiny(position={"name": "randomized", "base": base, "max_position": 16,
+                         "evaluate": "real"}, n_kv_heads=2, init_std=0.1)
+    model, params, tokens = init(cfg, T=12)
+    full = np.asarray(model.apply({"params": params}, tokens))
+    cached = cached_logits(model, params, cfg, tokens, [4, 7], cache_size=12)
+    np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)

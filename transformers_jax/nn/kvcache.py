@@ -94,6 +94,12 @@ def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot, axis: int = 1
 def init_cache(config: ModelConfig, batch_size: int, size: int,
                n_layers: int | None = None) -> KVCache:
     """An empty cache of ``size`` slots per row for ``n_layers`` layers (default all)."""
+    if not config.position.cacheable:
+        raise ValueError(
+            f"position={config.position}: its positions outside training depend on the whole "
+            "sequence, so decoding token by token with a KV cache cannot reproduce them; "
+            "choose a setting of the scheme that evaluates on the real positions (for "
+            "randomized: --model.position.evaluate=real)")
     N, D = config.kv_heads, config.dims_per_head
     dtype = jnp.dtype(config.dtype)
     layers = config.n_layers if n_layers is None else n_layers

@@ -144,9 +144,10 @@ def encoding_positions(module: nn.Module, config: ModelConfig, positions_BT: jax
                        deterministic: bool) -> jax.Array:
     """The positions the scheme's hooks see: in training, those of ``train_positions``
     (randomized schemes draw them from the ``dropout`` RNG stream, the one the train step
-    passes); otherwise the real ones. Masks always use the real positions."""
+    passes); otherwise those of ``eval_positions`` (the real ones, except for a scheme that
+    evaluates as it trains). Masks always use the real positions."""
     if deterministic or not config.position.randomizes:
-        return positions_BT
+        return config.position.eval_positions(positions_BT, config)
     return config.position.train_positions(module.make_rng("dropout"), positions_BT, config)
 
 

@@ -19,6 +19,9 @@ role)``                  keys (``role="key"``) before the dot product
                          -> float32 [B|1, H, Q, K]``; also at cache positions
 ``train_positions(rng,   the layer stack in training: the positions the other  randomized
 pos)``                   hooks see (masks keep the real ones)
+``eval_positions(pos)``  the same outside training (no RNG: fixed by a seed)   randomized
+``cacheable``            whether KV-cache decoding can reproduce a forward     (all but
+                         pass (checked when a cache is made)                   sampled eval)
 ``max_length(cfg)``      config checks, sampling, data: longest input or None  learned
 =======================  ====================================================  ================
 
@@ -66,6 +69,16 @@ class PositionScheme(Switch):
                         config: Any) -> jax.Array:
         """The positions the hooks see in training (the real ones by default)."""
         return positions_BT
+
+    def eval_positions(self, positions_BT: jax.Array, config: Any) -> jax.Array:
+        """The positions the hooks see outside training (the real ones by default)."""
+        return positions_BT
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether decoding token by token with a KV cache computes what a forward pass over
+        the whole sequence does (not when positions depend on the final length)."""
+        return True
 
     @property
     def randomizes(self) -> bool:

@@ -49,17 +49,15 @@ class Randomized(PositionScheme):
     longest test length) is trained even when training sequences are short. Every other hook
     is the base's.
 
-    Evaluation: the paper samples at test time too (its Figure 1; the reference code,
-    ``google-deepmind/randomized_positional_encodings``, draws a fresh ordered subset of M
-    positions from [0, L) on every call, training and ``range_evaluation`` alike, with no
-    train/test switch). Our models call ``train_positions`` only when not deterministic, so a
-    deterministic forward pass (evaluation, KV-cache decoding) sees the real positions
-    0 .. T-1. To evaluate as the paper does, pass
-    ``positions=scheme.test_positions(rng, positions, config)`` to the model: with causal or
-    bidirectional masks (plus segments) that changes nothing but the positions the base sees,
-    since sorted positions keep every order the mask tests; masks that measure distances in
-    positions (sliding window, prefix) would see the sampled ones. Cached decoding cannot
-    sample this way (the subset depends on the final length).
+    Evaluation (``evaluate``): the paper samples at test time too (its Figure 1; the reference
+    code, ``google-deepmind/randomized_positional_encodings``, draws a fresh ordered subset of
+    M positions from [0, L) on every call, training and ``range_evaluation`` alike, with no
+    train/test switch). ``evaluate="sample"`` (the default) does that in every deterministic
+    forward pass, with a draw fixed by ``eval_seed`` so evaluations are reproducible; the
+    subset depends on the length of the whole sequence, so KV-cache decoding is refused (it
+    cannot reproduce it). ``evaluate="real"`` evaluates and decodes on positions 0 .. T-1.
+    Masks always test the real positions (sorted draws keep every order a causal mask tests;
+    windows and prefixes measure real distances).
 
     ``base``: rope, xpos, learned or sinusoidal (a scheme that embeds or rotates positions and
     has no bias; the paper's noisy relative and ALiBi variants randomize a distance table,
@@ -70,8 +68,13 @@ class Randomized(PositionScheme):
 
     max_position: int = 2048
     base: PositionScheme = switch_field(POSITIONS, "rope")
+    evaluate: str = "sample"  # "sample" (the paper) or "real" (0..T-1; decodes with a cache)
+    eval_seed: int = 0
 
     def check(self, config: Any) -> None:
+        if self.evaluate not in ("sample", "real"):
+            raise ConfigError(f"position.evaluate={self.evaluate!r}: valid choices: sample (draw "
+                              "positions at evaluation too, as the paper), real (0..T-1)")
         if self.max_position <= 0:
             raise ConfigError(f"position.max_position={self.max_position!r}: must be positive "
                               "(the number of positions to sample from, at least the longest "
@@ -113,8 +116,11 @@ class Randomized(PositionScheme):
                         config: Any) -> jax.Array:
         return sample_positions(rng, positions_BT, self.max_position)
 
-    def test_positions(self, rng: jax.Array, positions_BT: jax.Array,
-                       config: Any) -> jax.Array:
-        """The paper's test-time positions: the same draw as in training, for the test length
-        (at most ``max_position``). Not called by the models (see the class docstring)."""
-        return sample_positions(rng, positions_BT, self.max_position)
+    def eval_positions(self, positions_BT: jax.Array, config: Any) -> jax.Array:
+        if self.evaluate == "real":
+            return positions_BT
+        return sample_positions(jax.random.key(self.eval_seed), positions_BT, self.max_position)
+
+    @property
+    def cacheable(self) -> bool:
+        return self.evaluate == "real"
