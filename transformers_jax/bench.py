@@ -286,8 +286,10 @@ def main(argv: list[str]) -> int:
         "training": bench_training(model_cfg, cfg, steps=cfg.steps,
                                    warmup=options.get("--warmup", 3)),
     }
-    causal = family_of(model_cfg).generates == "self" and model_cfg.mask.causal
-    if options.get("--no-decode") or not causal:
+    # the same rule as sample.generate: a family that continues its own tokens, a mask that
+    # decodes (a prefix-LM takes the prompt as its prefix)
+    decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes
+    if options.get("--no-decode") or not decodes:
         result["decoding"] = None
         result["decoding_note"] = ("skipped: --no-decode" if options.get("--no-decode") else
                                    f"family {model_cfg.family!r} with mask "

@@ -706,19 +706,23 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 @dataclasses.dataclass(frozen=True)
 class AttentionImpl(Switch):
-    """Base of every ``registry.ATTENTION`` entry.
+    """Base of every ``registry.ATTENTION`` entry: its ``kernel`` (one of the functions above)
+    and what it supports. ``softcap``: can apply ``attn_logit_softcap``. ``dense_masks``:
+    takes any boolean mask (otherwise only causal and segment masks: no window, no prefix-LM).
+    ``backends``: the JAX platforms it runs on. Settings of the kernel are dataclass fields
+    (passed on by ``kernel_options``)."""
 
-    ``softcap``: can apply ``attn_logit_softcap``. ``dense_masks``: takes any boolean mask
-    (otherwise only causal and segment masks: no window, no prefix-LM). ``backends``: the
-    JAX platforms it runs on.
-    """
-
+    kernel: ClassVar[Any] = None
     softcap: ClassVar[bool] = True
     dense_masks: ClassVar[bool] = True
     backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
 
+    def kernel_options(self) -> dict:
+        return {}
+
     def attend(self, q, k, v, *, bias, mask, scale, logit_softcap) -> jax.Array:
-        raise NotImplementedError
+        return type(self).kernel(q, k, v, bias=bias, mask=mask, scale=scale,
+                                 logit_softcap=logit_softcap, **self.kernel_options())
 
     def check(self, config: Any) -> None:
         if config.attn_logit_softcap is not None and not self.softcap:
@@ -735,42 +739,31 @@ class AttentionImpl(Switch):
 @ATTENTION.register("reference")
 @dataclasses.dataclass(frozen=True)
 class Reference(AttentionImpl):
-    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
-        return reference_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                   logit_softcap=logit_softcap)
+    kernel = staticmethod(reference_attention)
 
 
 @ATTENTION.register("xla")
 @dataclasses.dataclass(frozen=True)
 class Xla(AttentionImpl):
+    kernel = staticmethod(xla_attention)
     softcap: ClassVar[bool] = False
-
-    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
-        return xla_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                             logit_softcap=logit_softcap)
 
 
 @ATTENTION.register("cudnn")
 @dataclasses.dataclass(frozen=True)
 class Cudnn(AttentionImpl):
+    kernel = staticmethod(cudnn_attention)
     softcap: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("gpu",)
-
-    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
-        return cudnn_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                               logit_softcap=logit_softcap)
 
 
 @ATTENTION.register("pallas")
 @dataclasses.dataclass(frozen=True)
 class Pallas(AttentionImpl):
+    kernel = staticmethod(pallas_attention)
     softcap: ClassVar[bool] = False
     dense_masks: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("gpu", "tpu")
-
-    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
-        return pallas_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                logit_softcap=logit_softcap)
 
 
 @ATTENTION.register("chunked")
@@ -778,13 +771,13 @@ class Pallas(AttentionImpl):
 class Chunked(AttentionImpl):
     """``chunk_size``: the tile length (queries and keys)."""
 
+    kernel = staticmethod(chunked_attention)
     chunk_size: int = 128
+
+    def kernel_options(self) -> dict:
+        return {"chunk_size": self.chunk_size}
 
     def check(self, config: Any) -> None:
         super().check(config)
         if self.chunk_size <= 0:
             raise ConfigError(f"attention.chunk_size={self.chunk_size!r}: must be positive")
-
-    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap):
-        return chunked_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                 logit_softcap=logit_softcap, chunk_size=self.chunk_size)
