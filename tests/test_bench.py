@@ -131,3 +131,16 @@ def test_side_by_side_tiny(tmp_path):
     assert {"a_train_float32_vs_theirs", "a_decode_batch1_vs_generate"} <= set(result["targets"])
     for key in ("torch", "transformers", "jax", "cpu"):
         assert result["versions"][key]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_subcommand_answers_help(flag, capsys):
+    from transformers_jax import cli
+
+    for command in cli.COMMANDS:
+        try:
+            code = cli.main([command, flag])
+        except SystemExit as stop:  # argparse-based subcommands exit after printing
+            code = stop.code
+        out = capsys.readouterr().out
+        assert code == 0 and ("usage" in out or "options" in out), (command, flag, out[:200])

@@ -263,7 +263,29 @@ def enable_compile_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+BENCH_HELP = """usage: tjax bench [--tiny] [--no-decode] [--warmup N] [--decode-batches 1,8]
+                  [--decode-prompt N] [--decode-tokens N] [--compile-cache DIR] [--out FILE]
+                  [--model.FIELD=VALUE ...] [--train.FIELD=VALUE ...]
+
+Times the training step (tokens/s, MFU against the measured matmul peak) and KV-cache decoding
+of one config and prints one JSON object. Default model: config a (a character-level GPT-2
+shape, chunked attention with 64-wide tiles); every --model./--train. option of `tjax train
+--help` applies.
+
+  --tiny              the same code paths at a tiny size, in seconds
+  --no-decode         skip the decoding benchmark
+  --warmup N          untimed steps before timing (default 3)
+  --decode-batches B  comma-separated decoding batch sizes (default 1,8)
+  --decode-prompt N   prompt tokens (default 16; 4 with --tiny)
+  --decode-tokens N   new tokens (default 240; 12 with --tiny)
+  --compile-cache DIR JAX's persistent compilation cache
+  --out FILE          also write the JSON there"""
+
+
 def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(BENCH_HELP)
+        return 0
     options, argv = split_bench_options(argv)
     overrides, _ = parse_overrides(argv)
     model_over = {k[6:]: v for k, v in overrides.items() if k.startswith("model.")}
