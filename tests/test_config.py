@@ -100,6 +100,11 @@ def test_overrides_coerce_types_and_nest():
     assert (t5.position.name, t5.position.num_buckets) == ("t5", 16)
     with pytest.raises(ConfigError, match="position=rope has no such field"):
         apply_overrides(ModelConfig(), {"position.num_buckets": "16"})
+    # the flat fields of older versions point to their new place
+    with pytest.raises(ConfigError, match="moved into its switch; use --model.mask.window"):
+        apply_overrides(ModelConfig(), {"window": "16"}, "model.")
+    with pytest.raises(ConfigError, match="--model.position.FIELD"):
+        apply_overrides(ModelConfig(), {"rope.base": "500"}, "model.")
     assert cfg.attn_logit_softcap is None
     with pytest.raises(ConfigError, match="unknown option --nonsense"):
         apply_overrides(ModelConfig(), {"nonsense": "1"})

@@ -312,6 +312,16 @@ def check_lengths(model: ModelConfig, seq_len: int) -> None:
 
 
 _DEFAULT_SWITCHES = {"position": "rope", "mask": "causal", "attention": "xla"}
+# Flat fields of older versions and where their settings live now (for a helpful error).
+MOVED_FIELDS = {
+    "rope": "position.FIELD (position=rope: base, pairing, fraction, scaling, "
+            "scaling.factor, ...)",
+    "window": "mask.window (with --model.mask=sliding_window)",
+    "t5_num_buckets": "position.num_buckets (with --model.position=t5)",
+    "t5_max_distance": "position.max_distance (with --model.position=t5)",
+    "fire_hidden": "position.hidden (with --model.position=fire)",
+    "attention_chunk": "attention.chunk_size (with --model.attention=chunked)",
+}
 
 
 # Construction from JSON and from command-line overrides ------------------------------------
@@ -389,6 +399,9 @@ def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") ->
     for key, text in overrides.items():
         head, _, rest = key.partition(".")
         if head not in fields:
+            if isinstance(config, ModelConfig) and head in MOVED_FIELDS:
+                raise ConfigError(f"--{prefix}{key}: the field moved into its switch; use "
+                                  f"--{prefix}{MOVED_FIELDS[head]}")
             owner = (f"{prefix[:-1]}={config.name} has no such field" if isinstance(config, Switch)
                      else f"valid {prefix or 'top-level '}fields")
             raise ConfigError(
