@@ -346,3 +346,16 @@ def test_randomized_positions_evaluated_on_real_positions_decode_with_the_cache(
     full = np.asarray(model.apply({"params": params}, tokens))
     cached = cached_logits(model, params, cfg, tokens, [4, 7], cache_size=12)
     np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
+
+
+def test_a_sequences_draw_does_not_depend_on_what_is_appended():
+    """Padding (segment 0) or a longer row after a sequence leaves its positions as they are,
+    so appended padding changes nothing at evaluation either (the BERT and encoder-decoder
+    padding tests rely on it)."""
+    short = sample_positions(jax.random.key(3), jnp.arange(5)[None], 64)
+    positions = jnp.arange(9)[None]
+    segments = jnp.array([[1, 1, 1, 1, 1, 0, 0, 0, 0]])
+    padded = sample_positions(jax.random.key(3), positions, 64, segments)
+    np.testing.assert_array_equal(padded[:, :5], short)
+    longer = sample_positions(jax.random.key(3), jnp.arange(9)[None], 64)
+    assert (np.asarray(longer[:, :5]) != np.asarray(short)).any()  # one run: all 9 are sorted

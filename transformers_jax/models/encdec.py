@@ -151,7 +151,8 @@ class EncoderDecoder(nn.Module):
         )
         mask = AttentionMask(positions_BS, positions_BS, q_segments=encoder_segment_ids,
                              kv_segments=encoder_segment_ids)  # the encoder sees both ways
-        positions_BS = encoding_positions(self, cfg, positions_BS, deterministic)
+        positions_BS = encoding_positions(self, cfg, positions_BS, deterministic,
+                                          encoder_segment_ids)
         x_BSC = self._embed(encoder_inputs, positions_BS, "encoder_embeddings", deterministic)
         x_BSC, _ = self.encoder(x_BSC, positions=positions_BS, mask=mask,
                                 deterministic=deterministic)
@@ -182,7 +183,7 @@ class EncoderDecoder(nn.Module):
                           q_segments=segment_ids, kv_segments=segment_ids)
         cross_mask = cross_attention_mask(positions_BT, encoder_positions_BS, segment_ids,
                                           encoder_segment_ids)
-        positions_BT = encoding_positions(self, cfg, positions_BT, deterministic)
+        positions_BT = encoding_positions(self, cfg, positions_BT, deterministic, segment_ids)
         x_BTC = self._embed(tokens_BT, positions_BT, "decoder_embeddings", deterministic)
         x_BTC, _ = self.decoder(x_BTC, positions=positions_BT, mask=mask, encoded=encoded_BSC,
                                 cross_mask=cross_mask, deterministic=deterministic)

@@ -69,7 +69,7 @@ class GPT(nn.Module):
         positions_BT = default_positions(tokens_BT) if positions is None else positions
         mask = build_mask(cfg.mask, positions_BT, positions_BT, prefix_len=prefix_len,
                           q_segments=segment_ids, kv_segments=segment_ids)
-        positions_BT = encoding_positions(self, cfg, positions_BT, deterministic)
+        positions_BT = encoding_positions(self, cfg, positions_BT, deterministic, segment_ids)
         bias_BHTT = self._bias(positions_BT, positions_BT)
 
         x_BTC = self.embed(tokens_BT, positions_BT)

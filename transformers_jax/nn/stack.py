@@ -141,14 +141,15 @@ class LayerStack(nn.Module):
 
 
 def encoding_positions(module: nn.Module, config: ModelConfig, positions_BT: jax.Array,
-                       deterministic: bool) -> jax.Array:
+                       deterministic: bool, segment_ids: jax.Array | None = None) -> jax.Array:
     """The positions the scheme's hooks see: in training, those of ``train_positions``
     (randomized schemes draw them from the ``dropout`` RNG stream, the one the train step
     passes); otherwise those of ``eval_positions`` (the real ones, except for a scheme that
     evaluates as it trains). Masks always use the real positions."""
     if deterministic or not config.position.randomizes:
-        return config.position.eval_positions(positions_BT, config)
-    return config.position.train_positions(module.make_rng("dropout"), positions_BT, config)
+        return config.position.eval_positions(positions_BT, config, segment_ids)
+    return config.position.train_positions(module.make_rng("dropout"), positions_BT, config,
+                                           segment_ids)
 
 
 def stack_layer_params(params: dict, n_layers: int) -> dict:

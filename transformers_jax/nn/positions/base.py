@@ -65,12 +65,14 @@ class PositionScheme(Switch):
         attention scores; ``bidirectional`` says whether queries may see later keys."""
         return None
 
-    def train_positions(self, rng: jax.Array, positions_BT: jax.Array,
-                        config: Any) -> jax.Array:
-        """The positions the hooks see in training (the real ones by default)."""
+    def train_positions(self, rng: jax.Array, positions_BT: jax.Array, config: Any,
+                        segment_ids: jax.Array | None = None) -> jax.Array:
+        """The positions the hooks see in training (the real ones by default);
+        ``segment_ids`` [B, T] (packed documents, 0 = padding) when the batch has them."""
         return positions_BT
 
-    def eval_positions(self, positions_BT: jax.Array, config: Any) -> jax.Array:
+    def eval_positions(self, positions_BT: jax.Array, config: Any,
+                       segment_ids: jax.Array | None = None) -> jax.Array:
         """The positions the hooks see outside training (the real ones by default)."""
         return positions_BT
 

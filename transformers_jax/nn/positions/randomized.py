@@ -18,21 +18,26 @@ from transformers_jax.nn.positions.base import PositionScheme, Role
 from transformers_jax.registry import POSITIONS, switch_field
 
 
-def sample_positions(rng: jax.Array, positions_BT: jax.Array, max_position: int) -> jax.Array:
+def sample_positions(rng: jax.Array, positions_BT: jax.Array, max_position: int,
+                     segment_ids: jax.Array | None = None) -> jax.Array:
     """An ordered random subset of ``[0, max_position)`` for each sequence, int32 ``[B, T]``.
 
-    A sequence is a run of consecutive positions (p, p+1, ...): packed segments restart their
-    positions, so each segment is sampled on its own, uniformly among the subsets of its size,
-    and its k-th token gets the k-th smallest position drawn. How: each row draws T distinct
-    values in random order (the top-T indices of L uniform numbers); any fixed set of n of them
-    is a uniform n-subset; sorting the values within each run (runs are contiguous, so one
-    lexicographic sort by (run, value) does it) orders them.
+    A sequence is a run of consecutive positions (p, p+1, ...) within one segment: packed
+    segments restart their positions (and padding is segment 0), so each is sampled on its own,
+    uniformly among the subsets of its size, and its k-th token gets the k-th smallest position
+    drawn. How: each row draws T distinct values in random order (the top-T indices of L uniform
+    numbers); any fixed set of n of them is a uniform n-subset; sorting the values within each
+    run (runs are contiguous, so one lexicographic sort by (run, value) does it) orders them.
+    The top-n indices are the first n of the top-T ones, so a sequence's draw does not depend
+    on what is appended after it (padding, longer rows).
     """
     B, T = positions_BT.shape
     if T > max_position:
         raise ValueError(f"a sequence of {T} tokens needs at least {T} positions to sample from; "
                          f"position.max_position is {max_position}")
     follows_BT = positions_BT[:, 1:] == positions_BT[:, :-1] + 1
+    if segment_ids is not None:
+        follows_BT &= segment_ids[:, 1:] == segment_ids[:, :-1]
     starts_BT = jnp.concatenate([jnp.ones((B, 1), bool), ~follows_BT], axis=1)
     run_BT = jnp.cumsum(starts_BT, axis=1)
     _, drawn_BT = jax.lax.top_k(jax.random.uniform(rng, (B, max_position)), T)
@@ -112,14 +117,16 @@ class Randomized(PositionScheme):
     def bias(self, config: Any, bidirectional: bool) -> nn.Module | None:
         return self.base.bias(config, bidirectional)
 
-    def train_positions(self, rng: jax.Array, positions_BT: jax.Array,
-                        config: Any) -> jax.Array:
-        return sample_positions(rng, positions_BT, self.max_position)
+    def train_positions(self, rng: jax.Array, positions_BT: jax.Array, config: Any,
+                        segment_ids: jax.Array | None = None) -> jax.Array:
+        return sample_positions(rng, positions_BT, self.max_position, segment_ids)
 
-    def eval_positions(self, positions_BT: jax.Array, config: Any) -> jax.Array:
+    def eval_positions(self, positions_BT: jax.Array, config: Any,
+                       segment_ids: jax.Array | None = None) -> jax.Array:
         if self.evaluate == "real":
             return positions_BT
-        return sample_positions(jax.random.key(self.eval_seed), positions_BT, self.max_position)
+        return sample_positions(jax.random.key(self.eval_seed), positions_BT, self.max_position,
+                                segment_ids)
 
     @property
     def cacheable(self) -> bool:
