@@ -170,3 +170,99 @@ def test_a_stale_lock_file_with_a_dead_pid_is_taken_over_by_a_run(tmp_path):
     assert warned[0]["step"] == 0 and f"stale lock of process {dead.pid}" in warned[0]["message"]
     assert (run / LOCK_FILE).read_text() == ""
 
+
+
+# ------------------------------------------------------------------------ resume checks
+def text_cfg(tmp_path, **kw):
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 300)
+    return small_cfg(tmp_path, data=str(corpus), steps=2, **kw)
+
+
+def test_resume_refuses_changed_data_contents_unless_accepted(tmp_path):
+    cfg = text_cfg(tmp_path)
+    train(MODEL, cfg)
+    (tmp_path / "corpus.txt").write_text("a wholly different text, same file name\n" * 300)
+    with pytest.raises(ValueError, match="data contents: checkpoint read local-text:") as err:
+        train(MODEL, cfg.replace(steps=4))
+    assert "accept_data_change=true" in str(err.value)
+    final = train(MODEL, cfg.replace(steps=4, accept_data_change=True))
+    assert final["steps"] == 4
+    warned = [r["message"] for r in rows(cfg.run_dir, "warning")]
+    assert any("other data" in m and "(the files changed)" in m for m in warned)
+
+
+def test_resume_with_the_same_settings_reports_no_difference(tmp_path):
+    from transformers_jax.train.checkpoint import config_differences
+
+    assert config_differences({"test_lengths": [21, 80]}, {"test_lengths": (21, 80)}) == []
+    assert config_differences({"a": {"b": [1, [2]]}}, {"a": {"b": (1, (2,))}}) == []
+    cfg = text_cfg(tmp_path)
+    train(MODEL, cfg)
+    train(MODEL, cfg.replace(steps=4))
+    assert rows(cfg.run_dir, "resume") and not rows(cfg.run_dir, "warning")
+
+
+def test_a_checkpoint_older_than_the_data_records_still_resumes(tmp_path):
+    cfg = text_cfg(tmp_path)
+    train(MODEL, cfg)
+    meta_file = os.path.join(cfg.run_dir, "checkpoints", "2", "meta", "metadata")  # orbax JSON
+    meta = json.load(open(meta_file))
+    del meta["data"]["spec"], meta["data"]["fingerprint"]
+    meta["tokenizer"] = {"kind": meta["tokenizer"]["kind"], "dir": "tokenizer"}
+    json.dump(meta, open(meta_file, "w"))
+    assert train(MODEL, cfg.replace(steps=4))["steps"] == 4
+    [warned] = [r["message"] for r in rows(cfg.run_dir, "warning")]
+    assert "predates data fingerprints" in warned
+
+
+# ------------------------------------------------------------------------ checkpoint damage
+def test_a_damaged_checkpoint_is_named_and_the_run_falls_back_to_the_previous(tmp_path):
+    from transformers_jax.train.errors import CheckpointDamagedError
+
+    cfg = small_cfg(tmp_path, steps=4)
+    train(MODEL, cfg)
+    arrays = os.path.join(cfg.run_dir, "checkpoints", "4", "state", "ocdbt.process_0", "d")
+    files = sorted(os.listdir(arrays), key=lambda f: os.path.getsize(os.path.join(arrays, f)))
+    with open(os.path.join(arrays, files[-1]), "r+b") as f:  # truncate the largest array file
+        f.truncate(os.path.getsize(os.path.join(arrays, files[-1])) // 2)
+    os.remove(os.path.join(arrays, files[0]))  # and delete another
+    with pytest.raises(CheckpointDamagedError, match="step 4 .* is damaged") as err:
+        load_run(cfg.run_dir)
+    message = str(err.value)
+    assert files[-1] in message and f"{files[0]} (missing)" in message
+    assert "previous good checkpoint is step 2" in message
+    final = train(MODEL, cfg.replace(steps=6))  # resumes from step 2, with a warning
+    assert final["steps"] == 6
+    assert [r["step"] for r in rows(cfg.run_dir, "resume")] == [2]
+    assert any("step 4" in r["message"] and "damaged" in r["message"]
+               for r in rows(cfg.run_dir, "warning"))
+    assert os.listdir(os.path.join(cfg.run_dir, "damaged_checkpoints"))[0].startswith("4-")
+    assert all_finite(load_run(cfg.run_dir)[1])  # steps 4 and 6 written afresh
+
+
+def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous(tmp_path, monkeypatch):
+    import errno
+
+    import orbax.checkpoint as ocp
+
+    from transformers_jax.train.errors import CheckpointWriteError
+
+    real = ocp.CheckpointManager.save
+
+    def full_disk(self, step, *args, **kwargs):
+        if step == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    cfg = small_cfg(tmp_path)
+    with pytest.raises(CheckpointWriteError, match="step 4 .*No space left.*latest good: step 2"):
+        train(MODEL, cfg)
+    monkeypatch.undo()
+    ckpt = Checkpointer(cfg.run_dir)
+    assert ckpt.all_steps() == [2] and not ckpt.verify(2)
+    ckpt.close()
+    assert all_finite(load_run(cfg.run_dir)[1])
+    assert train(MODEL, cfg)["steps"] == 8  # the same command resumes from step 2

@@ -33,7 +33,14 @@ from transformers_jax.train.checkpoint import (
     check_same_model,
     config_differences,
 )
-from transformers_jax.train.data import TOKENIZER_DIR, RunData, make_run_data, run_tokenizer
+from transformers_jax.train.data import (
+    DATA_FIELDS,
+    RunData,
+    make_run_data,
+    run_tokenizer,
+    tokenizer_spec,
+)
+from transformers_jax.train.errors import CheckpointDamagedError
 from transformers_jax.train.flops import device_peak, flops_per_token
 from transformers_jax.train.guard import Guard, NonFiniteError
 from transformers_jax.train.objectives import objective_for
@@ -116,29 +123,93 @@ def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int)
         "model": dataclasses.asdict(model_cfg),
         "train": dataclasses.asdict(cfg),
         "step": step,
-        "data": {"iterator": data.train.get_state(), "description": data.description},
-        "tokenizer": {"kind": data.tokenizer.name, "dir": TOKENIZER_DIR},
+        "data": {"iterator": data.train.get_state(), "description": data.description,
+                 "spec": {k: getattr(cfg, k) for k in DATA_FIELDS},
+                 "fingerprint": data.fingerprint},
+        "tokenizer": tokenizer_spec(data.tokenizer),
         "versions": {"jax": jax.__version__, "transformers_jax": __version__},
     }
 
 
 def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg, log,
             shardings=None):
-    meta = ckpt.read_meta()
+    step = _latest_good_step(ckpt, log)
+    meta = ckpt.read_meta(step)
     check_same_model(meta["model"], model_cfg, cfg.run_dir)
     ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
-              "checkpoint_every", "keep_checkpoints", "resume"}
+              "checkpoint_every", "keep_checkpoints", "resume", "skip_nonfinite_steps",
+              "accept_data_change", *DATA_FIELDS}
     diffs = [d for d in config_differences(meta["train"], dataclasses.asdict(cfg))
              if d.split(":")[0] not in ignore]
+    data_changed = _check_same_data(meta, cfg, data, log)
     if diffs:
         log.write("warning", 0, {}, "resuming with different training settings (the run "
                   "will not match an uninterrupted one):\n  " + "\n  ".join(diffs))
-    state, _ = ckpt.restore(abstract_like(state, shardings))  # onto this run's devices
+    state, _ = ckpt.restore(abstract_like(state, shardings), step)  # onto this run's devices
     if meta["data"].get("iterator") is not None:  # None: a converted checkpoint, no data yet
-        data.train.set_state(meta["data"]["iterator"])  # continue with exactly the next batch
+        try:
+            data.train.set_state(meta["data"]["iterator"])  # continue with the next batch
+        except ValueError:
+            if not data_changed:
+                raise
+            log.write("warning", 0, {"message": "new data from its start"}, "the new data is "
+                      "read from its start (the saved position belongs to the old data)")
     log.write("resume", int(state.step), {}, f"resumed from {cfg.run_dir} at step "
               f"{int(state.step)}")
     return state
+
+
+def _latest_good_step(ckpt: Checkpointer, log) -> int:
+    """The newest checkpoint whose files are intact; damaged newer ones are set aside (moved
+    to ``RUN_DIR/damaged_checkpoints``) with a warning, so later saves can take their steps."""
+    for step in sorted(ckpt.all_steps(), reverse=True):
+        try:
+            ckpt.check(step)
+            return step
+        except CheckpointDamagedError as err:
+            where = ckpt.set_aside(step)
+            text = f"{err}; moved to {where}, resuming from an earlier step"
+            log.write("warning", 0, {"message": text}, text)
+    raise CheckpointDamagedError(
+        f"every checkpoint in {ckpt.directory} is damaged (moved to damaged_checkpoints); "
+        "start afresh with a new --run-dir", -1)
+
+
+def _check_same_data(meta: dict, cfg: TrainConfig, data: RunData, log) -> bool:
+    """Refuse a resume that would read other data or tokenize differently (unless
+    ``train.accept_data_change``: then True); a checkpoint older than these records is
+    resumed with a warning that its data cannot be checked."""
+    saved_data, saved_tok = meta.get("data", {}), meta.get("tokenizer", {})
+    now_tok = tokenizer_spec(data.tokenizer)
+    spec = saved_data.get("spec") or {k: meta["train"][k] for k in DATA_FIELDS
+                                       if k in meta.get("train", {})}
+    diffs = config_differences(spec, {k: getattr(cfg, k) for k in DATA_FIELDS if k in spec})
+    unknown = []
+    if saved_data.get("fingerprint") is None:
+        unknown.append("the data's contents")
+    elif saved_data["fingerprint"] != data.fingerprint:
+        diffs.append(f"data contents: checkpoint read {saved_data['fingerprint']}, this run "
+                     f"reads {data.fingerprint} (the files changed)")
+    for key in ("kind", "vocab_size", "fingerprint"):
+        if key not in saved_tok:
+            unknown.append(f"the tokenizer's {key}")
+        elif saved_tok[key] != now_tok[key]:
+            diffs.append(f"tokenizer {key}: checkpoint has {saved_tok[key]!r}, this run has "
+                         f"{now_tok[key]!r}")
+    if unknown:
+        text = (f"the checkpoint in {cfg.run_dir} predates data fingerprints: "
+                f"{', '.join(unknown)} cannot be checked")
+        log.write("warning", 0, {"message": text}, text)
+    if not diffs:
+        return False
+    text = (f"the checkpoint in {cfg.run_dir} was trained on other data than this run would "
+            "read:\n  " + "\n  ".join(diffs))
+    if not cfg.accept_data_change:
+        raise ValueError(text + "\nuse the same data and tokenizer, a new --run-dir, or "
+                         "--train.accept_data_change=true to continue on the new data")
+    log.write("warning", 0, {"message": text}, text + "\n(accepted: "
+              "train.accept_data_change=true)")
+    return True
 
 
 def _init_from(run_dir: str, state: TrainState, optimizer, log) -> TrainState:
