@@ -212,6 +212,7 @@ def test_a_checkpoint_older_than_the_data_records_still_resumes(tmp_path):
     del meta["data"]["spec"], meta["data"]["fingerprint"]
     meta["tokenizer"] = {"kind": meta["tokenizer"]["kind"], "dir": "tokenizer"}
     json.dump(meta, open(meta_file, "w"))
+    os.remove(os.path.join(cfg.run_dir, "checkpoints", "2", "tjax_files.json"))  # none then
     assert train(MODEL, cfg.replace(steps=4))["steps"] == 4
     [warned] = [r["message"] for r in rows(cfg.run_dir, "warning")]
     assert "predates data fingerprints" in warned
