@@ -23,6 +23,7 @@ from transformers_jax.config import (
 )
 from transformers_jax.overrides import ALIASES, FLAGS, parse_overrides
 from transformers_jax.registry import FAMILIES, UnknownNameError
+from transformers_jax.train.errors import RunFailedError
 
 
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
@@ -186,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tjax {command}: error: {err}", file=sys.stderr)
         return 2
+    except RunFailedError as err:  # the run was set up well and stopped: diverged, locked, ...
+        if os.environ.get("TJAX_DEBUG"):
+            raise
+        print(f"tjax {command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 def option_help() -> str:

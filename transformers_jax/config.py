@@ -237,6 +237,10 @@ class TrainConfig:
     keep_checkpoints: int = 3
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
     init_from: str | None = None  # fine-tune: start from this run's params (fresh optimizer)
+    # Reliability (see train/guard.py, loop._resume): bad updates skipped before the run stops,
+    # and whether a resume may read other data or another tokenizer than the checkpoint's.
+    skip_nonfinite_steps: int = 0  # updates with a non-finite loss/grad skipped; then stop
+    accept_data_change: bool = False  # resume onto changed data/tokenizer with a warning
     # Masked LM (family bert): share of tokens predicted, and how their inputs are corrupted.
     mlm_rate: float = 0.15
     mlm_mask_fraction: float = 0.8  # of the chosen: [MASK]
@@ -256,6 +260,9 @@ class TrainConfig:
                      "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 _fail(f"train.{name}", getattr(self, name), "must be a positive integer")
+        if self.skip_nonfinite_steps < 0:
+            _fail("train.skip_nonfinite_steps", self.skip_nonfinite_steps,
+                  "must be >= 0 (0: stop at the first non-finite step)")
         if self.learning_rate <= 0:
             _fail("train.learning_rate", self.learning_rate, "must be positive")
         if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -32,15 +33,39 @@ from transformers_jax.train.checkpoint import (
     check_same_model,
     config_differences,
 )
-from transformers_jax.train.data import TOKENIZER_DIR, RunData, make_run_data, run_tokenizer
+from transformers_jax.train.data import (
+    DATA_FIELDS,
+    RunData,
+    make_run_data,
+    run_tokenizer,
+    tokenizer_spec,
+)
+from transformers_jax.train.errors import CheckpointDamagedError
 from transformers_jax.train.flops import device_peak, flops_per_token
+from transformers_jax.train.guard import Guard, NonFiniteError
 from transformers_jax.train.objectives import objective_for
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
+from transformers_jax.train.run_lock import RunLock
 from transformers_jax.train.step import TrainState
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
     return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]}
+
+
+def _window_metrics(rows: list[dict]) -> dict[str, float]:
+    """Means over the window's applied (finite) steps, plus the count of skipped ones."""
+    good = [r for r in rows if not int(r.get("nonfinite", 0))] or rows
+    values = _mean_metrics([{k: v for k, v in r.items() if k != "nonfinite"} for r in good])
+    skipped = sum(int(r.get("nonfinite", 0)) for r in rows)
+    return {**values, "skipped": skipped} if skipped else values
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
 class MetricsLog:
@@ -98,29 +123,93 @@ def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int)
         "model": dataclasses.asdict(model_cfg),
         "train": dataclasses.asdict(cfg),
         "step": step,
-        "data": {"iterator": data.train.get_state(), "description": data.description},
-        "tokenizer": {"kind": data.tokenizer.name, "dir": TOKENIZER_DIR},
+        "data": {"iterator": data.train.get_state(), "description": data.description,
+                 "spec": {k: getattr(cfg, k) for k in DATA_FIELDS},
+                 "fingerprint": data.fingerprint},
+        "tokenizer": tokenizer_spec(data.tokenizer),
         "versions": {"jax": jax.__version__, "transformers_jax": __version__},
     }
 
 
 def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg, log,
             shardings=None):
-    meta = ckpt.read_meta()
+    step = _latest_good_step(ckpt, log)
+    meta = ckpt.read_meta(step)
     check_same_model(meta["model"], model_cfg, cfg.run_dir)
     ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
-              "checkpoint_every", "keep_checkpoints", "resume"}
+              "checkpoint_every", "keep_checkpoints", "resume", "skip_nonfinite_steps",
+              "accept_data_change", *DATA_FIELDS}
     diffs = [d for d in config_differences(meta["train"], dataclasses.asdict(cfg))
              if d.split(":")[0] not in ignore]
+    data_changed = _check_same_data(meta, cfg, data, log)
     if diffs:
         log.write("warning", 0, {}, "resuming with different training settings (the run "
                   "will not match an uninterrupted one):\n  " + "\n  ".join(diffs))
-    state, _ = ckpt.restore(abstract_like(state, shardings))  # onto this run's devices
+    state, _ = ckpt.restore(abstract_like(state, shardings), step)  # onto this run's devices
     if meta["data"].get("iterator") is not None:  # None: a converted checkpoint, no data yet
-        data.train.set_state(meta["data"]["iterator"])  # continue with exactly the next batch
+        try:
+            data.train.set_state(meta["data"]["iterator"])  # continue with the next batch
+        except ValueError:
+            if not data_changed:
+                raise
+            log.write("warning", 0, {"message": "new data from its start"}, "the new data is "
+                      "read from its start (the saved position belongs to the old data)")
     log.write("resume", int(state.step), {}, f"resumed from {cfg.run_dir} at step "
               f"{int(state.step)}")
     return state
+
+
+def _latest_good_step(ckpt: Checkpointer, log) -> int:
+    """The newest checkpoint whose files are intact; damaged newer ones are set aside (moved
+    to ``RUN_DIR/damaged_checkpoints``) with a warning, so later saves can take their steps."""
+    for step in sorted(ckpt.all_steps(), reverse=True):
+        try:
+            ckpt.check(step)
+            return step
+        except CheckpointDamagedError as err:
+            where = ckpt.set_aside(step)
+            text = f"{err}; moved to {where}, resuming from an earlier step"
+            log.write("warning", 0, {"message": text}, text)
+    raise CheckpointDamagedError(
+        f"every checkpoint in {ckpt.directory} is damaged (moved to damaged_checkpoints); "
+        "start afresh with a new --run-dir", -1)
+
+
+def _check_same_data(meta: dict, cfg: TrainConfig, data: RunData, log) -> bool:
+    """Refuse a resume that would read other data or tokenize differently (unless
+    ``train.accept_data_change``: then True); a checkpoint older than these records is
+    resumed with a warning that its data cannot be checked."""
+    saved_data, saved_tok = meta.get("data", {}), meta.get("tokenizer", {})
+    now_tok = tokenizer_spec(data.tokenizer)
+    spec = saved_data.get("spec") or {k: meta["train"][k] for k in DATA_FIELDS
+                                       if k in meta.get("train", {})}
+    diffs = config_differences(spec, {k: getattr(cfg, k) for k in DATA_FIELDS if k in spec})
+    unknown = []
+    if saved_data.get("fingerprint") is None:
+        unknown.append("the data's contents")
+    elif saved_data["fingerprint"] != data.fingerprint:
+        diffs.append(f"data contents: checkpoint read {saved_data['fingerprint']}, this run "
+                     f"reads {data.fingerprint} (the files changed)")
+    for key in ("kind", "vocab_size", "fingerprint"):
+        if key not in saved_tok:
+            unknown.append(f"the tokenizer's {key}")
+        elif saved_tok[key] != now_tok[key]:
+            diffs.append(f"tokenizer {key}: checkpoint has {saved_tok[key]!r}, this run has "
+                         f"{now_tok[key]!r}")
+    if unknown:
+        text = (f"the checkpoint in {cfg.run_dir} predates data fingerprints: "
+                f"{', '.join(unknown)} cannot be checked")
+        log.write("warning", 0, {"message": text}, text)
+    if not diffs:
+        return False
+    text = (f"the checkpoint in {cfg.run_dir} was trained on other data than this run would "
+            "read:\n  " + "\n  ".join(diffs))
+    if not cfg.accept_data_change:
+        raise ValueError(text + "\nuse the same data and tokenizer, a new --run-dir, or "
+                         "--train.accept_data_change=true to continue on the new data")
+    log.write("warning", 0, {"message": text}, text + "\n(accepted: "
+              "train.accept_data_change=true)")
+    return True
 
 
 def _init_from(run_dir: str, state: TrainState, optimizer, log) -> TrainState:
@@ -149,9 +238,21 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
 
     With ``cfg.run_dir`` the run is checkpointed every ``checkpoint_every`` steps, at the end
     and on SIGTERM/SIGINT, and a later call with the same run directory resumes exactly.
+    The run directory is locked for the run (``train/run_lock.py``; process 0 only), and a
+    non-finite loss or gradient stops the run (``train/guard.py``) before anything
+    non-finite is saved.
     """
     if cfg.coordinator is not None:  # before any other JAX call
         multihost.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
+    if not (cfg.run_dir and multihost.is_main_process()):
+        return _train(model_cfg, cfg, auto_vocab)
+    warnings: list[str] = []  # the log opens later, under the lock
+    with RunLock(cfg.run_dir, warnings.append):
+        return _train(model_cfg, cfg, auto_vocab, warnings)
+
+
+def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
+           early_warnings: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
     check_lengths(model_cfg, cfg.seq_len)
     tokenizer = run_tokenizer(cfg)
     if auto_vocab:
@@ -175,22 +276,33 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
                            schedule=schedule, grad_accum=cfg.grad_accum,
                            objective=objective_for(model_cfg.family))
     state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
-    eval_batches = [trainer.place_batch(b, local=True) for b in data.eval_batches]
-    eval_step = trainer.eval_step
 
-    def train_step(state, batch):
-        return trainer.step(state, trainer.place_batch(batch, local=True))
+    main = multihost.is_main_process()  # every process trains and saves; one of them talks
+    bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main),
+               dynamic_ncols=True)
+    log = MetricsLog(cfg.run_dir if main else None, bar if cfg.progress else None, quiet=not main)
+    for text in early_warnings:
+        log.write("warning", 0, {"message": text}, text)
+    try:
+        return _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar)
+    finally:
+        bar.close()
+        log.close()
+
+
+def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar) -> dict[str, Any]:
     n_params = count_params(state.params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
     if cfg.strategy != "single":  # the whole mesh works on each step
         peak, peak_source = peak * trainer.mesh.size, f"{peak_source}, x{trainer.mesh.size}"
     tokens_per_step = cfg.batch_size * cfg.seq_len
+    eval_batches = [trainer.place_batch(b, local=True) for b in data.eval_batches]
+    eval_step = trainer.eval_step
 
-    main = multihost.is_main_process()  # every process trains and saves; one of them talks
-    bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main),
-               dynamic_ncols=True)
-    log = MetricsLog(cfg.run_dir if main else None, bar if cfg.progress else None, quiet=not main)
+    def train_step(state, batch):
+        return trainer.step(state, trainer.place_batch(batch, local=True))
+
     ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
     if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
         state = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
@@ -208,102 +320,124 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
         f"peak {peak / 1e9:.0f} GFLOP/s ({peak_source})",
     )
 
-    def save(step: int) -> None:
+    guard = Guard(cfg.skip_nonfinite_steps,
+                  lambda step, text: log.write("warning", step, {"message": text}, text))
+    pending: list[tuple[int, dict, Any]] = []  # (step, metrics, data position): not yet checked
+
+    def check_pending() -> None:
+        rows = jax.device_get([metrics for _, metrics, _ in pending])
+        for (step, _, position), row in zip(pending, rows, strict=True):
+            guard.check(step, row, position)
+        pending.clear()
+
+    def save(step: int, state: TrainState) -> None:
+        if ckpt is None:
+            return
+        check_pending()  # a diverged step raises here: nothing non-finite is ever saved
+        host_state = trainer.unreplicate(state)
+        if not bool(_all_finite((host_state.params, host_state.opt_state))):
+            raise NonFiniteError(f"the state after step {step} holds non-finite values although "
+                                 "every loss and gradient norm was finite; not saved (the "
+                                 "latest checkpoint is the last good one)")
+        ckpt.save(step, host_state, run_meta(model_cfg, cfg, data, step))
+
+    try:
+        fault_after = int(os.environ.get("TJAX_FAULT_AFTER_STEP", "-1"))  # crash tests only
+        history: list[dict] = []
+        window: list[dict] = []
+        compile_s = 0.0
+        timed_s, timed_steps = 0.0, 0
+        last_eval: dict[str, float] = {}
+        stopping = None
+        t_window = time.perf_counter()
+        with StopSignals() as stop:
+            for step in range(start_step, cfg.steps):
+                position = data.train.get_state()  # where this batch is: for spike warnings
+                batch = next(data.train)
+                start = time.perf_counter()
+                state, metrics = train_step(state, batch)
+                first = step == start_step
+                if first:  # the first call compiles; keep it out of the throughput figures
+                    jax.block_until_ready(state)
+                    compile_s = time.perf_counter() - start
+                    t_window = time.perf_counter()
+                if window:  # keep one step in flight, so the bar tracks finished steps
+                    jax.block_until_ready(window[-1]["loss"])
+                window.append(metrics)
+                pending.append((step + 1, metrics, position))
+                bar.update(1)
+
+                stopping = stop.requested  # read once: a signal may land at any line below
+                done = step + 1 == cfg.steps or stopping is not None
+                if (step + 1) % cfg.log_every == 0 or done:
+                    rows = jax.device_get(window)  # waits for the queued steps
+                    check_pending()  # raises on a non-finite step past the skip budget
+                    elapsed = time.perf_counter() - t_window
+                    steps_timed = len(rows) - (1 if step + 1 - len(rows) == start_step else 0)
+                    timed_s, timed_steps = timed_s + elapsed, timed_steps + steps_timed
+                    tps = (steps_timed * tokens_per_step / elapsed
+                           if steps_timed and elapsed else 0.0)
+                    values = {**_window_metrics(rows), "tokens_per_s": tps,
+                              "mfu": tps * flops / peak}
+                    history.append({"step": step + 1, **values})
+                    bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tps:,.0f}")
+                    log.write(
+                        "train",
+                        step + 1,
+                        values,
+                        f"step {step + 1:>6} | loss {values['loss']:.4f} | lr "
+                        f"{values['learning_rate']:.2e} | {tps:,.0f} tokens/s | MFU "
+                        f"{100 * values['mfu']:.1f}%",
+                    )
+                    window, t_window = [], time.perf_counter()
+
+                if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+                    jax.block_until_ready(state)  # queued train steps count as training time
+                    t_eval = time.perf_counter()
+                    last_eval = evaluate(eval_step, state.params, eval_batches)
+                    log.write(
+                        "eval",
+                        step + 1,
+                        last_eval,
+                        f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f} "
+                        f"({last_eval['loss'] / math.log(2):.3f} bits/token)",
+                    )
+                    t_window += time.perf_counter() - t_eval  # eval time is not training throughput
+
+                if (step + 1) % cfg.checkpoint_every == 0 or done:
+                    save(step + 1, state)
+                if step + 1 == fault_after:
+                    os.kill(os.getpid(), signal.SIGKILL)  # simulate a crash (tests only)
+                if stopping:
+                    log.write("stop", step + 1, {}, f"{stopping}: saved step {step + 1}, "
+                              "stopping; run the same command again to resume")
+                    break
+        final_step = int(trainer.unreplicate(state).step)
+        tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else 0.0
+        final = {
+            "steps": final_step,
+            "params": n_params,
+            "train_loss": history[-1]["loss"] if history else None,
+            "eval_loss": last_eval.get("loss"),
+            "eval_accuracy": last_eval.get("accuracy"),
+            "tokens_per_s": tokens_per_s,
+            "mfu": tokens_per_s * flops / peak,
+            "flops_per_token": flops,
+            "peak_flops": peak,
+            "peak_source": peak_source,
+            "compile_s": compile_s,
+            "device": jax.devices()[0].device_kind,
+            "stopped_by": stopping if final_step < cfg.steps else None,
+            "history": history,
+        }
+        summary = (f"done: step {final_step}, {tokens_per_s:,.0f} tokens/s, MFU "
+                   f"{100 * final['mfu']:.1f}%, first step (compile) {compile_s:.1f}s")
+        if final["eval_loss"] is not None:
+            summary += f", eval loss {final['eval_loss']:.4f}"
+        summary += (f"; checkpoint in {cfg.run_dir}" if cfg.run_dir
+                    else "; nothing saved (no --run-dir)")
+        log.write("final", final_step, {k: v for k, v in final.items() if k != "history"}, summary)
+        return final
+    finally:
         if ckpt is not None:
-            ckpt.save(step, trainer.unreplicate(state), run_meta(model_cfg, cfg, data, step))
-
-    fault_after = int(os.environ.get("TJAX_FAULT_AFTER_STEP", "-1"))  # crash tests only
-    history: list[dict] = []
-    window: list[dict] = []
-    compile_s = 0.0
-    timed_s, timed_steps = 0.0, 0
-    last_eval: dict[str, float] = {}
-    stopping = None
-    t_window = time.perf_counter()
-    with StopSignals() as stop:
-        for step in range(start_step, cfg.steps):
-            batch = next(data.train)
-            start = time.perf_counter()
-            state, metrics = train_step(state, batch)
-            first = step == start_step
-            if first:  # the first call compiles; keep it out of the throughput figures
-                jax.block_until_ready(state)
-                compile_s = time.perf_counter() - start
-                t_window = time.perf_counter()
-            if window:  # keep one step in flight, so the bar tracks finished steps
-                jax.block_until_ready(window[-1]["loss"])
-            window.append(metrics)
-            bar.update(1)
-
-            stopping = stop.requested  # read once: a signal may land at any line below
-            done = step + 1 == cfg.steps or stopping is not None
-            if (step + 1) % cfg.log_every == 0 or done:
-                rows = jax.device_get(window)  # waits for the queued steps
-                elapsed = time.perf_counter() - t_window
-                steps_timed = len(rows) - (1 if step + 1 - len(rows) == start_step else 0)
-                timed_s, timed_steps = timed_s + elapsed, timed_steps + steps_timed
-                tps = steps_timed * tokens_per_step / elapsed if steps_timed and elapsed else 0.0
-                values = {**_mean_metrics(rows), "tokens_per_s": tps, "mfu": tps * flops / peak}
-                history.append({"step": step + 1, **values})
-                bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tps:,.0f}")
-                log.write(
-                    "train",
-                    step + 1,
-                    values,
-                    f"step {step + 1:>6} | loss {values['loss']:.4f} | lr "
-                    f"{values['learning_rate']:.2e} | {tps:,.0f} tokens/s | MFU "
-                    f"{100 * values['mfu']:.1f}%",
-                )
-                window, t_window = [], time.perf_counter()
-
-            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-                jax.block_until_ready(state)  # queued train steps count as training time
-                t_eval = time.perf_counter()
-                last_eval = evaluate(eval_step, state.params, eval_batches)
-                log.write(
-                    "eval",
-                    step + 1,
-                    last_eval,
-                    f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f} "
-                    f"({last_eval['loss'] / math.log(2):.3f} bits/token)",
-                )
-                t_window += time.perf_counter() - t_eval  # eval time is not training throughput
-
-            if (step + 1) % cfg.checkpoint_every == 0 or done:
-                save(step + 1)
-            if step + 1 == fault_after:
-                os.kill(os.getpid(), signal.SIGKILL)  # simulate a crash (tests only)
-            if stopping:
-                log.write("stop", step + 1, {}, f"{stopping}: saved step {step + 1}, "
-                          "stopping; run the same command again to resume")
-                break
-    bar.close()
-    if ckpt is not None:
-        ckpt.close()  # waits for the last asynchronous save
-
-    final_step = int(trainer.unreplicate(state).step)
-    tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else 0.0
-    final = {
-        "steps": final_step,
-        "params": n_params,
-        "train_loss": history[-1]["loss"] if history else None,
-        "eval_loss": last_eval.get("loss"),
-        "eval_accuracy": last_eval.get("accuracy"),
-        "tokens_per_s": tokens_per_s,
-        "mfu": tokens_per_s * flops / peak,
-        "flops_per_token": flops,
-        "peak_flops": peak,
-        "peak_source": peak_source,
-        "compile_s": compile_s,
-        "device": jax.devices()[0].device_kind,
-        "stopped_by": stopping if final_step < cfg.steps else None,
-        "history": history,
-    }
-    summary = (f"done: step {final_step}, {tokens_per_s:,.0f} tokens/s, MFU "
-               f"{100 * final['mfu']:.1f}%, first step (compile) {compile_s:.1f}s")
-    if final["eval_loss"] is not None:
-        summary += f", eval loss {final['eval_loss']:.4f}"
-    summary += f"; checkpoint in {cfg.run_dir}" if cfg.run_dir else "; nothing saved (no --run-dir)"
-    log.write("final", final_step, {k: v for k, v in final.items() if k != "history"}, summary)
-    log.close()
-    return final
+            ckpt.close()  # waits for the last asynchronous save (the last good one on errors)

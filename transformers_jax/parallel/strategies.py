@@ -58,7 +58,7 @@ from transformers_jax.parallel.rules import (
     mesh_shardings,
 )
 from transformers_jax.train.losses import lm_loss
-from transformers_jax.train.step import TrainState, init_state, model_inputs
+from transformers_jax.train.step import TrainState, init_state, keep_if_finite, model_inputs
 
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
 DATA_AXIS = "data"
@@ -203,7 +203,7 @@ def apply_update(
     if schedule is not None:
         metrics["learning_rate"] = schedule(state.step)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
-    return new_state, metrics
+    return keep_if_finite(state, new_state, metrics)  # a non-finite update is not applied
 
 
 def _init(model, optimizer, seed: int, example_batch: dict, objective: Any = None,

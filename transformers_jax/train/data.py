@@ -8,6 +8,7 @@ sees exactly the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,11 @@ from transformers_jax.data.tokenizers import Tokenizer, load_tokenizer
 from transformers_jax.models import family_of
 
 TOKENIZER_DIR = "tokenizer"
+# The TrainConfig fields that choose what the run reads: a resume that changes one reads other
+# data (refused unless train.accept_data_change).
+DATA_FIELDS = ("data", "data_dir", "text_key", "tokenizer", "tokenizer_vocab", "pack", "task",
+               "train_lengths", "val_fraction")
+_PROBE = "def f(x):\n    return 'Ünïcode' + x  # 0123456789 \t\r\n" * 4
 
 
 @dataclass
@@ -35,6 +41,30 @@ class RunData:
     train: Any  # a Grain DatasetIterator of batches (get_state / set_state)
     eval_batches: list[dict]
     description: str
+    fingerprint: str | None = None  # of the data's contents (see data_fingerprint)
+
+
+def data_fingerprint(cfg: TrainConfig) -> str:
+    """What the run reads, by content: the hash of the local text (files or the default corpus,
+    the key its prepared tfds copy is stored under), a tfds catalog dataset's name and
+    prepared version, or the synthetic task (generated from the spec and seed)."""
+    from transformers_jax.data.local_text import prepare_local_text
+    from transformers_jax.data.sources import _tfds_builder, parse_spec
+
+    if cfg.task:
+        return f"task:{cfg.task}"
+    parsed = parse_spec(cfg.data)
+    if parsed.kind == "tfds":
+        return f"tfds:{parsed.name} version {_tfds_builder(parsed.name, cfg.data_dir).info.version}"
+    return "local-text:" + prepare_local_text(parsed.name, parsed.unit, cfg.data_dir).key
+
+
+def tokenizer_spec(tokenizer: Tokenizer) -> dict:
+    """Kind, vocabulary size and a fingerprint of how it tokenizes (the ids of a fixed text)."""
+    ids = [int(i) for i in tokenizer.encode(_PROBE)]
+    digest = hashlib.blake2b(repr((tokenizer.vocab_size, ids)).encode(), digest_size=8)
+    return {"kind": tokenizer.name, "dir": TOKENIZER_DIR, "vocab_size": tokenizer.vocab_size,
+            "fingerprint": digest.hexdigest()}
 
 
 def run_tokenizer(cfg: TrainConfig) -> Tokenizer:
@@ -78,7 +108,7 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                                       num_epochs=None, **common)
         return RunData(tokenizer, train, take(held_out, cfg.eval_batches),
                        f"task {cfg.task} (lengths {cfg.train_lengths[0]}-"
-                       f"{cfg.train_lengths[1]})")
+                       f"{cfg.train_lengths[1]})", data_fingerprint(cfg))
     common = dict(data_dir=cfg.data_dir, text_key=cfg.text_key, val_fraction=cfg.val_fraction,
                   max_len=max_len)
     train = make_lm_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size, seed=cfg.seed,
@@ -96,4 +126,4 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
     name = cfg.data or "the default corpus (Python's pydoc topics)"
     return RunData(tokenizer, train, eval_batches,
                    f"{name}, {tokenizer.name} tokens (vocab {tokenizer.vocab_size}), "
-                   f"pack={cfg.pack}")
+                   f"pack={cfg.pack}", data_fingerprint(cfg))

@@ -73,9 +73,22 @@ def make_train_step(
         new_state = state.replace(
             step=state.step + 1, params=params, opt_state=opt_state, rng=jax.random.key_data(rng)
         )
-        return new_state, metrics
+        return keep_if_finite(state, new_state, metrics)
 
     return train_step
+
+
+def keep_if_finite(state: TrainState, new_state: TrainState, metrics: dict
+                   ) -> tuple[TrainState, dict]:
+    """Inside the jitted step: keep ``state``'s params and optimizer state when the loss or the
+    gradient norm is not finite (the step counter and RNG still advance, as the data does), and
+    add ``nonfinite`` (0 or 1) to the metrics. A select per array, fused into the update: no
+    extra pass over memory and nothing to fetch beyond the metrics already logged."""
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+    kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                        (new_state.params, new_state.opt_state), (state.params, state.opt_state))
+    new_state = new_state.replace(params=kept[0], opt_state=kept[1])
+    return new_state, {**metrics, "nonfinite": (~finite).astype(jnp.int32)}
 
 
 def make_eval_step(model: nn.Module, objective=None):
