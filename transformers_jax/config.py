@@ -233,6 +233,8 @@ class TrainConfig:
     eval_batches: int = 8
     log_every: int = 50
     run_dir: str | None = None  # metrics.jsonl and checkpoints; None saves nothing
+    tensorboard: bool = True  # event files in RUN_DIR/tensorboard (with a run_dir only)
+    wandb_project: str | None = None  # also log to Weights & Biases (pip install wandb)
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one

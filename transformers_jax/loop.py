@@ -23,10 +23,11 @@ from tqdm import tqdm
 
 from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
-from transformers_jax.models import build_model
+from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel import multihost
 from transformers_jax.parallel.strategies import make_trainer
+from transformers_jax.sample import SamplingConfig, generate
 from transformers_jax.train.checkpoint import (
     Checkpointer,
     abstract_like,
@@ -47,6 +48,10 @@ from transformers_jax.train.objectives import objective_for
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.run_lock import RunLock
 from transformers_jax.train.step import TrainState
+from transformers_jax.train.tracking import Tracker
+
+SAMPLE_PROMPT_TOKENS = 32  # the held-out text that the evaluation samples continue
+SAMPLE_NEW_TOKENS = 48
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
@@ -69,10 +74,12 @@ def _all_finite(tree) -> jax.Array:
 
 
 class MetricsLog:
-    """Console lines (through tqdm, so the bar stays intact) and an optional JSONL file."""
+    """Console lines (through tqdm, so the bar stays intact), an optional JSONL file and an
+    optional ``Tracker`` (TensorBoard, W&B) that sees the same rows."""
 
-    def __init__(self, run_dir: str | None, bar: tqdm | None, quiet: bool = False):
-        self.bar, self.quiet = bar, quiet
+    def __init__(self, run_dir: str | None, bar: tqdm | None, quiet: bool = False,
+                 tracker: Tracker | None = None):
+        self.bar, self.quiet, self.tracker = bar, quiet, tracker
         self.file = None
         if run_dir:
             os.makedirs(run_dir, exist_ok=True)
@@ -82,12 +89,16 @@ class MetricsLog:
         if self.file:
             self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
             self.file.flush()
+        if self.tracker is not None:
+            self.tracker.log(kind, step, values)
         if not self.quiet:
             (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
 
     def close(self) -> None:
         if self.file:
             self.file.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def evaluate(eval_step, params, batches: list[dict]) -> dict[str, float]:
@@ -138,7 +149,7 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
     check_same_model(meta["model"], model_cfg, cfg.run_dir)
     ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
               "checkpoint_every", "keep_checkpoints", "resume", "skip_nonfinite_steps",
-              "accept_data_change", *DATA_FIELDS}
+              "accept_data_change", "tensorboard", "wandb_project", *DATA_FIELDS}
     diffs = [d for d in config_differences(meta["train"], dataclasses.asdict(cfg))
              if d.split(":")[0] not in ignore]
     data_changed = _check_same_data(meta, cfg, data, log)
@@ -280,17 +291,54 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
     main = multihost.is_main_process()  # every process trains and saves; one of them talks
     bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main),
                dynamic_ncols=True)
-    log = MetricsLog(cfg.run_dir if main else None, bar if cfg.progress else None, quiet=not main)
+    tracker = None
+    if cfg.run_dir and main and (cfg.tensorboard or cfg.wandb_project):
+        tracker = Tracker(cfg.run_dir, {"model": dataclasses.asdict(model_cfg),
+                                        "train": dataclasses.asdict(cfg)},
+                          tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project)
+    log = MetricsLog(cfg.run_dir if main else None, bar if cfg.progress else None, quiet=not main,
+                     tracker=tracker)
     for text in early_warnings:
         log.write("warning", 0, {"message": text}, text)
     try:
-        return _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar)
+        sampler = _make_sampler(model, model_cfg, data) if tracker is not None else None
+        return _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar, sampler)
     finally:
         bar.close()
         log.close()
 
 
-def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar) -> dict[str, Any]:
+def _make_sampler(model, model_cfg: ModelConfig, data: RunData):
+    """``sampler(params) -> markdown`` of a short greedy continuation of a fixed held-out
+    prompt, for the text samples logged at each evaluation; None for a family that does not
+    generate, a mask that does not decode left to right, or a multi-host run (the samples are
+    decoded on process 0 alone, which cannot see every shard of the parameters there)."""
+    family = family_of(model_cfg)
+    if not family.generates or not model_cfg.mask.decodes or jax.process_count() > 1:
+        return None
+    tokenizer = data.tokenizer
+    batch = data.eval_batches[0]
+    row = np.asarray(batch.get("encoder_inputs", batch["inputs"]))[0]
+    specials = set(tokenizer.special.values())
+    prompt = [int(t) for t in row if int(t) not in specials][:SAMPLE_PROMPT_TOKENS]
+    limit = model_cfg.position.max_length(model_cfg)
+    new = SAMPLE_NEW_TOKENS if limit is None else min(SAMPLE_NEW_TOKENS, limit - len(prompt))
+    if not prompt or new <= 0:
+        return None
+    sampling = SamplingConfig(max_new_tokens=new, temperature=0.0,
+                              stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id,
+                              bos_id=tokenizer.bos_id)
+
+    def sampler(params) -> str:
+        out = generate(model, params, [prompt], sampling)[0]
+        return (f"**prompt** (held-out): `{tokenizer.decode(prompt)!r}`\n\n"
+                f"**greedy continuation**: `{tokenizer.decode(out)!r}`")
+
+    return sampler
+
+
+def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
+         sampler=None) -> dict[str, Any]:
     n_params = count_params(state.params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
@@ -402,6 +450,9 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar) -> dict[str,
                         f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f} "
                         f"({last_eval['loss'] / math.log(2):.3f} bits/token)",
                     )
+                    if sampler is not None:
+                        log.tracker.text("samples", step + 1,
+                                         sampler(trainer.unreplicate(state).params))
                     t_window += time.perf_counter() - t_eval  # eval time is not training throughput
 
                 if (step + 1) % cfg.checkpoint_every == 0 or done:
