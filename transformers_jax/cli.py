@@ -147,6 +147,62 @@ def cmd_fill_mask(argv: list[str]) -> int:
     return 0
 
 
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected lengths like 128,256") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one length, e.g. 128,256")
+    return values
+
+
+def cmd_eval(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tjax eval",
+        description="Evaluate a trained or converted run: held-out loss, perplexity, bits per "
+        "byte (or per token), the loss at several lengths and by position, and passkey "
+        "retrieval. Prints one JSON object.")
+    parser.add_argument("--run", required=True, help="run directory (tjax train --run-dir, or "
+                        "tjax convert --out)")
+    parser.add_argument("--data", default=None, help="text to evaluate on (PATH, lines:PATH, "
+                        "tfds:NAME); default: the run's own held-out split")
+    parser.add_argument("--split", default=None, help="a tfds split to read instead of the "
+                        "held-out one (e.g. validation)")
+    parser.add_argument("--lengths", type=_lengths, default=None,
+                        help="window lengths, e.g. 128,256 (default: the run's seq_len)")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="batches per length (default: the run's eval_batches)")
+    parser.add_argument("--passkey", action="store_true",
+                        help="passkey retrieval accuracy by length and depth (generating "
+                        "families)")
+    parser.add_argument("--passkey-lengths", type=_lengths, default=None,
+                        help="prompt lengths of the passkey test (default: --lengths; the byte "
+                        "tokenizer needs at least about 110)")
+    parser.add_argument("--passkey-trials", type=int, default=4, help="keys per length and depth")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
+    parser.add_argument("--plot", default=None, help="PNG of the loss by position (default: "
+                        "RUN/eval_loss_by_position.png)")
+    parser.add_argument("--out", default=None, help="also write the JSON to this file")
+    args = parser.parse_args(argv)
+    if args.batches is not None and args.batches <= 0:
+        raise ValueError(f"--batches {args.batches}: must be a positive integer")
+
+    from transformers_jax.evaluation import evaluate_run
+
+    result = evaluate_run(
+        args.run, data=args.data, split=args.split, lengths=args.lengths, batches=args.batches,
+        passkey=args.passkey, passkey_lengths=args.passkey_lengths,
+        passkey_trials=args.passkey_trials, step=args.step,
+        plot=args.plot or os.path.join(args.run, "eval_loss_by_position.png"))
+    text = json.dumps(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
 def cmd_convert(argv: list[str]) -> int:
     from transformers_jax.convert import main as convert_main
 
@@ -159,7 +215,7 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
-COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench,
+COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
             "convert": cmd_convert, "fill-mask": cmd_fill_mask}
 
 

@@ -43,6 +43,9 @@ class Tokenizer:
     """The common interface. Subclasses set ``name``, ``special`` and implement the rest."""
 
     name = "base"
+    # What one id stands for in the text, for per-unit figures (``tjax eval``: bits per byte
+    # when "byte"); "token" when an id covers a varying span.
+    unit = "token"
     special: dict[str, int]
 
     @property
@@ -108,6 +111,7 @@ class ByteTokenizer(Tokenizer):
     """UTF-8 bytes 0..255, then the special tokens (pad=256, bos=257, ...)."""
 
     name = "byte"
+    unit = "byte"
 
     def __init__(self) -> None:
         self.special = {name: 256 + i for i, name in enumerate(SPECIAL_TOKENS)}
@@ -135,6 +139,7 @@ class CharTokenizer(Tokenizer):
     """
 
     name = "char"
+    unit = "character"
 
     def __init__(self, chars: Sequence[str]) -> None:
         self.special = {name: i for i, name in enumerate(SPECIAL_TOKENS)}

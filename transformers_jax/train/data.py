@@ -86,6 +86,37 @@ def masking_of(cfg: TrainConfig) -> MaskingConfig:
                          random_fraction=cfg.mlm_random_fraction)
 
 
+def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer,
+                      split: str | None = None) -> list[dict]:
+    """The run's fixed held-out batches (``cfg.eval_batches`` of them, ``cfg.seq_len`` long):
+    what the training loop evaluates on, and ``tjax eval`` by default. ``split``: another
+    split of a tfds dataset to read instead of the held-out one (text data only)."""
+    family = family_of(model_cfg)
+    max_len = model_cfg.position.max_length(model_cfg)
+    prefix = model_cfg.mask.needs_prefix_len
+    if cfg.task:
+        if split is not None:
+            raise ValueError(f"split={split!r}: a synthetic task (task={cfg.task}) has only "
+                             "its held-out examples; drop the split")
+        fmt = family.tasks
+        # held-out examples at the training lengths (the test split has its own seed stream)
+        held_out = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size,
+                                      cfg.seed, split="test", test_lengths=cfg.train_lengths,
+                                      num_epochs=None, train_lengths=cfg.train_lengths, fmt=fmt,
+                                      prefix=prefix and fmt == "decoder", max_len=max_len)
+        return take(held_out, cfg.eval_batches)
+    held_out = make_lm_eval_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size,
+                                     pack=cfg.pack, num_epochs=None, data_dir=cfg.data_dir,
+                                     text_key=cfg.text_key, val_fraction=cfg.val_fraction,
+                                     max_len=max_len, **({"split": split} if split else {}))
+    eval_batches = take(held_out, cfg.eval_batches)
+    if family.masked_lm:
+        return mask_eval_batches(eval_batches, cfg.seed, tokenizer, masking_of(cfg))
+    if prefix:
+        return eval_prefix_batches(eval_batches, cfg.seed)
+    return eval_batches
+
+
 def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> RunData:
     family = family_of(model_cfg)
     max_len = model_cfg.position.max_length(model_cfg)
@@ -102,27 +133,18 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                       max_len=max_len)
         train = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed,
                                    split="train", test_lengths=cfg.test_lengths, **common)
-        # held-out examples at the training lengths (the test split has its own seed stream)
-        held_out = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size,
-                                      cfg.seed, split="test", test_lengths=cfg.train_lengths,
-                                      num_epochs=None, **common)
-        return RunData(tokenizer, train, take(held_out, cfg.eval_batches),
+        return RunData(tokenizer, train, make_eval_batches(model_cfg, cfg, tokenizer),
                        f"task {cfg.task} (lengths {cfg.train_lengths[0]}-"
                        f"{cfg.train_lengths[1]})", data_fingerprint(cfg))
     common = dict(data_dir=cfg.data_dir, text_key=cfg.text_key, val_fraction=cfg.val_fraction,
                   max_len=max_len)
     train = make_lm_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size, seed=cfg.seed,
                              pack=cfg.pack, **common)
-    held_out = make_lm_eval_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size,
-                                     pack=cfg.pack, num_epochs=None, **common)
-    eval_batches = take(held_out, cfg.eval_batches)
+    eval_batches = make_eval_batches(model_cfg, cfg, tokenizer)
     if family.masked_lm:  # corrupt 15% of tokens: the masked-LM batches
-        masking = masking_of(cfg)
-        train = MaskedBatches(train, cfg.seed, tokenizer, masking)
-        eval_batches = mask_eval_batches(eval_batches, cfg.seed, tokenizer, masking)
+        train = MaskedBatches(train, cfg.seed, tokenizer, masking_of(cfg))
     elif prefix:
         train = PrefixBatches(train, cfg.seed)
-        eval_batches = eval_prefix_batches(eval_batches, cfg.seed)
     name = cfg.data or "the default corpus (Python's pydoc topics)"
     return RunData(tokenizer, train, eval_batches,
                    f"{name}, {tokenizer.name} tokens (vocab {tokenizer.vocab_size}), "

@@ -1,0 +1,249 @@
+"""``tjax eval``: a trained or converted run, evaluated without writing Python.
+
+    result = evaluate_run("runs/gpt", lengths=[128, 256], passkey=True)
+
+- held-out loss (nats per target token), perplexity and bits per unit: ``bits_per_byte`` when
+  the tokenizer's ids are bytes (``Tokenizer.unit``), else ``bits_per_character`` or
+  ``bits_per_token``; all of it on the run's own held-out batches by default (the very batches
+  its training loop evaluated on), or on other data (``data``, ``split``);
+- the mean loss at each of ``lengths`` (windows of that many tokens), and for next-token
+  families the loss by position (mean over the windows of the loss at each position), also
+  drawn as a PNG when matplotlib is installed;
+- with ``passkey``, for families that generate: passkey retrieval, a random number hidden in
+  filler text at a relative depth, asked for at the end, decoded greedily and scored by exact
+  match, per length and depth.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformers_jax.config import TrainConfig, from_dict
+from transformers_jax.convert.run_io import load_converted_run, read_run_meta
+from transformers_jax.models import family_of
+from transformers_jax.sample import SamplingConfig, generate, generating_families
+from transformers_jax.train.data import make_eval_batches
+from transformers_jax.train.objectives import apply_model, objective_for
+from transformers_jax.train.step import make_eval_step
+
+PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
+                  "There and back again. ")
+PASSKEY_QUESTION = "What is the pass key? The pass key is"
+PASSKEY_DEPTHS = (0.0, 0.5, 1.0)
+
+
+def passkey_needle(key: str) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key. "
+
+
+def _check_run(run_dir: str) -> None:
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(
+            f"no run directory at {run_dir!r}; pass the --run-dir of a tjax train run or the "
+            "--out of tjax convert --from-hf")
+
+
+def _check_length(config, length: int) -> None:
+    if length <= 1:
+        raise ValueError(f"--lengths {length}: a window needs at least 2 tokens")
+    limit = config.position.max_length(config)
+    if limit is not None and length > limit:
+        raise ValueError(
+            f"--lengths {length} is longer than the model's learned position table "
+            f"(position={config.position.name}, {limit} positions, model.max_len); evaluate at "
+            f"lengths up to {limit}, or train a model whose positions extrapolate (rope, alibi)")
+
+
+def _per_position(model, objective):
+    """A jitted ``(params, batch) -> (loss sum [T], weight sum [T])`` of next-token loss."""
+
+    @jax.jit
+    def sums(params, batch):
+        logits_BTV = apply_model(model, params, batch, objective.input_keys).astype(jnp.float32)
+        logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
+        loss_BT = -jnp.take_along_axis(logp_BTV, batch["targets"][..., None], axis=-1)[..., 0]
+        weights_BT = batch.get("weights")
+        weights_BT = jnp.ones_like(loss_BT) if weights_BT is None else weights_BT
+        return (loss_BT * weights_BT).sum(0), weights_BT.sum(0)
+
+    return sums
+
+
+def _figures(loss: float, unit: str) -> dict:
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+            f"bits_per_{unit}": loss / math.log(2)}
+
+
+def evaluate_run(
+    run_dir: str,
+    *,
+    data: str | None = None,
+    split: str | None = None,
+    lengths: Sequence[int] | None = None,
+    batches: int | None = None,
+    passkey: bool = False,
+    passkey_lengths: Sequence[int] | None = None,
+    passkey_trials: int = 4,
+    passkey_depths: Sequence[float] = PASSKEY_DEPTHS,
+    passkey_digits: int = 5,
+    step: int | None = None,
+    plot: str | None = None,
+    seed: int = 0,
+) -> dict:
+    """Evaluate ``run_dir`` (see the module docstring); returns one JSON-ready dict.
+
+    ``data``/``split``: text to read instead of the run's own held-out split (a tfds split
+    name for ``tfds:NAME`` data). ``lengths``: window lengths (default the run's ``seq_len``).
+    ``batches``: batches per length (default the run's ``eval_batches``). ``passkey_lengths``:
+    prompt-plus-answer lengths of the passkey test (default ``lengths``). ``plot``: the PNG of
+    the loss by position (None: no file). ``step``: the checkpoint (default the latest).
+    """
+    _check_run(run_dir)
+    model, params, tokenizer, config = load_converted_run(run_dir, step)
+    meta = read_run_meta(run_dir, step)
+    train_cfg = from_dict(TrainConfig, meta["train"])
+    family = family_of(config)
+    if tokenizer is None:
+        raise ValueError(
+            f"{run_dir} has no tokenizer this project can load (converted with an external "
+            "tokenizer), and tjax eval reads text: convert it again from a directory that "
+            "holds tokenizer.json, or evaluate from Python on token ids "
+            "(transformers_jax.train.step.make_eval_step)")
+    cfg: TrainConfig = train_cfg.replace(run_dir=None,
+                                         eval_batches=batches or train_cfg.eval_batches)
+    if data is not None:
+        cfg = cfg.replace(data=data, task=None)
+    lengths = [int(n) for n in (lengths or [train_cfg.seq_len])]
+    passkey_lengths = [int(n) for n in (passkey_lengths or lengths)]
+    for length in {*lengths, *(passkey_lengths if passkey else ())}:
+        _check_length(config, length)
+    if passkey and not (family.generates and config.mask.decodes):
+        raise ValueError(
+            f"--passkey needs a model that generates (family {', '.join(generating_families())} "
+            f"with a causal mask); {run_dir} holds family={config.family!r} with "
+            f"mask={config.mask.name!r}: drop --passkey")
+
+    objective = objective_for(config.family)
+    eval_step = jax.jit(make_eval_step(model, objective))
+    by_position = _per_position(model, objective) if objective.name == "lm" else None
+    unit = tokenizer.unit
+    result: dict = {
+        "run": run_dir, "step": int(meta["step"]), "family": config.family,
+        "data": cfg.task and f"task:{cfg.task}" or cfg.data or "the default corpus",
+        "split": split or "held-out", "tokenizer": tokenizer.name, "unit": unit,
+        "batches": cfg.eval_batches, "batch_size": cfg.batch_size,
+    }
+    notes = []
+    if unit == "byte":
+        notes.append("bits_per_byte counts the bos/eos ids among the bytes")
+    by_length, curves = [], {}
+    for length in sorted(set(lengths) | {train_cfg.seq_len}):
+        eval_batches = make_eval_batches(config, cfg.replace(seq_len=length), tokenizer, split)
+        rows = jax.device_get([eval_step(params, b) for b in eval_batches])
+        loss = float(np.mean([float(r["loss"]) for r in rows]))
+        entry = {"length": length, **_figures(loss, unit)}
+        if by_position is not None:
+            total, count = np.zeros(length), np.zeros(length)
+            for b in eval_batches:
+                s, c = jax.device_get(by_position(params, b))
+                total, count = total + s, count + c
+            curve = [float(t / c) if c else None for t, c in zip(total, count, strict=True)]
+            curves[length] = curve
+            entry["loss_by_position"] = curve
+        if length == train_cfg.seq_len:
+            result.update(_figures(loss, unit))
+            result["seq_len"] = length
+        if length in lengths:
+            by_length.append(entry)
+    result["by_length"] = by_length
+    if by_position is None:
+        notes.append(f"no loss by position: the {objective.name} objective does not predict "
+                     "the next token at every position")
+    result["plot"] = None
+    if plot and curves:
+        result["plot"] = _plot(curves, plot, run_dir, unit, notes)
+    if passkey:
+        result["passkey"] = passkey_accuracy(
+            model, params, tokenizer, passkey_lengths, passkey_depths, passkey_trials,
+            passkey_digits, seed)
+    result["notes"] = notes
+    return result
+
+
+def _plot(curves: dict[int, list], path: str, run_dir: str, unit: str, notes: list) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        notes.append("no PNG: matplotlib is not installed (pip install 'transformers-jax"
+                     "[experiments]' or pip install matplotlib)")
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for length, curve in sorted(curves.items()):
+        ys = [np.nan if y is None else y for y in curve]
+        ax.plot(np.arange(1, len(ys) + 1), ys, label=f"windows of {length}")
+    ax.set_xlabel("position in the window (tokens of context + 1)")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(f"loss by position: {os.path.basename(os.path.abspath(run_dir))}")
+    ax.legend()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def passkey_prompt(tokenizer, key: str, length: int, depth: float) -> list[int]:
+    """Token ids of exactly ``length`` tokens: filler with the key's sentence at ``depth``
+    (0: first, 1: just before the question), then the question."""
+    needle = list(tokenizer.encode(passkey_needle(key)))
+    question = list(tokenizer.encode(PASSKEY_QUESTION))
+    room = length - len(needle) - len(question)
+    if room < 0:
+        raise ValueError(f"passkey length {length} is too short for the key and the question "
+                         f"({len(needle) + len(question)} tokens); use longer --lengths")
+    unit = list(tokenizer.encode(PASSKEY_FILLER))
+    filler = (unit * (room // max(len(unit), 1) + 1))[:room]
+    cut = round(depth * room)
+    return [int(t) for t in filler[:cut] + needle + filler[cut:] + question]
+
+
+def passkey_accuracy(model, params, tokenizer, lengths: Sequence[int],
+                     depths: Sequence[float] = PASSKEY_DEPTHS, trials: int = 4,
+                     digits: int = 5, seed: int = 0) -> dict:
+    """Exact-match passkey retrieval by length (prompt plus answer) and depth: ``trials``
+    random ``digits``-digit keys per cell, decoded greedily in one batch per length."""
+    rng = np.random.default_rng(seed)
+    answer_len = len(tokenizer.encode(" " + "9" * digits)) + 2
+    cells = []
+    for length in lengths:
+        keys = [[str(rng.integers(10 ** (digits - 1), 10 ** digits)) for _ in range(trials)]
+                for _ in depths]
+        prompts = [passkey_prompt(tokenizer, key, length - answer_len, depth)
+                   for depth, row in zip(depths, keys, strict=True) for key in row]
+        sampling = SamplingConfig(max_new_tokens=answer_len, temperature=0.0,
+                                  stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id,
+                                  bos_id=tokenizer.bos_id)
+        outputs = iter(generate(model, params, prompts, sampling))
+        for depth, row in zip(depths, keys, strict=True):
+            records = []
+            for key in row:
+                answer = tokenizer.decode(next(outputs))
+                found = re.match(r"\s*(\d+)", answer)
+                records.append({"key": key, "answer": answer,
+                                "correct": bool(found and found.group(1) == key)})
+            cells.append({"length": int(length), "depth": float(depth),
+                          "accuracy": float(np.mean([r["correct"] for r in records])),
+                          "trials": records})
+    by_length = {str(n): float(np.mean([c["accuracy"] for c in cells if c["length"] == n]))
+                 for n in lengths}
+    return {"digits": digits, "trials_per_cell": trials, "accuracy_by_length": by_length,
+            "cells": cells}
