@@ -115,3 +115,53 @@ def test_errors_name_the_problem_and_the_fix(tmp_path):
     assert math.isfinite(result["loss"]) and result["plot"] is None
     assert "loss_by_position" not in result["by_length"][0]
     assert any("no loss by position" in n for n in result["notes"])
+
+
+def test_converted_hugging_face_runs(tmp_path):
+    """A converted GPT-2 is evaluated on the default corpus: with the byte tokenizer (bits
+    per byte), with its own BPE tokenizer (bits per token), and without a tokenizer (an
+    error that says what to do)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from transformers_jax.convert import convert_hf_directory
+
+    def gpt2(directory, vocab_size, n_positions=32):
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=32,
+                                         n_layer=1, n_head=2, bos_token_id=None,
+                                         eos_token_id=None)
+        transformers.GPT2LMHeadModel(config).eval().save_pretrained(directory)
+        return str(directory)
+
+    run = str(tmp_path / "byte_run")
+    convert_hf_directory(gpt2(tmp_path / "byte", 262), run)
+    result = evaluate_run(run, batches=1, plot=None)
+    assert result["seq_len"] == 32 and math.isfinite(result["bits_per_byte"])
+    with pytest.raises(ValueError, match="learned position table"):
+        evaluate_run(run, lengths=[64])
+
+    source = gpt2(tmp_path / "bpe", 320, n_positions=128)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ran to the park"] * 20, trainer)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                         bos_token="<|endoftext|>").save_pretrained(source)
+    run = str(tmp_path / "bpe_run")
+    convert_hf_directory(source, run)
+    result = evaluate_run(run, batches=1, passkey=True, passkey_lengths=[128],
+                          passkey_trials=1)
+    assert result["tokenizer"] == "huggingface" and result["unit"] == "token"
+    assert "bits_per_byte" not in result
+    assert result["bits_per_token"] == pytest.approx(result["loss"] / math.log(2))
+    assert 0.0 <= result["passkey"]["accuracy_by_length"]["128"] <= 1.0
+
+    run = str(tmp_path / "external_run")
+    source = gpt2(tmp_path / "external", 101)  # no tokenizer files, not the byte vocabulary
+    convert_hf_directory(source, run)
+    with pytest.raises(ValueError, match="no tokenizer this project can load.*token ids"):
+        evaluate_run(run)

@@ -208,8 +208,9 @@ def passkey_prompt(tokenizer, key: str, length: int, depth: float) -> list[int]:
     question = list(tokenizer.encode(PASSKEY_QUESTION))
     room = length - len(needle) - len(question)
     if room < 0:
-        raise ValueError(f"passkey length {length} is too short for the key and the question "
-                         f"({len(needle) + len(question)} tokens); use longer --lengths")
+        raise ValueError(f"a passkey prompt of {length} tokens is too short for the key and "
+                         f"the question ({len(needle) + len(question)} tokens); use longer "
+                         "--passkey-lengths")
     unit = list(tokenizer.encode(PASSKEY_FILLER))
     filler = (unit * (room // max(len(unit), 1) + 1))[:room]
     cut = round(depth * room)
