@@ -27,6 +27,7 @@ import numpy as np
 
 from transformers_jax.config import TrainConfig, from_dict
 from transformers_jax.convert.run_io import load_converted_run, read_run_meta
+from transformers_jax.data.sources import parse_spec
 from transformers_jax.models import family_of
 from transformers_jax.sample import SamplingConfig, generate, generating_families
 from transformers_jax.train.data import make_eval_batches
@@ -120,6 +121,10 @@ def evaluate_run(
                                          eval_batches=batches or train_cfg.eval_batches)
     if data is not None:
         cfg = cfg.replace(data=data, task=None)
+    if split is not None and not cfg.task and parse_spec(cfg.data).kind != "tfds":
+        raise ValueError(f"--split {split}: splits are read from tfds datasets (--data "
+                         f"tfds:NAME); {cfg.data or 'the default corpus'} is local text whose "
+                         "held-out part is read by default: drop --split")
     lengths = [int(n) for n in (lengths or [train_cfg.seq_len])]
     passkey_lengths = [int(n) for n in (passkey_lengths or lengths)]
     for length in {*lengths, *(passkey_lengths if passkey else ())}:
