@@ -19,6 +19,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -310,3 +311,112 @@ def test_tiny_configs_train_one_finite_step_or_name_a_field(model_kwargs, train_
     params = jax.tree_util.tree_leaves(state.params)
     assert all(np.isfinite(np.asarray(p, np.float32)).all() for p in params), "params not finite"
     TRIED["config: tiny models, trained one finite step"] += 1
+
+
+# Sampling options and prompts ---------------------------------------------------------------
+
+_SAMPLERS: dict = {}
+
+
+def tiny_sampler(position: str):
+    """A tiny untrained byte-level GPT (16 positions for the learned table)."""
+    if position not in _SAMPLERS:
+        from transformers_jax.models import build_model
+
+        cfg = ModelConfig(vocab_size=262, d_model=16, n_layers=1, n_heads=2, max_len=16,
+                          position=position)
+        model = build_model(cfg)
+        params = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+        _SAMPLERS[position] = (model, params)
+    return _SAMPLERS[position]
+
+
+SAMPLING_NAMES = ("max_new_tokens", "temperature", "top_k", "top_p", "prompt", "max_len")
+PROMPTS = st.one_of(st.binary(max_size=24),  # arbitrary bytes, mostly not UTF-8
+                    st.text(max_size=12),  # lone surrogates included (argv's undecodable bytes)
+                    st.just(b""), st.just(b"\xff\xfe\x00"))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(position=st.sampled_from(["learned", "rope"]), prompt=PROMPTS,
+       max_new_tokens=st.one_of(st.integers(-2, 12), st.sampled_from([2.5, "3", None])),
+       temperature=st.one_of(st.floats(-1, 3), st.floats(), st.just(0.0)),
+       top_k=st.one_of(st.none(), st.integers(-2, 300), st.just(1.5)),
+       top_p=st.one_of(st.none(), st.floats(-0.5, 1.5), st.floats()))
+@example(position="learned", prompt=b"x" * 20, max_new_tokens=2, temperature=1.0, top_k=None,
+         top_p=None)  # longer than the learned table
+@example(position="rope", prompt="\udcff", max_new_tokens=2, temperature=1.0, top_k=None,
+         top_p=None)  # an undecodable argv byte
+@example(position="rope", prompt=b"ab", max_new_tokens=2, temperature=math.nan, top_k=None,
+         top_p=None)
+def test_sampling_options_and_prompts(position, prompt, max_new_tokens, temperature, top_k,
+                                      top_p):
+    from transformers_jax.data.tokenizers import ByteTokenizer
+    from transformers_jax.sample import SamplingConfig, generate
+
+    TRIED["sample: options x prompts (generate on a tiny model)"] += 1
+    tokenizer = ByteTokenizer()
+    model, params = tiny_sampler(position)
+    try:
+        tokens = [int(t) for t in tokenizer.encode(prompt)]
+        cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_k=top_k, top_p=top_p)
+        out = generate(model, params, [tokens], cfg)
+    except ValueError as error:
+        assert any(name in str(error) for name in SAMPLING_NAMES), str(error)
+        TRIED["sample: refused with ValueError naming the option/prompt"] += 1
+        return
+    assert len(out) == 1 and 1 <= len(out[0]) <= max_new_tokens
+    assert all(0 <= t < 262 for t in out[0]), out
+    tokenizer.decode(out[0])  # never raises
+    TRIED["sample: generated"] += 1
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A 2-step byte-level run with a learned 32-row position table, checkpointed."""
+    from transformers_jax.loop import train
+
+    run_dir = tmp_path_factory.mktemp("fuzz_run") / "run"
+    train(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=32, position="learned"),
+          TrainConfig(steps=2, batch_size=2, seq_len=16, eval_every=2, eval_batches=1,
+                      log_every=1, checkpoint_every=2, run_dir=str(run_dir), progress=False),
+          auto_vocab=True)
+    return str(run_dir)
+
+
+CLI_VALUE = st.one_of(st.integers(-3, 40).map(str), st.floats().map(repr), GARBAGE)
+CLI_OPTIONS = {"--max-new-tokens": CLI_VALUE, "--temperature": CLI_VALUE, "--top-k": CLI_VALUE,
+               "--top-p": CLI_VALUE, "--num-samples": st.sampled_from(["0", "-1", "1", "2"]),
+               "--step": st.sampled_from(["2", "0", "7", "-1"]),
+               "--prompt": st.one_of(st.text(max_size=40), st.binary(max_size=40).map(
+                   lambda b: b.decode("utf-8", "surrogateescape")))}
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(overrides(CLI_OPTIONS))
+@example({"--prompt": "x" * 40})  # longer than the 32 learned positions
+@example({"--num-samples": "0"})
+@example({"--temperature": "nan"})
+def test_cli_sample_bad_options_exit_2_with_a_message(tiny_run, options):
+    import contextlib
+    import io
+
+    from transformers_jax.cli import main
+
+    TRIED["sample: `tjax sample` command lines on a trained run"] += 1
+    argv = ["sample", "--run", tiny_run, "--max-new-tokens", "4"]
+    for key, value in options.items():
+        argv += [f"{key}={value}"]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exit_:  # argparse: a value of the wrong type
+            rc = exit_.code
+    assert rc in (0, 2), (rc, err.getvalue())
+    if rc == 2:
+        assert "error:" in err.getvalue() and "Traceback" not in err.getvalue(), err.getvalue()
+        TRIED["sample: `tjax sample` refused (exit 2, message)"] += 1
+    else:
+        TRIED["sample: `tjax sample` sampled"] += 1
