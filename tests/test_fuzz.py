@@ -420,3 +420,132 @@ def test_cli_sample_bad_options_exit_2_with_a_message(tiny_run, options):
         TRIED["sample: `tjax sample` refused (exit 2, message)"] += 1
     else:
         TRIED["sample: `tjax sample` sampled"] += 1
+
+
+# The Hugging Face converter given damaged files ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A tiny GPT-2 checkpoint in Hugging Face layout, written by our own exporter (no torch)."""
+    from transformers_jax.convert import save_hf
+    from transformers_jax.models import build_model
+
+    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, max_len=16,
+                      position="learned", mlp="gelu")
+    import flax.linen as nn
+
+    params = nn.meta.unbox(build_model(cfg).init(jax.random.key(0),
+                                                 jnp.zeros((1, 4), jnp.int32))["params"])
+    directory = tmp_path_factory.mktemp("hf") / "gpt2"
+    save_hf(str(directory), cfg, params, architecture="gpt2")
+    return directory
+
+
+def convert_damaged(hf_dir, tmp_path_factory, damage) -> None:
+    """Copy ``hf_dir``, apply ``damage(directory)``, convert: returns or raises."""
+    import shutil
+
+    from transformers_jax.convert import load_hf
+
+    directory = tmp_path_factory.mktemp("damaged") / "gpt2"
+    shutil.copytree(hf_dir, directory)
+    damage(directory)
+    load_hf(str(directory))
+
+
+def assert_conversion_error_names(error: Exception, *names: str) -> None:
+    from transformers_jax.convert import ConversionError
+
+    assert isinstance(error, ConversionError), f"{type(error).__name__}: {error}"
+    assert any(name in str(error) for name in names), str(error)
+
+
+JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(),
+                        st.floats(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
+                        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(how=st.sampled_from(["truncate", "garbage", "retype", "drop"]), where=st.floats(0, 1),
+       value=JSON_VALUES, junk=st.binary(min_size=1, max_size=16))
+@example(how="truncate", where=0.5, value=None, junk=b"x")
+@example(how="retype", where=0.0, value="abc", junk=b"x")
+def test_converter_damaged_config_json(hf_dir, tmp_path_factory, how, where, value, junk):
+    from transformers_jax.convert import ConversionError
+
+    TRIED["convert: damaged config.json"] += 1
+    text = (hf_dir / "config.json").read_text()
+    keys = sorted(json.loads(text))
+    key = keys[int(where * (len(keys) - 1))]
+
+    def damage(directory):
+        path = directory / "config.json"
+        if how == "truncate":
+            path.write_text(text[: int(where * len(text))])
+        elif how == "garbage":
+            path.write_bytes(junk + text.encode()[len(junk):])
+        else:
+            data = json.loads(text)
+            if how == "retype":
+                data[key] = value
+            else:
+                del data[key]
+            path.write_text(json.dumps(data))
+
+    try:
+        convert_damaged(hf_dir, tmp_path_factory, damage)
+    except ConversionError as error:
+        assert_conversion_error_names(error, "config.json", key)
+        TRIED["convert: damaged config.json, refused with ConversionError"] += 1
+    except Exception as error:  # noqa: BLE001 (the wrong error type is the finding)
+        pytest.fail(f"{how} {key}={value!r}: {type(error).__name__}: {error}")
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(how=st.sampled_from(["truncate", "flip_header", "header_len", "shape", "offsets",
+                            "dtype"]),
+       where=st.floats(0, 1), byte=st.integers(0, 255))
+@example(how="truncate", where=0.5, byte=0)
+@example(how="shape", where=0.0, byte=3)
+def test_converter_damaged_safetensors(hf_dir, tmp_path_factory, how, where, byte):
+    import struct
+
+    from transformers_jax.convert import ConversionError
+
+    TRIED["convert: damaged model.safetensors"] += 1
+    blob = (hf_dir / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    names = sorted(k for k in header if k != "__metadata__")
+    name = names[int(where * (len(names) - 1))]
+
+    def damage(directory):
+        path = directory / "model.safetensors"
+        if how == "truncate":
+            path.write_bytes(blob[: int(where * len(blob))])
+        elif how == "flip_header":
+            at = int(where * (8 + n - 1))
+            path.write_bytes(blob[:at] + bytes([byte]) + blob[at + 1:])
+        elif how == "header_len":
+            path.write_bytes(struct.pack("<Q", n + byte * 1000 + 1) + blob[8:])
+        else:
+            edited = dict(header)
+            info = dict(edited[name])
+            if how == "shape":
+                info["shape"] = [*info["shape"][:-1], info["shape"][-1] + byte % 5 + 1]
+            elif how == "offsets":
+                info["data_offsets"] = [byte * 64, byte * 64 - 4]
+            else:
+                info["dtype"] = ["F32", "F16", "I64", "Q4", 3][byte % 5]
+            edited[name] = info
+            text = json.dumps(edited).encode()
+            path.write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
+
+    try:
+        convert_damaged(hf_dir, tmp_path_factory, damage)
+    except ConversionError as error:
+        assert_conversion_error_names(error, "model.safetensors", name)
+        TRIED["convert: damaged model.safetensors, refused with ConversionError"] += 1
+    except Exception as error:  # noqa: BLE001 (the wrong error type is the finding)
+        pytest.fail(f"{how} {name}: {type(error).__name__}: {error}")
