@@ -331,18 +331,25 @@ def tiny_sampler(position: str):
     return _SAMPLERS[position]
 
 
+def mostly(valid, invalid):
+    """``valid`` three times in four, so that whole valid combinations are drawn too."""
+    return st.one_of(valid, valid, valid, invalid)
+
+
 SAMPLING_NAMES = ("max_new_tokens", "temperature", "top_k", "top_p", "prompt", "max_len")
-PROMPTS = st.one_of(st.binary(max_size=24),  # arbitrary bytes, mostly not UTF-8
+PROMPTS = st.one_of(st.binary(min_size=1, max_size=24),  # arbitrary bytes, mostly not UTF-8
+                    st.binary(max_size=24),
                     st.text(max_size=12),  # lone surrogates included (argv's undecodable bytes)
                     st.just(b""), st.just(b"\xff\xfe\x00"))
 
 
 @settings(max_examples=60, **SETTINGS)
 @given(position=st.sampled_from(["learned", "rope"]), prompt=PROMPTS,
-       max_new_tokens=st.one_of(st.integers(-2, 12), st.sampled_from([2.5, "3", None])),
-       temperature=st.one_of(st.floats(-1, 3), st.floats(), st.just(0.0)),
-       top_k=st.one_of(st.none(), st.integers(-2, 300), st.just(1.5)),
-       top_p=st.one_of(st.none(), st.floats(-0.5, 1.5), st.floats()))
+       max_new_tokens=mostly(st.integers(1, 12), st.integers(-2, 0) | st.sampled_from(
+           [2.5, "3", None])),
+       temperature=mostly(st.floats(0, 3), st.floats()),
+       top_k=mostly(st.none() | st.integers(1, 300), st.integers(-2, 0) | st.just(1.5)),
+       top_p=mostly(st.none() | st.floats(0.01, 1), st.floats(-0.5, 1.5) | st.floats()))
 @example(position="learned", prompt=b"x" * 20, max_new_tokens=2, temperature=1.0, top_k=None,
          top_p=None)  # longer than the learned table
 @example(position="rope", prompt="\udcff", max_new_tokens=2, temperature=1.0, top_k=None,
@@ -386,9 +393,12 @@ def tiny_run(tmp_path_factory):
 
 
 CLI_VALUE = st.one_of(st.integers(-3, 40).map(str), st.floats().map(repr), GARBAGE)
-CLI_OPTIONS = {"--max-new-tokens": CLI_VALUE, "--temperature": CLI_VALUE, "--top-k": CLI_VALUE,
-               "--top-p": CLI_VALUE, "--num-samples": st.sampled_from(["0", "-1", "1", "2"]),
-               "--step": st.sampled_from(["2", "0", "7", "-1"]),
+CLI_OPTIONS = {"--max-new-tokens": mostly(st.integers(1, 8).map(str), CLI_VALUE),
+               "--temperature": mostly(st.floats(0, 2).map(repr), CLI_VALUE),
+               "--top-k": mostly(st.integers(1, 300).map(str), CLI_VALUE),
+               "--top-p": mostly(st.floats(0.01, 1).map(repr), CLI_VALUE),
+               "--num-samples": st.sampled_from(["0", "-1", "1", "2"]),
+               "--step": st.sampled_from(["2", "2", "0", "7", "-1"]),
                "--prompt": st.one_of(st.text(max_size=40), st.binary(max_size=40).map(
                    lambda b: b.decode("utf-8", "surrogateescape")))}
 
@@ -508,6 +518,7 @@ def test_converter_damaged_config_json(hf_dir, tmp_path_factory, how, where, val
        where=st.floats(0, 1), byte=st.integers(0, 255))
 @example(how="truncate", where=0.5, byte=0)
 @example(how="shape", where=0.0, byte=3)
+@example(how="flip_header", where=0.65625, byte=32)  # a tensor renamed
 def test_converter_damaged_safetensors(hf_dir, tmp_path_factory, how, where, byte):
     import struct
 

@@ -197,3 +197,12 @@ def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path):
     assert max(after) == steps and records[-1]["kind"] == "final"
     print(f"survivor exited rc={rc} {survivor_s:.1f}s after the kill; resumed at step {start}, "
           f"replayed steps {replayed} with equal losses")
+
+
+def test_fault_timeouts_are_checked_before_start_up(monkeypatch):
+    monkeypatch.setenv("TJAX_HEARTBEAT_TIMEOUT_S", "soon")
+    with pytest.raises(ConfigError, match="TJAX_HEARTBEAT_TIMEOUT_S='soon': expected a whole"):
+        initialize("127.0.0.1:1234", 2, 0)
+    monkeypatch.delenv("TJAX_HEARTBEAT_TIMEOUT_S")
+    with pytest.raises(ConfigError, match="shutdown_timeout_s=0: must be positive"):
+        initialize("127.0.0.1:1234", 2, 0, shutdown_timeout_s=0)

@@ -92,8 +92,10 @@ def load_hf(src: str, *, dtype: str = "float32", attention: str = "xla") -> HFCh
     src_dtype = source_dtype(raw, tensors)
     param_dtype = src_dtype if dtype == "auto" else dtype
     config = config.replace(attention=attention, dtype=param_dtype, param_dtype=param_dtype)
-    mismatch = (f"the sizes come from {config_path}, the tensors from the weights in {src}: "
-                "one of them is damaged or they belong to different models")
+    weight_files = sorted(f for f in os.listdir(src) if f.endswith((".safetensors", ".bin")))
+    mismatch = (f"the sizes come from {config_path}, the tensors from "
+                f"{', '.join(weight_files)} in {src}: one of them is damaged or they belong to "
+                "different models")
     try:
         flat = hf_to_ours(arch, config, raw, tensors)
         flat = {k: np.asarray(v).astype(param_dtype) for k, v in flat.items()}

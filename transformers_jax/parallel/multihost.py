@@ -82,6 +82,8 @@ def initialize(
                 f"coordinator_address={coordinator_address!r}: expected 'host:port', e.g. "
                 "'10.0.0.1:1234' (process 0 listens there)"
             )
+    heartbeat = _seconds(heartbeat_timeout_s, "TJAX_HEARTBEAT_TIMEOUT_S", HEARTBEAT_TIMEOUT_S)
+    shutdown = _seconds(shutdown_timeout_s, "TJAX_SHUTDOWN_TIMEOUT_S", SHUTDOWN_TIMEOUT_S)
     if cpu_collectives is not None:
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     jax.distributed.initialize(
@@ -90,10 +92,8 @@ def initialize(
         process_id=process_id,
         local_device_ids=local_device_ids,
         initialization_timeout=timeout_s,
-        heartbeat_timeout_seconds=_seconds(heartbeat_timeout_s, "TJAX_HEARTBEAT_TIMEOUT_S",
-                                           HEARTBEAT_TIMEOUT_S),
-        shutdown_timeout_seconds=_seconds(shutdown_timeout_s, "TJAX_SHUTDOWN_TIMEOUT_S",
-                                          SHUTDOWN_TIMEOUT_S),
+        heartbeat_timeout_seconds=heartbeat,
+        shutdown_timeout_seconds=shutdown,
     )
 
 
