@@ -106,3 +106,103 @@ def test_initialize_wants_all_three_or_none():
         initialize("127.0.0.1:1234", 2, 2)
     with pytest.raises(ConfigError, match="expected 'host:port'"):
         initialize("localhost", 2, 0)
+
+
+HEARTBEAT_S = 10  # TJAX_HEARTBEAT_TIMEOUT_S for the fault test
+EXIT_BOUND_S = HEARTBEAT_S + 30  # a survivor must be gone by then (heartbeat + shutdown slack)
+
+
+def train_command(run_dir: Path, port: int, process_id: int, steps: int) -> list[str]:
+    return [sys.executable, "-m", "transformers_jax.cli", "train", "--model.n_layers=1",
+            "--model.d_model=32", "--model.n_heads=2", "--model.max_len=64",
+            "--train.batch_size=4", "--train.seq_len=32", f"--steps={steps}",
+            "--train.checkpoint_every=20", "--train.log_every=10", "--train.eval_every=1000",
+            "--train.strategy=jit", f"--train.coordinator=127.0.0.1:{port}",
+            "--train.num_processes=2", f"--train.process_id={process_id}",
+            "--train.progress=false", "--run-dir", str(run_dir)]
+
+
+def start_pair(run_dir: Path, port: int, steps: int, tmp: Path, tag: str) -> list:
+    env = {**worker_env(), "TJAX_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_S),
+           "TJAX_SHUTDOWN_TIMEOUT_S": str(HEARTBEAT_S)}
+    return [subprocess.Popen(train_command(run_dir, port, i, steps), env=env,
+                             stdout=open(tmp / f"{tag}{i}.out", "w"),  # noqa: SIM115
+                             stderr=open(tmp / f"{tag}{i}.err", "w"))  # noqa: SIM115
+            for i in range(2)]
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path):
+    """SIGKILL one of two `tjax train` processes mid-run: the survivor exits non-zero within
+    the heartbeat bound (no hang), and the same command run again resumes both processes from
+    the last checkpoint: the steps replayed after it have the losses logged before the kill."""
+    import time
+
+    run_dir, steps, port = tmp_path / "run", 200, free_port()
+    procs = start_pair(run_dir, port, steps, tmp_path, "first")
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:  # past a checkpoint (every 20) and a log after it
+            logged = [r["step"] for r in train_records(run_dir) if r["kind"] == "train"]
+            if logged and logged[-1] >= 50:
+                break
+            assert all(p.poll() is None for p in procs), "a worker ended before the kill"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the 2-process run never reached step 50")
+        procs[1].kill()
+        killed_at = time.monotonic()
+        rc = procs[0].wait(timeout=EXIT_BOUND_S + 60)
+        survivor_s = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    err = (tmp_path / "first0.err").read_text()
+    assert rc != 0, "the survivor must not report success"
+    assert survivor_s < EXIT_BOUND_S, f"survivor took {survivor_s:.1f}s to exit"
+    assert "another task died" in err or "heartbeat" in err, err[-2000:]
+    before = {r["step"]: r["loss"] for r in train_records(run_dir) if r["kind"] == "train"}
+    assert max(before) < steps
+
+    # The same command again: both resume from the last committed checkpoint.
+    procs = start_pair(run_dir, free_port(), steps, tmp_path, "again")
+    try:
+        for i, p in enumerate(procs):
+            assert p.wait(timeout=TIMEOUT_S) == 0, (tmp_path / f"again{i}.err").read_text()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    records = train_records(run_dir)
+    resumed = [r for r in records if r["kind"] == "resume"]
+    assert len(resumed) == 1
+    start = resumed[0]["step"]
+    assert 20 <= start <= max(before) and start % 20 == 0  # steps lost: none beyond the save
+    after = {r["step"]: r["loss"] for r in records[records.index(resumed[0]):]
+             if r["kind"] == "train"}
+    replayed = sorted(s for s in before if s > start)
+    assert replayed, "the kill came right at a checkpoint: nothing replayed to compare"
+    np.testing.assert_allclose([after[s] for s in replayed], [before[s] for s in replayed],
+                               rtol=1e-6)
+    assert max(after) == steps and records[-1]["kind"] == "final"
+    print(f"survivor exited rc={rc} {survivor_s:.1f}s after the kill; resumed at step {start}, "
+          f"replayed steps {replayed} with equal losses")
+
+
+def test_fault_timeouts_are_checked_before_start_up(monkeypatch):
+    monkeypatch.setenv("TJAX_HEARTBEAT_TIMEOUT_S", "soon")
+    with pytest.raises(ConfigError, match="TJAX_HEARTBEAT_TIMEOUT_S='soon': expected a whole"):
+        initialize("127.0.0.1:1234", 2, 0)
+    monkeypatch.delenv("TJAX_HEARTBEAT_TIMEOUT_S")
+    with pytest.raises(ConfigError, match="shutdown_timeout_s=0: must be positive"):
+        initialize("127.0.0.1:1234", 2, 0, shutdown_timeout_s=0)

@@ -24,6 +24,7 @@ from transformers_jax.registry import (
     ROPE_SCALINGS,
     ConfigError,
     Switch,
+    check_field_types,
     resolve_switch_fields,
     switch_field,
 )
@@ -88,6 +89,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         resolve_switch_fields(self)
+        check_field_types(self)
         FAMILIES.check(self.family, "family")
         NORMS.check(self.norm, "norm")
         MLPS.check(self.mlp, "mlp")
@@ -121,10 +123,14 @@ class ModelConfig:
         _check_choice("remat", self.remat, REMAT_POLICIES)
         if not 0.0 <= self.dropout < 1.0:
             _fail("dropout", self.dropout, "must be in [0, 1)")
-        for name in ("attn_logit_softcap", "final_logit_softcap"):
+        for name in ("attn_logit_softcap", "final_logit_softcap", "attention_scale"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 _fail(name, value, "must be positive or None")
+        if self.norm_eps <= 0:  # a negative epsilon takes the square root of a negative
+            _fail("norm_eps", self.norm_eps, "must be positive (e.g. 1e-5)")
+        if self.init_std < 0:
+            _fail("init_std", self.init_std, "must be >= 0 (e.g. 0.02)")
         # Each switch refuses what it cannot serve (soft-cap without support, odd rotary
         # widths, a window missing, a family whose decoder would see its targets, ...).
         for switch in (self.attention, self.mask, self.position):
@@ -258,6 +264,7 @@ class TrainConfig:
     progress: bool = True  # tqdm progress bar
 
     def __post_init__(self) -> None:
+        check_field_types(self, "train.")
         for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_batches", "log_every",
                      "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
@@ -269,6 +276,14 @@ class TrainConfig:
             _fail("train.learning_rate", self.learning_rate, "must be positive")
         if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
             _fail("train.warmup_steps", self.warmup_steps, f"must be in [0, steps={self.steps})")
+        for name in ("b1", "b2"):  # Adam's moment decays; 1 or more never forgets (or grows)
+            if not 0.0 <= getattr(self, name) < 1.0:
+                _fail(f"train.{name}", getattr(self, name), "must be in [0, 1)")
+        if self.weight_decay < 0:
+            _fail("train.weight_decay", self.weight_decay, "must be >= 0")
+        if self.grad_clip <= 0:
+            _fail("train.grad_clip", self.grad_clip,
+                  "must be positive (the largest global gradient norm kept)")
         if not 0.0 < self.val_fraction < 1.0:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
         _check_choice("train.tokenizer", self.tokenizer,

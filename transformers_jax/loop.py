@@ -134,7 +134,11 @@ def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int)
         "model": dataclasses.asdict(model_cfg),
         "train": dataclasses.asdict(cfg),
         "step": step,
-        "data": {"iterator": data.train.get_state(), "description": data.description,
+        # Each host reads its own share: every process's position, in process order (JSON is
+        # written by process 0 alone); "iterator" is this (process 0's) for older readers.
+        "data": {"iterator": data.train.get_state(),
+                 "iterators": multihost.allgather_json(data.train.get_state()),
+                 "description": data.description,
                  "spec": {k: getattr(cfg, k) for k in DATA_FIELDS},
                  "fingerprint": data.fingerprint},
         "tokenizer": tokenizer_spec(data.tokenizer),
@@ -149,6 +153,7 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
     check_same_model(meta["model"], model_cfg, cfg.run_dir)
     ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
               "checkpoint_every", "keep_checkpoints", "resume", "skip_nonfinite_steps",
+              "coordinator",  # where process 0 listens, not what is trained
               "accept_data_change", "tensorboard", "wandb_project", *DATA_FIELDS}
     diffs = [d for d in config_differences(meta["train"], dataclasses.asdict(cfg))
              if d.split(":")[0] not in ignore]
@@ -157,9 +162,13 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
         log.write("warning", 0, {}, "resuming with different training settings (the run "
                   "will not match an uninterrupted one):\n  " + "\n  ".join(diffs))
     state, _ = ckpt.restore(abstract_like(state, shardings), step)  # onto this run's devices
-    if meta["data"].get("iterator") is not None:  # None: a converted checkpoint, no data yet
+    iterator = meta["data"].get("iterator")
+    iterators = meta["data"].get("iterators") or []
+    if len(iterators) == jax.process_count():  # this host's own position (multi-host)
+        iterator = iterators[jax.process_index()]
+    if iterator is not None:  # None: a converted checkpoint, no data yet
         try:
-            data.train.set_state(meta["data"]["iterator"])  # continue with the next batch
+            data.train.set_state(iterator)  # continue with the next batch
         except ValueError:
             if not data_changed:
                 raise

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
+import numbers
+import types
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -117,6 +121,8 @@ class Switch:
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", self.registered_name)
         resolve_switch_fields(self)
+        check_field_types(self, f"{self.registry.kind if self.registry else 'switch'} "
+                                f"{self.registered_name}: ")
 
     def check(self, config: Any) -> None:
         """Refuse, with a ``ConfigError`` naming the field, a model config it cannot serve."""
@@ -134,6 +140,59 @@ class Switch:
         changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
                    if f.init and not is_default(f)]
         return self.name + (f"({', '.join(changed)})" if changed else "")
+
+
+def _expected(annotation: Any) -> tuple[tuple[type, ...], bool] | None:
+    """``(accepted scalar types, None allowed)`` for an int/float/bool/str annotation, or None
+    for any other (tuples, switches: checked elsewhere)."""
+    allow_none = False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        allow_none = len(args) < len(typing.get_args(annotation))
+        if len(args) != 1:
+            return None
+        annotation = args[0]
+    if annotation in (int, float, bool, str):
+        return (annotation,), allow_none
+    return None
+
+
+def check_field_types(obj: Any, prefix: str = "") -> None:
+    """Refuse, with a ``ConfigError`` naming the field, a value of the wrong type for an
+    int/float/bool/str field (``"8"`` for an int, ``2.5`` for an int, ``1`` for a bool) and a
+    float that is not finite (``nan``, ``inf``): what the comparisons of the checks below
+    would otherwise turn into a ``TypeError`` or let through."""
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except Exception:  # an annotation that cannot be resolved here: nothing to check
+        return
+    for f in dataclasses.fields(obj):
+        if not f.init or "registry" in f.metadata or f.name not in hints:
+            continue
+        expected = _expected(hints[f.name])
+        if expected is None:
+            continue
+        (kind,), allow_none = expected
+        value = getattr(obj, f.name)
+        if value is None:
+            if allow_none:
+                continue
+            ok = False
+        elif kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if ok and not math.isfinite(value):
+                raise ConfigError(f"{prefix}{f.name}={value!r}: must be a finite number")
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            wanted = {int: "an integer", float: "a number", bool: "true or false",
+                      str: "a string"}[kind]
+            raise ConfigError(f"{prefix}{f.name}={value!r}: expected {wanted}"
+                              + (" or None" if allow_none else ""))
 
 
 def switch_field(registry: Registry, default: str) -> Any:

@@ -8,6 +8,8 @@ deterministic.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,17 @@ class SamplingConfig:
     bos_id: int | None = None  # first decoder token of an encoder-decoder
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "top_k"):  # the wrong type would fail deep in JAX
+            value = getattr(self, name)
+            if not (value is None and name == "top_k") and (
+                    not isinstance(value, numbers.Integral) or isinstance(value, bool)):
+                raise ValueError(f"{name}={value!r}: must be an integer")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if value is None and name == "top_p":
+                continue
+            if not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r}: must be a finite number")
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be positive")
         if self.temperature < 0:
@@ -83,7 +96,9 @@ def check_decode_length(config: ModelConfig, total_len: int) -> None:
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, multiple: int = 16):
     """Right-pad to a common length (rounded up, so few shapes compile): ([B, P], lengths)."""
-    if not prompts or any(len(p) == 0 for p in prompts):
+    if not prompts:
+        raise ValueError("no prompt to continue (an empty batch of prompts)")
+    if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token (use bos for an empty prompt)")
     width = -(-max(len(p) for p in prompts) // multiple) * multiple
     tokens = np.full((len(prompts), width), pad_id, np.int32)

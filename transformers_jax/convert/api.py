@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from transformers_jax.config import ModelConfig
+from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.convert.common import (
     ARCHITECTURES,
     Architecture,
@@ -76,17 +76,34 @@ def load_hf(src: str, *, dtype: str = "float32", attention: str = "xla") -> HFCh
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype={dtype!r}: valid choices: {', '.join(DTYPE_CHOICES)}")
     raw = read_config(src)
-    arch, hf_class = architecture_for(raw)
-    config = arch.config_from_hf(raw)
+    config_path = os.path.join(src, "config.json")
+    try:
+        arch, hf_class = architecture_for(raw)
+        config = arch.config_from_hf(raw)
+    except ConversionError:
+        raise
+    except KeyError as err:
+        raise ConversionError(f"{config_path}: field {err} is missing") from None
+    except (ConfigError, TypeError, ValueError) as err:  # a field of the wrong type or range
+        raise ConversionError(f"{config_path}: {err}") from None
     tensors = read_weights(src)
     if arch.refine is not None:
         config = arch.refine(config, raw, tensors)
     src_dtype = source_dtype(raw, tensors)
     param_dtype = src_dtype if dtype == "auto" else dtype
     config = config.replace(attention=attention, dtype=param_dtype, param_dtype=param_dtype)
-    flat = hf_to_ours(arch, config, raw, tensors)
-    flat = {k: np.asarray(v).astype(param_dtype) for k, v in flat.items()}
-    check_against_model(config, flat)
+    weight_files = sorted(f for f in os.listdir(src) if f.endswith((".safetensors", ".bin")))
+    mismatch = (f"the sizes come from {config_path}, the tensors from "
+                f"{', '.join(weight_files)} in {src}: one of them is damaged or they belong to "
+                "different models")
+    try:
+        flat = hf_to_ours(arch, config, raw, tensors)
+        flat = {k: np.asarray(v).astype(param_dtype) for k, v in flat.items()}
+        check_against_model(config, flat)
+    except KeyError as err:
+        raise ConversionError(f"the weights lack tensor {err}; {mismatch}") from None
+    except ValueError as err:  # ConversionError included: shapes that disagree
+        raise ConversionError(f"{err}\n({mismatch})") from None
     return HFCheckpoint(config, unflatten(flat), arch.model_type, hf_class, raw, src_dtype)
 
 

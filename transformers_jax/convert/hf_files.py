@@ -52,29 +52,70 @@ def read_config(directory: str) -> dict:
             f"{directory!r} is not a Hugging Face model directory: {CONFIG_FILE} is missing "
             "(expected what save_pretrained writes: config.json and model.safetensors)"
         )
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConversionError(f"{path}: not valid JSON ({err}); the file is damaged or "
+                              "truncated: download or save it again") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object of config fields, got "
+                              f"{type(data).__name__}")
+    return data
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
     """All tensors of one ``.safetensors`` file as numpy arrays (memory-mapped, read-only)."""
+    def damaged(why: str) -> ConversionError:
+        return ConversionError(f"{path}: damaged safetensors file ({why}); download or save "
+                               "it again")
+
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+        head = f.read(8)
+        if len(head) < 8:
+            raise damaged(f"{size} bytes, shorter than the 8-byte header length")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > size - 8:
+            raise damaged(f"header of {header_len} bytes announced, {size - 8} in the file")
+        try:
+            header = json.loads(f.read(header_len).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise damaged(f"header is not valid JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise damaged("header is not a JSON object")
+    data_size = size - 8 - header_len
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len) if data_size else (
+        np.zeros(0, np.uint8))
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in _DTYPES:
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise damaged(f"tensor {name!r}: entry {info!r} lacks dtype, shape, data_offsets")
+        if not isinstance(info["dtype"], str) or info["dtype"] not in _DTYPES:
             raise ConversionError(
                 f"{path}: tensor {name!r} has dtype {info['dtype']}, which this reader does not "
                 f"handle (known: {', '.join(_DTYPES)})"
             )
-        begin, end = info["data_offsets"]
+        shape, offsets = info["shape"], info["data_offsets"]
+        if not (isinstance(shape, list) and all(_is_count(d) for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2
+                and all(_is_count(o) for o in offsets)):
+            raise damaged(f"tensor {name!r}: shape {shape!r} or data_offsets {offsets!r} "
+                          "are not lists of non-negative integers")
+        begin, end = offsets
         dtype = _DTYPES[info["dtype"]].newbyteorder("<")
-        out[name] = data[begin:end].view(dtype).reshape(info["shape"])
+        want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not begin <= end <= data_size or end - begin != want:
+            raise damaged(f"tensor {name!r} of shape {shape} ({info['dtype']}, {want} bytes) "
+                          f"has data_offsets {offsets} in {data_size} bytes of data")
+        out[name] = data[begin:end].view(dtype).reshape(shape)
     return out
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: dict | None = None):

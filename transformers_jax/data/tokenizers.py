@@ -121,7 +121,9 @@ class ByteTokenizer(Tokenizer):
         return 256 + len(SPECIAL_TOKENS)
 
     def encode(self, text: str | bytes) -> np.ndarray:
-        data = text.encode("utf-8") if isinstance(text, str) else text
+        # surrogateescape: a byte that was not UTF-8 where the text came from (a command-line
+        # argument, a file read with that error handler) is that byte again, not an error.
+        data = text.encode("utf-8", errors="surrogateescape") if isinstance(text, str) else text
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:

@@ -12,6 +12,7 @@ the rows of the global batch that live on its own devices (``local_rows``), and
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -19,6 +20,13 @@ import numpy as np
 from jax.sharding import Sharding
 
 from transformers_jax.config import ConfigError
+
+# A process silent this long is declared dead and the others stop with an error (JAX's own
+# default is 100 s). Short enough that a preempted host does not hold the others for minutes,
+# long enough for a slow compile or a checkpoint write (heartbeats come from a separate
+# thread, so a long step does not stop them).
+HEARTBEAT_TIMEOUT_S = 60
+SHUTDOWN_TIMEOUT_S = 120
 
 
 def initialize(
@@ -29,6 +37,8 @@ def initialize(
     local_device_ids: list[int] | None = None,
     cpu_collectives: str | None = "gloo",
     timeout_s: int = 300,
+    heartbeat_timeout_s: int | None = None,
+    shutdown_timeout_s: int | None = None,
 ) -> None:
     """Join (or start) the multi-process JAX runtime. Call before any other JAX operation.
 
@@ -37,6 +47,14 @@ def initialize(
     ``process_id``. ``cpu_collectives`` (``"gloo"``, or None to leave JAX's default) is set
     before start-up so that CPU devices of different processes can talk to each other.
     Calling it again once initialised does nothing.
+
+    A lost process: every process sends heartbeats to the coordination service (hosted by
+    process 0); one silent for ``heartbeat_timeout_s`` (default ``HEARTBEAT_TIMEOUT_S``, or
+    the environment variable ``TJAX_HEARTBEAT_TIMEOUT_S``) is declared dead and the others
+    are stopped with an error instead of waiting forever in their next collective. Then the
+    same command, run again, resumes every process from the last checkpoint.
+    ``shutdown_timeout_s`` bounds the wait for the others at exit (default
+    ``SHUTDOWN_TIMEOUT_S`` or ``TJAX_SHUTDOWN_TIMEOUT_S``).
     """
     if jax.distributed.is_initialized():
         return
@@ -64,6 +82,8 @@ def initialize(
                 f"coordinator_address={coordinator_address!r}: expected 'host:port', e.g. "
                 "'10.0.0.1:1234' (process 0 listens there)"
             )
+    heartbeat = _seconds(heartbeat_timeout_s, "TJAX_HEARTBEAT_TIMEOUT_S", HEARTBEAT_TIMEOUT_S)
+    shutdown = _seconds(shutdown_timeout_s, "TJAX_SHUTDOWN_TIMEOUT_S", SHUTDOWN_TIMEOUT_S)
     if cpu_collectives is not None:
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     jax.distributed.initialize(
@@ -72,7 +92,23 @@ def initialize(
         process_id=process_id,
         local_device_ids=local_device_ids,
         initialization_timeout=timeout_s,
+        heartbeat_timeout_seconds=heartbeat,
+        shutdown_timeout_seconds=shutdown,
     )
+
+
+def _seconds(value: int | None, env: str, default: int) -> int:
+    if value is None:
+        text = os.environ.get(env)
+        if text is None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{env}={text!r}: expected a whole number of seconds") from None
+    if value <= 0:
+        raise ConfigError(f"{env.removeprefix('TJAX_').lower()}={value}: must be positive")
+    return value
 
 
 def is_main_process() -> bool:
@@ -137,3 +173,21 @@ def fetch(tree: Any) -> Any:
     from jax.experimental import multihost_utils
 
     return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def allgather_json(value: Any) -> list[Any]:
+    """Every process's ``value`` (JSON-serialisable), in process order, on every process: what
+    each host alone knows (its input-pipeline position) saved where process 0 writes."""
+    import json
+
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    sizes = multihost_utils.process_allgather(np.array([data.size], np.int64))
+    padded = np.zeros(int(np.max(sizes)), np.uint8)
+    padded[: data.size] = data
+    rows = multihost_utils.process_allgather(padded[None], tiled=True)
+    return [json.loads(bytes(row[: int(n)]).decode())
+            for row, n in zip(rows, np.ravel(sizes), strict=True)]
