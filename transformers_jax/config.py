@@ -25,6 +25,7 @@ from transformers_jax.registry import (
     ConfigError,
     Switch,
     check_field_types,
+    check_known_fields,
     resolve_switch_fields,
     switch_field,
 )
@@ -388,15 +389,8 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build a (possibly nested) config dataclass from plain JSON-like data."""
     if hasattr(cls, "migrate"):
         data = cls.migrate(data)
+    check_known_fields(cls, data, prefix, prefix[:-1] or cls.__name__)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        owner = (f"{prefix[:-1]}={cls.registered_name} has" if issubclass(cls, Switch)
-                 else f"{prefix[:-1] or cls.__name__} has")
-        raise ConfigError(
-            f"unknown field(s) {[prefix + k for k in unknown]}: {owner} no such field; valid "
-            f"fields: {', '.join(sorted(fields)) or 'none'}"
-        )
     hints = _field_types(cls)
     kwargs = {}
     for key, value in data.items():

@@ -209,6 +209,17 @@ def resolve_switch_fields(obj: Any, prefix: str = "") -> None:
             object.__setattr__(obj, f.name, value)
 
 
+def check_known_fields(cls: type, data: dict, prefix: str, owner: str) -> None:
+    """Refuse JSON-like ``data`` with keys that are not init fields of the dataclass ``cls``
+    (``owner`` names it in the message, ``prefix`` the keys)."""
+    fields = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown field(s) {[prefix + k for k in unknown]}: {owner} has no such field; "
+            f"valid fields: {', '.join(fields) or 'none'}")
+
+
 def resolve(registry: Registry, value: Any, field: str) -> Switch:
     """A switch value from a name (the entry's defaults), a JSON dict with ``name``, or an
     instance (returned as it is)."""
@@ -221,13 +232,8 @@ def resolve(registry: Registry, value: Any, field: str) -> Switch:
     if isinstance(value, dict) and isinstance(value.get("name"), str):
         registry.check(value["name"], field)
         cls = registry.get(value["name"])
-        fields = sorted(f.name for f in dataclasses.fields(cls) if f.init)
         rest = {k: v for k, v in value.items() if k != "name"}  # the name is not an argument
-        unknown = sorted(set(rest) - set(fields))
-        if unknown:
-            raise ConfigError(
-                f"unknown field(s) {[f'{field}.{k}' for k in unknown]}: {field}={value['name']} "
-                f"has no such field; valid fields: {', '.join(fields) or 'none'}")
+        check_known_fields(cls, rest, f"{field}.", f"{field}={value['name']}")
         return cls(**rest)  # nested switches resolve in __post_init__
     raise ConfigError(
         f"{field}={value!r}: expected a {registry.kind} name ({', '.join(registry.names())}) "
