@@ -31,6 +31,7 @@ from transformers_jax.data.sources import parse_spec
 from transformers_jax.models import family_of
 from transformers_jax.sample import SamplingConfig, generate, generating_families
 from transformers_jax.train.data import make_eval_batches
+from transformers_jax.train.losses import token_losses
 from transformers_jax.train.objectives import apply_model, objective_for
 from transformers_jax.train.step import make_eval_step
 
@@ -68,8 +69,7 @@ def _per_position(model, objective):
     @jax.jit
     def sums(params, batch):
         logits_BTV = apply_model(model, params, batch, objective.input_keys).astype(jnp.float32)
-        logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
-        loss_BT = -jnp.take_along_axis(logp_BTV, batch["targets"][..., None], axis=-1)[..., 0]
+        loss_BT = token_losses(logits_BTV, batch["targets"])
         weights_BT = batch.get("weights")
         weights_BT = jnp.ones_like(loss_BT) if weights_BT is None else weights_BT
         return (loss_BT * weights_BT).sum(0), weights_BT.sum(0)
@@ -137,7 +137,7 @@ def evaluate_run(
 
     objective = objective_for(config.family)
     eval_step = jax.jit(make_eval_step(model, objective))
-    by_position = _per_position(model, objective) if objective.name == "lm" else None
+    by_position = _per_position(model, objective) if objective.per_position else None
     unit = tokenizer.unit
     result: dict = {
         "run": run_dir, "step": int(meta["step"]), "family": config.family,

@@ -11,9 +11,14 @@ import jax.numpy as jnp
 import optax
 
 
+def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """Cross-entropy of every position ``[B, T]`` (nats)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+
+
 def lm_loss(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array | None = None):
     """Mean next-token cross-entropy (and accuracy) over positions with weight 1."""
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+    losses = token_losses(logits_BTV, targets_BT)
     correct = (jnp.argmax(logits_BTV, -1) == targets_BT).astype(jnp.float32)
     if weights_BT is None:
         weights_BT = jnp.ones_like(losses)

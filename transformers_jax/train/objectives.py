@@ -98,6 +98,7 @@ class Objective:
     name: str
     loss: LossFn
     input_keys: tuple[str, ...]
+    per_position: bool = False  # its loss is a mean over sequence positions (loss by position)
 
     def inputs(self, batch: dict) -> dict:
         return model_inputs(batch, self.input_keys)
@@ -110,7 +111,7 @@ class Objective:
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
 for _objective in (
-    Objective("lm", lm_objective, GPT_INPUTS),
+    Objective("lm", lm_objective, GPT_INPUTS, per_position=True),
     Objective("mlm", mlm_objective, BERT_INPUTS),
     Objective("seq2seq", seq2seq_objective, ENCDEC_INPUTS),
     Objective("sequence_classification", sequence_classification_objective, BERT_INPUTS),
