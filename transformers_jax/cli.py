@@ -90,7 +90,7 @@ def cmd_sample(argv: list[str]) -> int:
         bos_id=tokenizer.special["bos"],
     )
     prompt = list(tokenizer.encode(args.prompt))
-    if args.num_samples == 1 and tokenizer.name == "byte":  # stream bytes as they are emitted
+    if args.num_samples == 1 and tokenizer.unit == "byte":  # stream bytes as they are emitted
         stream = ByteStream(tokenizer)
         sys.stdout.write(args.prompt)
         generate(model, params, [prompt], sampling, seed=args.seed,

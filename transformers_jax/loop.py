@@ -130,14 +130,15 @@ class StopSignals:
 
 def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int) -> dict:
     """Everything besides arrays that a resumed run or a sampler needs (stored as JSON)."""
+    position = data.train.get_state()
     return {
         "model": dataclasses.asdict(model_cfg),
         "train": dataclasses.asdict(cfg),
         "step": step,
         # Each host reads its own share: every process's position, in process order (JSON is
         # written by process 0 alone); "iterator" is this (process 0's) for older readers.
-        "data": {"iterator": data.train.get_state(),
-                 "iterators": multihost.allgather_json(data.train.get_state()),
+        "data": {"iterator": position,
+                 "iterators": multihost.allgather_json(position),
                  "description": data.description,
                  "spec": {k: getattr(cfg, k) for k in DATA_FIELDS},
                  "fingerprint": data.fingerprint},
