@@ -123,18 +123,14 @@ def test_converted_hugging_face_runs(tmp_path):
     """A converted GPT-2 is evaluated on the default corpus: with the byte tokenizer (bits
     per byte), with its own BPE tokenizer (bits per token), and without a tokenizer (an
     error that says what to do)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from test_convert import make_gpt2, tiny_bpe_tokenizer
 
     from transformers_jax.convert import convert_hf_directory
 
     def gpt2(directory, vocab_size, n_positions=32):
-        torch.manual_seed(0)
-        config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=32,
-                                         n_layer=1, n_head=2, bos_token_id=None,
-                                         eos_token_id=None)
-        transformers.GPT2LMHeadModel(config).eval().save_pretrained(directory)
+        make_gpt2(directory, vocab_size=vocab_size, n_positions=n_positions)
         return str(directory)
 
     run = str(tmp_path / "byte_run")
@@ -145,14 +141,7 @@ def test_converted_hugging_face_runs(tmp_path):
         evaluate_run(run, lengths=[64])
 
     source = gpt2(tmp_path / "bpe", 320, n_positions=128)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the cat sat on the mat", "a dog ran to the park"] * 20, trainer)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                                         bos_token="<|endoftext|>").save_pretrained(source)
+    tiny_bpe_tokenizer(source)
     run = str(tmp_path / "bpe_run")
     convert_hf_directory(source, run)
     result = evaluate_run(run, batches=1, passkey=True, passkey_lengths=[128],
