@@ -432,6 +432,72 @@ def test_cli_sample_bad_options_exit_2_with_a_message(tiny_run, options):
         TRIED["sample: `tjax sample` sampled"] += 1
 
 
+EVAL_LENGTHS = st.sampled_from(["16", "8,16", "2", "1", "0", "-4", "33", "64", "a,b", "",
+                                 "16,,8", "16,16", "nan", " 8"])
+EVAL_OPTIONS = {"--lengths": mostly(st.sampled_from(["16", "8,16", "4"]), EVAL_LENGTHS),
+                "--batches": mostly(st.sampled_from(["1", "2"]), CLI_VALUE),
+                "--passkey": st.sampled_from([None, None, "1"]),  # None: the bare flag
+                "--passkey-lengths": EVAL_LENGTHS,
+                "--passkey-trials": mostly(st.sampled_from(["1"]), CLI_VALUE),
+                "--step": st.sampled_from(["2", "2", "0", "7", "-1", "x"]),
+                "--data": st.sampled_from(["{text}", "lines:{text}", "{missing}", "lines:",
+                                           "tfds:", "bogus:x", "{dir}", "{empty}"]),
+                "--split": st.sampled_from(["validation", "", "train[:1]"]),
+                "--plot": st.sampled_from(["{dir}/p.png", "{missing}/sub/p.png", ""]),
+                "--out": st.sampled_from(["{dir}/e.json", "{missing}/sub/e.json"])}
+
+
+@pytest.fixture(scope="module")
+def eval_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz_eval")
+    (root / "text.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    (root / "empty.txt").write_text("")
+    return {"text": str(root / "text.txt"), "empty": str(root / "empty.txt"),
+            "missing": str(root / "missing"), "dir": str(root)}
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(overrides(EVAL_OPTIONS))
+@example({})
+@example({"--lengths": "8,16", "--data": "{text}", "--batches": "1"})
+@example({"--passkey": None})  # 32 learned positions: too short for a byte passkey prompt
+@example({"--lengths": "64"})  # longer than the learned position table
+@example({"--passkey-trials": "0", "--passkey": None, "--passkey-lengths": "16"})
+@example({"--data": "{empty}"})
+def test_cli_eval_bad_options_exit_2_with_a_message(tiny_run, eval_files, options):
+    """`tjax eval` on a trained run: every option combination evaluates (one JSON object on
+    stdout, finite figures) or exits 2 with a one-line error, never a traceback."""
+    import contextlib
+    import io
+
+    from transformers_jax.cli import main
+
+    TRIED["eval: `tjax eval` command lines on a trained run"] += 1
+    argv = ["eval", "--run", tiny_run, "--batches", "1"]
+    for key, value in options.items():
+        argv += [key] if value is None else [f"{key}={value.format(**eval_files)}"]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exit_:  # argparse: a value of the wrong type
+            rc = exit_.code
+    assert rc in (0, 2), (argv, rc, err.getvalue()[-2000:])
+    if rc == 2:
+        message = err.getvalue()
+        assert "error:" in message and "Traceback" not in message, message
+        # the message names the option at fault (argparse says "argument --x")
+        assert any(key.lstrip("-") in message for key in [*options, "--batches"]), message
+        TRIED["eval: `tjax eval` refused (exit 2, message)"] += 1
+        return
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert math.isfinite(result["loss"]) and result["loss"] > 0, result
+    assert all(math.isfinite(e["loss"]) for e in result["by_length"]), result
+    for cell in result.get("passkey", {}).get("cells", []):
+        assert 0 <= cell["accuracy"] <= 1 and cell["trials"], cell
+    TRIED["eval: `tjax eval` evaluated"] += 1
+
+
 # The Hugging Face converter given damaged files ---------------------------------------------
 
 

@@ -187,6 +187,10 @@ def cmd_eval(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.batches is not None and args.batches <= 0:
         raise ValueError(f"--batches {args.batches}: must be a positive integer")
+    if args.passkey_trials <= 0:
+        raise ValueError(f"--passkey-trials {args.passkey_trials}: must be a positive integer")
+    if args.out:  # before the evaluation, so a bad path does not lose its result
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
     from transformers_jax.evaluation import evaluate_run
 
@@ -196,10 +200,10 @@ def cmd_eval(argv: list[str]) -> int:
         passkey_trials=args.passkey_trials, step=args.step,
         plot=args.plot or os.path.join(args.run, "eval_loss_by_position.png"))
     text = json.dumps(result)
+    print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    print(text)
     return 0
 
 

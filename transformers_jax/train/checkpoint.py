@@ -189,6 +189,11 @@ class Checkpointer:
                     f"no complete checkpoint in {self.manager.directory}: the run saved "
                     "nothing yet (or every save was interrupted)"
                 )
+        elif step not in self.all_steps():
+            raise FileNotFoundError(
+                f"no checkpoint of step {step} in {self.manager.directory}; it holds steps "
+                f"{self.all_steps() or 'none'}: pass one of them (--step), or none for the latest"
+            )
         return step
 
     def wait(self) -> None:
