@@ -146,12 +146,15 @@ def train_records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path):
-    """SIGKILL one of two `tjax train` processes mid-run: the survivor exits non-zero within
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path, victim):
+    """SIGKILL one of two `tjax train` processes mid-run (process 1, or process 0, which hosts
+    the coordination service and writes the checkpoints): the survivor exits non-zero within
     the heartbeat bound (no hang), and the same command run again resumes both processes from
     the last checkpoint: the steps replayed after it have the losses logged before the kill."""
     import time
 
+    survivor = 1 - victim
     run_dir, steps, port = tmp_path / "run", 200, free_port()
     procs = start_pair(run_dir, port, steps, tmp_path, "first")
     try:
@@ -166,19 +169,19 @@ def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail("the 2-process run never reached step 50")
-        procs[1].kill()
+        procs[victim].kill()
         killed_at = time.monotonic()
-        rc = procs[0].wait(timeout=EXIT_BOUND_S + 60)
+        rc = procs[survivor].wait(timeout=EXIT_BOUND_S + 60)
         survivor_s = time.monotonic() - killed_at
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    err = (tmp_path / "first0.err").read_text()
+    err = (tmp_path / f"first{survivor}.err").read_text()
     assert rc != 0, "the survivor must not report success"
     assert survivor_s < EXIT_BOUND_S, f"survivor took {survivor_s:.1f}s to exit"
-    assert "another task died" in err or "heartbeat" in err, worker_log(tmp_path, "first", 0)
+    assert "another task died" in err or "heartbeat" in err, worker_log(tmp_path, "first", survivor)
     before = {r["step"]: r["loss"] for r in train_records(run_dir) if r["kind"] == "train"}
     assert max(before) < steps
 
