@@ -13,6 +13,7 @@ import os
 import pytest
 
 from transformers_jax import bench
+from transformers_jax.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,11 +65,20 @@ def test_tjax_bench_bf16_reports_both_peaks_and_bert_skips_decoding(capsys):
     assert result["decoding"] is None and "bert" in result["decoding_note"]
 
 
-def test_bench_options_are_separated_from_overrides():
-    options, rest = bench.split_bench_options(
-        ["--tiny", "--warmup", "2", "--model.d_model=64", "--out=x.json", "--steps", "3"])
-    assert options == {"--tiny": True, "--warmup": 2, "--out": "x.json"}
-    assert rest == ["--model.d_model=64", "--steps", "3"]
+def test_bench_options_are_separated_from_overrides(capsys):
+    args, overrides, _ = bench.bench_parser().parse(
+        ["--tiny", "--warmup", "2", "--model.d_model=64", "--out=x.json", "--steps", "3",
+         "--decode-batches=2,4"])
+    assert (args.tiny, args.warmup, args.out, args.decode_batches) == (True, 2, "x.json", [2, 4])
+    assert not args.no_decode and args.compile_cache is None
+    assert overrides == {"model.d_model": "64", "train.steps": "3"}
+    for argv, message in ((["--warmpu", "2"], "did you mean --warmup?"),
+                          (["--decode-batches=0,x"], "expected numbers like 128,256"),
+                          (["--modle.d_model=3"], "did you mean --model.d_model?")):
+        with pytest.raises((SystemExit, ConfigError)) as stop:
+            bench.bench_parser().parse(argv)
+        err = str(stop.value) if stop.type is ConfigError else capsys.readouterr().err
+        assert (stop.type is ConfigError or stop.value.code == 2) and message in err, argv
 
 
 @pytest.mark.slow

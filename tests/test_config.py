@@ -108,7 +108,10 @@ def test_overrides_coerce_types_and_nest():
     assert cfg.attn_logit_softcap is None
     with pytest.raises(ConfigError, match="unknown option --nonsense"):
         apply_overrides(ModelConfig(), {"nonsense": "1"})
-    with pytest.raises(ConfigError, match="expected a int"):
+    with pytest.raises(ConfigError, match="unknown option --model.d_modle; did you mean "
+                                          "--model.d_model?"):
+        apply_overrides(ModelConfig(), {"d_modle": "1"}, "model.")
+    with pytest.raises(ConfigError, match="expected a whole number, e.g. 64"):
         apply_overrides(ModelConfig(), {"d_model": "wide"})
 
 

@@ -40,7 +40,7 @@ from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
-from transformers_jax.overrides import parse_overrides
+from transformers_jax.overrides import CommandParser, int_list
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -231,29 +231,28 @@ def environment() -> dict:
     }
 
 
-BENCH_OPTIONS = {"--warmup": int, "--decode-batches": str, "--decode-prompt": int,
-                 "--decode-tokens": int, "--compile-cache": str, "--out": str}
-BENCH_FLAGS = ("--no-decode", "--tiny")
-
-
-def split_bench_options(argv: list[str]) -> tuple[dict, list[str]]:
-    """Take this command's own options out of ``argv``; the rest are config overrides."""
-    options, rest, i = {}, [], 0
-    while i < len(argv):
-        key, eq, value = argv[i].partition("=")
-        if key in BENCH_FLAGS:
-            options[key] = True
-        elif key in BENCH_OPTIONS:
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise ConfigError(f"option {key} needs a value")
-                i += 1
-                value = argv[i]
-            options[key] = BENCH_OPTIONS[key](value)
-        else:
-            rest.append(argv[i])
-        i += 1
-    return options, rest
+def bench_parser() -> CommandParser:
+    """``tjax bench``'s own options; every other argument is a config override."""
+    parser = CommandParser(
+        "tjax bench", "Times the training step (tokens/s, MFU against the measured matmul peak) "
+        "and KV-cache decoding of one config and prints one JSON object. Default model: config "
+        "a (a character-level GPT-2 shape, chunked attention with 64-wide tiles); every "
+        "--model./--train. option of `tjax train --help` applies.", overrides=True)
+    parser.add_argument("--tiny", action="store_true",
+                        help="the same code paths at a tiny size, in seconds")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
+    parser.add_argument("--warmup", type=int, default=3, metavar="N",
+                        help="untimed steps before timing")
+    parser.add_argument("--decode-batches", type=int_list, default=[1, 8], metavar="B,B",
+                        help="comma-separated decoding batch sizes")
+    parser.add_argument("--decode-prompt", type=int, default=None, metavar="N",
+                        help="prompt tokens (default 16; 4 with --tiny)")
+    parser.add_argument("--decode-tokens", type=int, default=None, metavar="N",
+                        help="new tokens (default 240; 12 with --tiny)")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="JAX's persistent compilation cache")
+    parser.add_argument("--out", metavar="FILE", help="also write the JSON there")
+    return parser
 
 
 def enable_compile_cache(directory: str) -> None:
@@ -263,71 +262,48 @@ def enable_compile_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-BENCH_HELP = """usage: tjax bench [--tiny] [--no-decode] [--warmup N] [--decode-batches 1,8]
-                  [--decode-prompt N] [--decode-tokens N] [--compile-cache DIR] [--out FILE]
-                  [--model.FIELD=VALUE ...] [--train.FIELD=VALUE ...]
-
-Times the training step (tokens/s, MFU against the measured matmul peak) and KV-cache decoding
-of one config and prints one JSON object. Default model: config a (a character-level GPT-2
-shape, chunked attention with 64-wide tiles); every --model./--train. option of `tjax train
---help` applies.
-
-  --tiny              the same code paths at a tiny size, in seconds
-  --no-decode         skip the decoding benchmark
-  --warmup N          untimed steps before timing (default 3)
-  --decode-batches B  comma-separated decoding batch sizes (default 1,8)
-  --decode-prompt N   prompt tokens (default 16; 4 with --tiny)
-  --decode-tokens N   new tokens (default 240; 12 with --tiny)
-  --compile-cache DIR JAX's persistent compilation cache
-  --out FILE          also write the JSON there"""
-
-
 def main(argv: list[str]) -> int:
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(BENCH_HELP)
-        return 0
-    options, argv = split_bench_options(argv)
-    overrides, _ = parse_overrides(argv)
+    args, overrides, _ = bench_parser().parse(argv)
     model_over = {k[6:]: v for k, v in overrides.items() if k.startswith("model.")}
     train_over = {k[6:]: v for k, v in overrides.items() if k.startswith("train.")}
-    if options.get("--tiny"):
+    if args.tiny:
         model_over = {**TINY_MODEL, **model_over}
         train_over = {**TINY_TRAIN, **train_over}
     if "family" in model_over and "mask" not in model_over:  # e.g. bert: bidirectional
         model_over["mask"] = FAMILIES.get(model_over["family"]).default_mask
     model_cfg = apply_overrides(DEFAULT_MODEL, model_over, "model.")
     cfg = apply_overrides(DEFAULT_TRAIN, train_over, "train.")
-    if options.get("--compile-cache"):
-        enable_compile_cache(options["--compile-cache"])
+    if args.compile_cache:
+        enable_compile_cache(args.compile_cache)
     env = environment()
     result = {
         "model": model_cfg.to_dict(),
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
-        "compile_cache": options.get("--compile-cache"),
+        "compile_cache": args.compile_cache,
         "training": bench_training(model_cfg, cfg, steps=cfg.steps,
-                                   warmup=options.get("--warmup", 3)),
+                                   warmup=args.warmup),
     }
     # the same rule as sample.generate: a family that continues its own tokens, a mask that
     # decodes (a prefix-LM takes the prompt as its prefix)
     decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes
-    if options.get("--no-decode") or not decodes:
+    if args.no_decode or not decodes:
         result["decoding"] = None
-        result["decoding_note"] = ("skipped: --no-decode" if options.get("--no-decode") else
+        result["decoding_note"] = ("skipped: --no-decode" if args.no_decode else
                                    f"family {model_cfg.family!r} with mask "
                                    f"{model_cfg.mask.name!r} does not decode left to right")
     else:
-        tiny = options.get("--tiny")
-        prompt = options.get("--decode-prompt", 4 if tiny else 16)
-        new = options.get("--decode-tokens", 12 if tiny else 240)
+        tiny = args.tiny
+        prompt = args.decode_prompt or (4 if tiny else 16)
+        new = args.decode_tokens or (12 if tiny else 240)
         limit = model_cfg.position.max_length(model_cfg)
         if limit is not None and prompt + new > limit:
             new = limit - prompt
-        batches = tuple(int(b) for b in str(options.get("--decode-batches", "1,8")).split(","))
+        batches = tuple(args.decode_batches)
         result["decoding"] = bench_decoding(model_cfg, prompt, new, batches)
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result["device_memory"] = device_memory()
     result.update(env)
     result["load_average_end"] = list(os.getloadavg())
-    emit_json(result, options.get("--out"))
+    emit_json(result, args.out)
     return 0

@@ -21,13 +21,26 @@ from transformers_jax.config import (
     apply_overrides,
     from_dict,
 )
-from transformers_jax.overrides import ALIASES, FLAGS, parse_overrides
+from transformers_jax.overrides import (
+    ALIASES,
+    CommandParser,
+    describe_default,
+    field_help,
+    int_list,
+)
 from transformers_jax.registry import FAMILIES, UnknownNameError
 from transformers_jax.train.errors import RunFailedError
 
 
+def train_parser() -> CommandParser:
+    return CommandParser(
+        "tjax train", "Train a model. Every field of the model and training configs is an "
+        "option, --model.FIELD=VALUE or --train.FIELD=VALUE (listed below with its default); "
+        "--config FILE.json loads both sections first.", overrides=True, epilog=option_help())
+
+
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
-    overrides, config_file = parse_overrides(argv)
+    _, overrides, config_file = train_parser().parse(argv)
     base: dict[str, Any] = {}
     if config_file:
         with open(config_file) as f:
@@ -59,17 +72,20 @@ def cmd_train(argv: list[str]) -> int:
 
 
 def cmd_sample(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tjax sample", description="Sample from a trained run.")
-    parser.add_argument("--run", required=True, help="run directory written by tjax train")
-    parser.add_argument("--prompt", default="\n", help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser = CommandParser("tjax sample", "Sample from a trained or converted run.")
+    parser.add_argument("--run", required=True, help="run directory (tjax train --run-dir, or "
+                        "tjax convert --out)")
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample among the k likeliest tokens only")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="sample among the likeliest tokens holding this much probability")
+    parser.add_argument("--seed", type=int, default=0, help="sampling randomness")
+    parser.add_argument("--num-samples", type=int, default=1, help="continuations of the prompt")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
-    args = parser.parse_args(argv)
+    args, _, _ = parser.parse(argv)
 
     from transformers_jax.runs import load_run
     from transformers_jax.sample import SamplingConfig, generate
@@ -127,12 +143,11 @@ class ByteStream:
 
 
 def cmd_fill_mask(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tjax fill-mask",
-                                     description="Top predictions for each [MASK] of a text.")
+    parser = CommandParser("tjax fill-mask", "Top predictions for each [MASK] of a text.")
     parser.add_argument("--run", required=True, help="run directory of a --family bert run")
     parser.add_argument("--text", required=True, help='e.g. "The [MASK] statement"')
-    parser.add_argument("--top-k", type=int, default=5)
-    args = parser.parse_args(argv)
+    parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK]")
+    args, _, _ = parser.parse(argv)
 
     from transformers_jax.models.bert import fill_mask
     from transformers_jax.runs import load_run
@@ -147,20 +162,10 @@ def cmd_fill_mask(argv: list[str]) -> int:
     return 0
 
 
-def _lengths(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected lengths like 128,256") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one length, e.g. 128,256")
-    return values
-
-
 def cmd_eval(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="tjax eval",
-        description="Evaluate a trained or converted run: held-out loss, perplexity, bits per "
+    parser = CommandParser(
+        "tjax eval",
+        "Evaluate a trained or converted run: held-out loss, perplexity, bits per "
         "byte (or per token), the loss at several lengths and by position, and passkey "
         "retrieval. Prints one JSON object.")
     parser.add_argument("--run", required=True, help="run directory (tjax train --run-dir, or "
@@ -169,22 +174,23 @@ def cmd_eval(argv: list[str]) -> int:
                         "tfds:NAME); default: the run's own held-out split")
     parser.add_argument("--split", default=None, help="a tfds split to read instead of the "
                         "held-out one (e.g. validation)")
-    parser.add_argument("--lengths", type=_lengths, default=None,
+    parser.add_argument("--lengths", type=int_list, default=None,
                         help="window lengths, e.g. 128,256 (default: the run's seq_len)")
     parser.add_argument("--batches", type=int, default=None,
                         help="batches per length (default: the run's eval_batches)")
     parser.add_argument("--passkey", action="store_true",
                         help="passkey retrieval accuracy by length and depth (generating "
                         "families)")
-    parser.add_argument("--passkey-lengths", type=_lengths, default=None,
+    parser.add_argument("--passkey-lengths", type=int_list, default=None,
                         help="prompt lengths of the passkey test (default: --lengths; the byte "
                         "tokenizer needs at least about 110)")
-    parser.add_argument("--passkey-trials", type=int, default=4, help="keys per length and depth")
+    parser.add_argument("--passkey-trials", type=int, default=4,
+                        help="keys per length and depth")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
     parser.add_argument("--plot", default=None, help="PNG of the loss by position (default: "
                         "RUN/eval_loss_by_position.png)")
     parser.add_argument("--out", default=None, help="also write the JSON to this file")
-    args = parser.parse_args(argv)
+    args, _, _ = parser.parse(argv)
     if args.batches is not None and args.batches <= 0:
         raise ValueError(f"--batches {args.batches}: must be a positive integer")
     if args.passkey_trials <= 0:
@@ -237,9 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.parse_args([command])  # prints the usage error and exits 2
-    if command == "train" and rest and rest[0] in ("-h", "--help"):
-        print(option_help())
-        return 0
     try:
         return COMMANDS[command](rest)
     except (ConfigError, UnknownNameError, FileNotFoundError, FileExistsError, ValueError) as err:
@@ -255,27 +258,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def option_help() -> str:
+    """Every config option with its default and its help line, and each switch's entries with
+    the settings they take."""
     import dataclasses
 
-    def settings(switch_cls) -> str:
-        return " ".join(f"--model.{{field}}.{f.name}={f.default}" for f in
-                        dataclasses.fields(switch_cls) if f.init)
-
-    lines = ["tjax train options (defaults shown):", ""]
+    lines = []
     for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        lines += ["", f"{section} options (--{section}.FIELD=VALUE, default shown):"]
+        helps = field_help(cls)
         for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            option = f"--{section}.{f.name}={describe_default(default)}"
+            lines.append(f"  {option:<34} {helps.get(f.name, '')}".rstrip())
             registry = f.metadata.get("registry")
             if registry is None:
-                lines.append(f"  --{section}.{f.name}={default}")
                 continue
-            # a switch: its entries, and the settings each one takes
-            lines.append(f"  --{section}.{f.name}={default}  ({', '.join(registry.names())})")
-            for name, entry in registry.items():
-                own = settings(entry).replace("{field}", f.name)
-                if own:
-                    lines.append(f"      {f.name}={name}: {own}")
-    lines += ["", "aliases: " + ", ".join([*ALIASES, *FLAGS, "--config FILE.json"])]
+            for name, entry in registry.items():  # a switch: its entries and their settings
+                own = " ".join(f"--{section}.{f.name}.{g.name}={describe_default(g.default)}"
+                               for g in dataclasses.fields(entry) if g.init and g.name != "name")
+                lines.append(f"      {f.name}={name}" + (f": {own}" if own else ""))
+    lines += ["", "aliases: " + ", ".join(f"{a} ({t})" for a, t in ALIASES.items())
+              + ", --json, --no-progress, --config FILE.json"]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ This module imports no JAX so that configs can be built and checked cheaply.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import types
 import typing
@@ -51,11 +52,11 @@ def _check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None
 class ModelConfig:
     """Everything that defines a model's architecture and numerics."""
 
-    family: str = "gpt"
+    family: str = "gpt"  # gpt (causal LM), bert (masked LM), encdec, lstm: a FAMILIES name
     vocab_size: int = 262  # the byte tokenizer's 256 bytes + 6 special tokens
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # transformer blocks (encdec: encoder blocks)
+    n_heads: int = 4  # query heads per attention layer
     n_kv_heads: int | None = None  # None: same as n_heads (MHA); 1: MQA; else GQA
     head_dim: int | None = None  # None: d_model // n_heads
     d_ff: int | None = None  # None: 4 * d_model (gelu) or 8/3 * d_model rounded to 8 (swiglu)
@@ -66,23 +67,23 @@ class ModelConfig:
     # The three independent switches. Each holds a registered object carrying its own settings
     # and hooks (see registry.py): given as a name ("alibi"), a JSON dict
     # ({"name": "t5", "num_buckets": 16}) or an instance; stored as the instance.
-    attention: Switch = switch_field(ATTENTION, "xla")  # nn/attention.py
-    mask: Switch = switch_field(MASKS, "causal")  # nn/masks.py
-    position: Switch = switch_field(POSITIONS, "rope")  # nn/positions/
+    attention: Switch = switch_field(ATTENTION, "xla")  # how scores are computed (nn/attention.py)
+    mask: Switch = switch_field(MASKS, "causal")  # who attends to whom (nn/masks.py)
+    position: Switch = switch_field(POSITIONS, "rope")  # positional scheme (nn/positions/)
 
     # Block options.
     norm: str = "layernorm"  # layernorm, rmsnorm
     norm_position: str = "pre"  # pre, post
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # added to the variance inside the norm
     mlp: str = "gelu"  # gelu, swiglu, relu
     use_bias: bool = True  # biases in dense layers and norms (GPT-2 yes, Llama no)
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # the output layer reuses the token embedding table
     dropout: float = 0.0  # on embeddings and residual branches
     qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
     attn_logit_softcap: float | None = None  # cap * tanh(x / cap) on attention logits
     final_logit_softcap: float | None = None  # same on output logits
     attention_scale: float | None = None  # None: 1/sqrt(head_dim); T5 uses 1.0
-    init_std: float = 0.02
+    init_std: float = 0.02  # standard deviation of the normal initialisers
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"  # storage dtype of parameters
     remat: str = "none"  # recompute each layer in the backward pass: a REMAT_POLICIES name
@@ -215,17 +216,17 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation and run settings for ``tjax train``."""
 
-    steps: int = 600
-    batch_size: int = 16
-    seq_len: int = 128
-    learning_rate: float = 2e-3
+    steps: int = 600  # optimizer updates in the run
+    batch_size: int = 16  # sequences per step, over all devices and micro-batches
+    seq_len: int = 128  # tokens per training sequence
+    learning_rate: float = 2e-3  # peak of the warmup-cosine schedule (AdamW)
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
     warmup_steps: int | None = None  # None: 10% of steps
-    weight_decay: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 0
+    weight_decay: float = 0.1  # AdamW's decoupled decay (not on norms and biases)
+    b1: float = 0.9  # Adam's first-moment decay
+    b2: float = 0.95  # Adam's second-moment decay
+    grad_clip: float = 1.0  # largest global gradient norm kept
+    seed: int = 0  # parameters, data order, dropout
     data: str | None = None  # PATH, lines:PATH, tfds:NAME; None: the embedded default corpus
     data_dir: str | None = None  # tfds data_dir (catalog datasets, prepared local text)
     text_key: str | None = None  # tfds text feature (auto-detected when None)
@@ -235,15 +236,15 @@ class TrainConfig:
     task: str | None = None  # a synthetic task instead of text (copy, reverse, addition, ...)
     train_lengths: tuple[int, int] = (1, 20)  # task lengths seen in training
     test_lengths: tuple[int, int] = (21, 80)  # task lengths for the extrapolation test
-    val_fraction: float = 0.05
-    eval_every: int = 200
-    eval_batches: int = 8
-    log_every: int = 50
+    val_fraction: float = 0.05  # share of the text held out for evaluation
+    eval_every: int = 200  # steps between held-out evaluations
+    eval_batches: int = 8  # batches per held-out evaluation
+    log_every: int = 50  # steps between logged training metrics
     run_dir: str | None = None  # metrics.jsonl and checkpoints; None saves nothing
     tensorboard: bool = True  # event files in RUN_DIR/tensorboard (with a run_dir only)
     wandb_project: str | None = None  # also log to Weights & Biases (pip install wandb)
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 3
+    checkpoint_every: int = 200  # steps between checkpoints (with a run_dir)
+    keep_checkpoints: int = 3  # newest checkpoints kept; older ones are deleted
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
     init_from: str | None = None  # fine-tune: start from this run's params (fresh optimizer)
     # Reliability (see train/guard.py, loop._resume): bad updates skipped before the run stops,
@@ -251,7 +252,7 @@ class TrainConfig:
     skip_nonfinite_steps: int = 0  # updates with a non-finite loss/grad skipped; then stop
     accept_data_change: bool = False  # resume onto changed data/tokenizer with a warning
     # Masked LM (family bert): share of tokens predicted, and how their inputs are corrupted.
-    mlm_rate: float = 0.15
+    mlm_rate: float = 0.15  # bert: share of tokens predicted
     mlm_mask_fraction: float = 0.8  # of the chosen: [MASK]
     mlm_random_fraction: float = 0.1  # of the chosen: a random token (the rest: unchanged)
     # Scaling out (see parallel/): strategy, device mesh, micro-batches, multi-host.
@@ -259,8 +260,8 @@ class TrainConfig:
     mesh: str | None = None  # e.g. "data=4,fsdp=2,tensor=1"; default: all devices on data
     grad_accum: int = 1  # micro-batches per step (the batch is split, the update is the same)
     coordinator: str | None = None  # HOST:PORT of process 0 for multi-host runs
-    num_processes: int | None = None
-    process_id: int | None = None
+    num_processes: int | None = None  # processes of a multi-host run (with coordinator)
+    process_id: int | None = None  # this process's index, 0 .. num_processes-1
     json: bool = False  # print the final metrics as one JSON object
     progress: bool = True  # tqdm progress bar
 
@@ -381,7 +382,8 @@ def _coerce(text: str, annotation: Any, name: str) -> Any:
         try:
             return annotation(text)
         except ValueError:
-            raise ConfigError(f"{name}={text!r}: expected a {annotation.__name__}") from None
+            kind = "a whole number, e.g. 64" if annotation is int else "a number, e.g. 3e-4"
+            raise ConfigError(f"{name}={text!r}: expected {kind}") from None
     return text
 
 
@@ -422,8 +424,11 @@ def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") ->
                                   f"--{prefix}{MOVED_FIELDS[head]}")
             owner = (f"{prefix[:-1]}={config.name} has no such field" if isinstance(config, Switch)
                      else f"valid {prefix or 'top-level '}fields")
+            close = difflib.get_close_matches(head, fields, n=1)
+            hint = f"did you mean --{prefix}{close[0]}? " if close else ""
             raise ConfigError(
-                f"unknown option --{prefix}{key}; {owner}: {', '.join(sorted(fields)) or 'none'}"
+                f"unknown option --{prefix}{key}; {hint}{owner}: "
+                f"{', '.join(sorted(fields)) or 'none'}"
             )
         registry = fields[head].metadata.get("registry")
         if rest:

@@ -47,6 +47,7 @@ from transformers_jax.data.tokenizers import (
     Tokenizer,
     load_tokenizer,
 )
+from transformers_jax.overrides import CommandParser
 
 TJAX_TOKENIZER_DIR = "tjax_tokenizer"  # our tokenizer inside an exported Hugging Face directory
 DTYPE_CHOICES = ("float32", "bfloat16", "float16", "auto")
@@ -330,11 +331,9 @@ def compare_with_hf(src: str, hf: HFCheckpoint, tokens: np.ndarray) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """``tjax convert --from-hf DIR --out RUN_DIR`` / ``tjax convert --to-hf DIR --run RUN_DIR``."""
-    parser = argparse.ArgumentParser(
-        prog="tjax convert",
-        description="Convert Hugging Face PyTorch checkpoints to runs of this project and back. "
-        f"Supported: {', '.join(supported_classes())}.",
-    )
+    parser = CommandParser(
+        "tjax convert", "Convert Hugging Face PyTorch checkpoints to runs of this project and "
+        f"back. Supported: {', '.join(supported_classes())}.")
     direction = parser.add_mutually_exclusive_group(required=True)
     direction.add_argument("--from-hf", metavar="DIR",
                            help="Hugging Face model directory (config.json + weights)")
@@ -350,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", action="store_true",
                         help="--from-hf: compare logits with transformers on random tokens "
                         "(needs torch and transformers)")
-    args = parser.parse_args(argv)
+    args, _, _ = parser.parse(argv)
     try:
         return _run(parser, args)
     except (ConversionError, FileNotFoundError, FileExistsError, ValueError) as err:
