@@ -16,10 +16,12 @@ command in BENCHMARKS.md.
                --model.vocab_size=50257 --model.max_len=1024 --train.batch_size=4
     tjax bench --compile-cache /tmp/jax_cache    # persistent compilation cache (2nd run: hit)
     tjax bench --tiny                            # seconds: a toy model, for smoke tests
+    tjax bench --preset gpt2 --train.batch_size=4  # a named model (tjax presets)
 
 Options besides ``--model.*``/``--train.*`` (``--steps`` = ``--train.steps``): ``--warmup N``
 (untimed steps, 3), ``--decode-batches 1,8``, ``--decode-prompt 16``, ``--decode-tokens 240``,
-``--no-decode``, ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON).
+``--no-decode``, ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON),
+``--preset NAME`` (a named model instead of config a; ``--model.*`` applies on top).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
-from transformers_jax.overrides import parse_overrides
+from transformers_jax.overrides import parse_overrides, split_preset
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -263,8 +265,9 @@ def enable_compile_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-BENCH_HELP = """usage: tjax bench [--tiny] [--no-decode] [--warmup N] [--decode-batches 1,8]
-                  [--decode-prompt N] [--decode-tokens N] [--compile-cache DIR] [--out FILE]
+BENCH_HELP = """usage: tjax bench [--preset NAME] [--tiny] [--no-decode] [--warmup N]
+                  [--decode-batches 1,8] [--decode-prompt N] [--decode-tokens N]
+                  [--compile-cache DIR] [--out FILE]
                   [--model.FIELD=VALUE ...] [--train.FIELD=VALUE ...]
 
 Times the training step (tokens/s, MFU against the measured matmul peak) and KV-cache decoding
@@ -272,7 +275,9 @@ of one config and prints one JSON object. Default model: config a (a character-l
 shape, chunked attention with 64-wide tiles); every --model./--train. option of `tjax train
 --help` applies.
 
-  --tiny              the same code paths at a tiny size, in seconds
+  --preset NAME       start from a named model ('tjax presets'); --model.* applies on top
+  --tiny              the same code paths at a tiny size, in seconds (with --preset: the
+                      preset's model, a tiny batch and step count)
   --no-decode         skip the decoding benchmark
   --warmup N          untimed steps before timing (default 3)
   --decode-batches B  comma-separated decoding batch sizes (default 1,8)
@@ -287,20 +292,23 @@ def main(argv: list[str]) -> int:
         print(BENCH_HELP)
         return 0
     options, argv = split_bench_options(argv)
+    preset, argv = split_preset(argv)
     overrides, _ = parse_overrides(argv)
     model_over = {k[6:]: v for k, v in overrides.items() if k.startswith("model.")}
     train_over = {k[6:]: v for k, v in overrides.items() if k.startswith("train.")}
-    if options.get("--tiny"):
-        model_over = {**TINY_MODEL, **model_over}
+    if options.get("--tiny"):  # with a preset: its model as it is, a tiny run
+        model_over = model_over if preset is not None else {**TINY_MODEL, **model_over}
         train_over = {**TINY_TRAIN, **train_over}
     if "family" in model_over and "mask" not in model_over:  # e.g. bert: bidirectional
         model_over["mask"] = FAMILIES.get(model_over["family"]).default_mask
-    model_cfg = apply_overrides(DEFAULT_MODEL, model_over, "model.")
+    base = DEFAULT_MODEL if preset is None else ModelConfig.preset(preset)
+    model_cfg = apply_overrides(base, model_over, "model.")
     cfg = apply_overrides(DEFAULT_TRAIN, train_over, "train.")
     if options.get("--compile-cache"):
         enable_compile_cache(options["--compile-cache"])
     env = environment()
     result = {
+        "preset": preset,
         "model": model_cfg.to_dict(),
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,

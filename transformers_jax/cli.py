@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -21,26 +22,34 @@ from transformers_jax.config import (
     apply_overrides,
     from_dict,
 )
-from transformers_jax.overrides import ALIASES, FLAGS, parse_overrides
+from transformers_jax.overrides import ALIASES, FLAGS, PRESET_OPTION, parse_overrides, split_preset
 from transformers_jax.registry import FAMILIES, UnknownNameError
 from transformers_jax.train.errors import RunFailedError
 
 
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
+    preset, argv = split_preset(argv)
     overrides, config_file = parse_overrides(argv)
     base: dict[str, Any] = {}
     if config_file:
         with open(config_file) as f:
             base = json.load(f)
-    model_cfg = from_dict(ModelConfig, base.get("model", {}))
+    if preset is not None and base.get("model"):
+        raise ConfigError(f"{PRESET_OPTION} {preset} and a model section in {config_file}: "
+                          "give the model one way (drop one of them)")
+    model_cfg = (ModelConfig.preset(preset) if preset is not None
+                 else from_dict(ModelConfig, base.get("model", {})))
     train_cfg = from_dict(TrainConfig, base.get("train", {}))
     sections = {"model": {}, "train": {}}
     for key, value in overrides.items():
         section, _, rest = key.partition(".")
         sections[section][rest] = value
     family = FAMILIES.get(sections["model"].get("family", model_cfg.family))
-    if "mask" not in sections["model"] and "mask" not in base.get("model", {}):
-        sections["model"]["mask"] = family.default_mask  # e.g. bert: bidirectional
+    # The family's own mask (bert: bidirectional) unless one is given; a preset's mask (e.g.
+    # Mistral's sliding window) stays unless the family changes.
+    mask_given = "mask" in sections["model"] or "mask" in base.get("model", {})
+    if not mask_given and (preset is None or "family" in sections["model"]):
+        sections["model"]["mask"] = family.default_mask
     model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
     train_cfg = apply_overrides(train_cfg, sections["train"], "train.")
     return model_cfg, train_cfg
@@ -50,9 +59,10 @@ def cmd_train(argv: list[str]) -> int:
     model_cfg, train_cfg = build_configs(argv)
     from transformers_jax.loop import train  # imports JAX: after the configs are valid
 
-    # The vocabulary follows the tokenizer unless given explicitly.
+    # The vocabulary follows the tokenizer unless given explicitly (a published preset's is).
     explicit = model_cfg.vocab_size != ModelConfig().vocab_size
-    final = train(model_cfg, train_cfg, auto_vocab=not explicit)
+    final = train(model_cfg, train_cfg, auto_vocab=not explicit, preset=split_preset(argv)[0],
+                  command=shlex.join(["tjax", "train", *argv]))
     if train_cfg.json:
         print(json.dumps({k: v for k, v in final.items() if k != "history"}, indent=None))
     return 0
@@ -209,6 +219,25 @@ def cmd_convert(argv: list[str]) -> int:
     return convert_main(argv)
 
 
+def cmd_presets(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tjax presets",
+        description="Named models: published architectures with their exact parameter counts, "
+        "and a few CPU-sized ones. Use one with 'tjax train --preset NAME' or 'tjax bench "
+        "--preset NAME' (--model.FIELD=VALUE applies on top) or ModelConfig.preset(NAME).")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON list (name, family, params, published, hf_class, "
+                        "source, notes, cpu, model fields)")
+    args = parser.parse_args(argv)
+    from transformers_jax.presets import PRESETS, presets_table
+
+    if args.json:
+        print(json.dumps([p.summary() for p in PRESETS.values()]))
+    else:
+        print(presets_table())
+    return 0
+
+
 def cmd_bench(argv: list[str]) -> int:
     from transformers_jax.bench import main as bench_main
 
@@ -216,7 +245,7 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
-            "convert": cmd_convert, "fill-mask": cmd_fill_mask}
+            "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +300,9 @@ def option_help() -> str:
                 own = settings(entry).replace("{field}", f.name)
                 if own:
                     lines.append(f"      {f.name}={name}: {own}")
-    lines += ["", "aliases: " + ", ".join([*ALIASES, *FLAGS, "--config FILE.json"])]
+    lines += ["", "aliases: " + ", ".join([*ALIASES, *FLAGS, "--config FILE.json"]),
+              f"{PRESET_OPTION} NAME: start from a named model ('tjax presets' lists them); the "
+              "--model.* options above apply on top of it"]
     return "\n".join(lines)
 
 

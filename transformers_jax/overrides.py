@@ -19,6 +19,29 @@ ALIASES = {
     "--tokenizer": "train.tokenizer",
 }
 FLAGS = {"--json": "train.json", "--no-progress": ("train.progress", "false")}
+PRESET_OPTION = "--preset"  # a named model (presets.py), applied before the --model.* overrides
+
+
+def split_preset(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Take ``--preset NAME`` / ``--preset=NAME`` out of ``argv``: (NAME or None, the rest)."""
+    name, rest, i = None, [], 0
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if key != PRESET_OPTION:
+            rest.append(argv[i])
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise ConfigError(f"option {PRESET_OPTION} needs a name ('tjax presets' "
+                                  "lists them)")
+            value = argv[i + 1]
+            i += 1
+        if name is not None and value != name:
+            raise ConfigError(f"{PRESET_OPTION} given twice ({name!r} and {value!r}); pick one")
+        name = value
+        i += 1
+    return name, rest
 
 
 def parse_overrides(argv: list[str]) -> tuple[dict[str, str], str | None]:
@@ -50,7 +73,7 @@ def parse_overrides(argv: list[str]) -> tuple[dict[str, str], str | None]:
         if not name.startswith(("model.", "train.")):
             raise ConfigError(
                 f"unknown option {key}; use --model.FIELD or --train.FIELD (or one of "
-                f"{', '.join([*ALIASES, *FLAGS, '--config'])})"
+                f"{', '.join([*ALIASES, *FLAGS, '--config', PRESET_OPTION])})"
             )
         overrides[name] = value
     return overrides, config_file
