@@ -16,6 +16,7 @@ from transformers_jax.convert.common import ARCHITECTURES, param_shapes
 from transformers_jax.convert.run_io import read_run_meta
 from transformers_jax.nn.layers import count_params
 from transformers_jax.presets import PRESETS, get_preset, human_count, presets_table
+from transformers_jax.registry import ATTENTION, MASKS, POSITIONS
 from transformers_jax.train.run_readme import CONFIG_FILE, run_readme
 
 NAMES = list(PRESETS)
@@ -106,6 +107,37 @@ def test_preset_overrides_compose_in_python_and_on_the_command_line():
     assert model.family == "bert" and model.mask.name == "bidirectional"
 
 
+@pytest.mark.parametrize("field", ["position", "mask", "attention"])
+def test_every_switch_composes_with_a_preset(field):
+    """Each registered entry of each switch replaces the preset's and leaves the rest as is
+    (the ones a layout cannot serve are refused by name, as without a preset)."""
+    registry = {"position": POSITIONS, "mask": MASKS, "attention": ATTENTION}[field]
+    base = ModelConfig.preset("llama-cpu")
+    built = 0
+    for name in registry.names():
+        try:
+            model, _ = build_configs(["--preset", "llama-cpu", f"--model.{field}={name}"])
+        except ConfigError as err:  # sliding_window needs its window: the error says so
+            assert f"--model.{field}." in str(err), (name, err)
+            continue
+        assert getattr(model, field).name == name
+        assert model.replace(**{field: getattr(base, field)}) == base
+        built += 1
+    assert built >= len(registry.names()) - 1
+
+
+def test_bench_takes_a_preset_before_its_overrides():
+    from transformers_jax.bench import DEFAULT_TRAIN, TINY_TRAIN, bench_configs
+
+    model, cfg, options, preset = bench_configs(["--preset", "llama-cpu", "--tiny",
+                                                 "--model.position=alibi", "--no-decode"])
+    assert model == ModelConfig.preset("llama-cpu", position="alibi") and preset == "llama-cpu"
+    assert cfg.steps == int(TINY_TRAIN["steps"]) and options == {"--tiny": True,
+                                                                "--no-decode": True}
+    model, cfg, _, preset = bench_configs(["--preset=bert-cpu"])
+    assert model == ModelConfig.preset("bert-cpu") and cfg == DEFAULT_TRAIN and preset == "bert-cpu"
+
+
 def test_preset_errors_are_clear(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'llama-3.2-1b'"):
         ModelConfig.preset("lama-3.2-1b")
@@ -178,3 +210,11 @@ def test_train_writes_a_readme_that_reproduces_the_run(tmp_path, capsys):
     assert model == from_dict(ModelConfig, saved["model"])
     assert model == ModelConfig.preset("gpt2-cpu", n_layers=1) and train.steps == 4
     assert read_run_meta(str(run))["preset"] == "gpt2-cpu"  # a record beside the config
+    # resuming through the saved config (no --preset) continues the same run and keeps the
+    # record; the README is rewritten for the new end
+    assert main(["train", "--config", str(run / CONFIG_FILE), "--steps", "5", "--json"]) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert final["steps"] == 5 and read_run_meta(str(run))["preset"] == "gpt2-cpu"
+    text = (run / "README.md").read_text()
+    assert "5 of 5 steps" in text and "- preset: `gpt2-cpu`; changed: `n_layers=1`" in text
+    assert f"tjax train --config {run / CONFIG_FILE} --steps 5 --json" in text

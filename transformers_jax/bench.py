@@ -287,10 +287,10 @@ shape, chunked attention with 64-wide tiles); every --model./--train. option of 
   --out FILE          also write the JSON there"""
 
 
-def main(argv: list[str]) -> int:
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(BENCH_HELP)
-        return 0
+def bench_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig, dict, str | None]:
+    """``(model config, train config, this command's options, preset name)`` from ``argv``:
+    config a (or ``--preset NAME``), then ``--tiny``, then the ``--model.*``/``--train.*``
+    overrides."""
     options, argv = split_bench_options(argv)
     preset, argv = split_preset(argv)
     overrides, _ = parse_overrides(argv)
@@ -304,6 +304,14 @@ def main(argv: list[str]) -> int:
     base = DEFAULT_MODEL if preset is None else ModelConfig.preset(preset)
     model_cfg = apply_overrides(base, model_over, "model.")
     cfg = apply_overrides(DEFAULT_TRAIN, train_over, "train.")
+    return model_cfg, cfg, options, preset
+
+
+def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(BENCH_HELP)
+        return 0
+    model_cfg, cfg, options, preset = bench_configs(argv)
     if options.get("--compile-cache"):
         enable_compile_cache(options["--compile-cache"])
     env = environment()

@@ -182,7 +182,7 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
                       "read from its start (the saved position belongs to the old data)")
     log.write("resume", int(state.step), {}, f"resumed from {cfg.run_dir} at step "
               f"{int(state.step)}")
-    return state
+    return state, meta
 
 
 def _latest_good_step(ckpt: Checkpointer, log) -> int:
@@ -376,7 +376,9 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
 
     ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
     if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
-        state = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
+        state, saved = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
+        if records.get("preset") is None:  # resumed without --preset (e.g. --config): the
+            records = {**records, "preset": saved.get("preset")}  # same model, same record
     elif cfg.init_from:
         state = _init_from(cfg.init_from, state, optimizer, log)
     state = trainer.place_state(state)
