@@ -175,6 +175,16 @@ def test_tjax_presets_lists_every_preset_with_its_count(capsys):
     assert human_count(124_439_808) == "124.4M" and human_count(8_030_261_248) == "8.03B"
 
 
+def test_readme_excerpt_is_the_real_table():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## Named models: presets", 1)[1]
+    excerpt = section.split("```", 2)[1].strip().splitlines()
+    table = presets_table().splitlines()
+    assert len(excerpt) >= 5 and all(line in table for line in excerpt), excerpt
+
+
 def _final(params: int) -> dict:
     return {"steps": 5, "params": params, "train_loss": 2.5, "eval_loss": 2.25,
             "eval_accuracy": 0.5, "tokens_per_s": 1000.0, "mfu": 0.01, "stopped_by": None}
