@@ -16,10 +16,12 @@ command in BENCHMARKS.md.
                --model.vocab_size=50257 --model.max_len=1024 --train.batch_size=4
     tjax bench --compile-cache /tmp/jax_cache    # persistent compilation cache (2nd run: hit)
     tjax bench --tiny                            # seconds: a toy model, for smoke tests
+    tjax bench --preset gpt2 --train.batch_size=4  # a named model (tjax presets)
 
 Options besides ``--model.*``/``--train.*`` (``--steps`` = ``--train.steps``): ``--warmup N``
 (untimed steps, 3), ``--decode-batches 1,8``, ``--decode-prompt 16``, ``--decode-tokens 240``,
-``--no-decode``, ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON).
+``--no-decode``, ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON),
+``--preset NAME`` (a named model instead of config a; ``--model.*`` applies on top).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import platform
 import resource
 import statistics
 import time
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -238,8 +241,11 @@ def bench_parser() -> CommandParser:
         "and KV-cache decoding of one config and prints one JSON object. Default model: config "
         "a (a character-level GPT-2 shape, chunked attention with 64-wide tiles); every "
         "--model./--train. option of `tjax train --help` applies.", overrides=True)
+    parser.add_argument("--preset", metavar="NAME", help="start from a named model ('tjax "
+                        "presets' lists them); --model.* applies on top")
     parser.add_argument("--tiny", action="store_true",
-                        help="the same code paths at a tiny size, in seconds")
+                        help="the same code paths at a tiny size, in seconds (with --preset: "
+                        "the preset's model, a tiny batch and step count)")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
                         help="untimed steps before timing")
@@ -262,21 +268,32 @@ def enable_compile_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def main(argv: list[str]) -> int:
+def bench_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig, Any, str | None]:
+    """``(model config, train config, this command's options, preset name)`` from ``argv``:
+    config a (or ``--preset NAME``), then ``--tiny``, then the ``--model.*``/``--train.*``
+    overrides."""
     args, overrides, _ = bench_parser().parse(argv)
+    preset = args.preset
     model_over = {k[6:]: v for k, v in overrides.items() if k.startswith("model.")}
     train_over = {k[6:]: v for k, v in overrides.items() if k.startswith("train.")}
-    if args.tiny:
-        model_over = {**TINY_MODEL, **model_over}
+    if args.tiny:  # with a preset: its model as it is, a tiny run
+        model_over = model_over if preset is not None else {**TINY_MODEL, **model_over}
         train_over = {**TINY_TRAIN, **train_over}
     if "family" in model_over and "mask" not in model_over:  # e.g. bert: bidirectional
         model_over["mask"] = FAMILIES.get(model_over["family"]).default_mask
-    model_cfg = apply_overrides(DEFAULT_MODEL, model_over, "model.")
+    base = DEFAULT_MODEL if preset is None else ModelConfig.preset(preset)
+    model_cfg = apply_overrides(base, model_over, "model.")
     cfg = apply_overrides(DEFAULT_TRAIN, train_over, "train.")
+    return model_cfg, cfg, args, preset
+
+
+def main(argv: list[str]) -> int:
+    model_cfg, cfg, args, preset = bench_configs(argv)
     if args.compile_cache:
         enable_compile_cache(args.compile_cache)
     env = environment()
     result = {
+        "preset": preset,
         "model": model_cfg.to_dict(),
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,

@@ -8,9 +8,9 @@ aliases: ``--data PATH``, ``--steps N``, ``--json``, ``--run-dir DIR``, ``--fami
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -24,6 +24,7 @@ from transformers_jax.config import (
 from transformers_jax.overrides import (
     ALIASES,
     CommandParser,
+    closest,
     describe_default,
     field_help,
     int_list,
@@ -33,27 +34,38 @@ from transformers_jax.train.errors import RunFailedError
 
 
 def train_parser() -> CommandParser:
-    return CommandParser(
+    parser = CommandParser(
         "tjax train", "Train a model. Every field of the model and training configs is an "
         "option, --model.FIELD=VALUE or --train.FIELD=VALUE (listed below with its default); "
         "--config FILE.json loads both sections first.", overrides=True, epilog=option_help())
+    parser.add_argument("--preset", metavar="NAME", help="start from a named model ('tjax "
+                        "presets' lists them); the --model.* options apply on top of it")
+    return parser
 
 
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
-    _, overrides, config_file = train_parser().parse(argv)
+    args, overrides, config_file = train_parser().parse(argv)
+    preset = args.preset
     base: dict[str, Any] = {}
     if config_file:
         with open(config_file) as f:
             base = json.load(f)
-    model_cfg = from_dict(ModelConfig, base.get("model", {}))
+    if preset is not None and base.get("model"):
+        raise ConfigError(f"--preset {preset} and a model section in {config_file}: "
+                          "give the model one way (drop one of them)")
+    model_cfg = (ModelConfig.preset(preset) if preset is not None
+                 else from_dict(ModelConfig, base.get("model", {})))
     train_cfg = from_dict(TrainConfig, base.get("train", {}))
     sections = {"model": {}, "train": {}}
     for key, value in overrides.items():
         section, _, rest = key.partition(".")
         sections[section][rest] = value
     family = FAMILIES.get(sections["model"].get("family", model_cfg.family))
-    if "mask" not in sections["model"] and "mask" not in base.get("model", {}):
-        sections["model"]["mask"] = family.default_mask  # e.g. bert: bidirectional
+    # The family's own mask (bert: bidirectional) unless one is given; a preset's mask (e.g.
+    # Mistral's sliding window) stays unless the family changes.
+    mask_given = "mask" in sections["model"] or "mask" in base.get("model", {})
+    if not mask_given and (preset is None or "family" in sections["model"]):
+        sections["model"]["mask"] = family.default_mask
     model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
     train_cfg = apply_overrides(train_cfg, sections["train"], "train.")
     return model_cfg, train_cfg
@@ -61,11 +73,13 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
 
 def cmd_train(argv: list[str]) -> int:
     model_cfg, train_cfg = build_configs(argv)
+    preset = train_parser().parse(argv)[0].preset
     from transformers_jax.loop import train  # imports JAX: after the configs are valid
 
-    # The vocabulary follows the tokenizer unless given explicitly.
+    # The vocabulary follows the tokenizer unless given explicitly (a published preset's is).
     explicit = model_cfg.vocab_size != ModelConfig().vocab_size
-    final = train(model_cfg, train_cfg, auto_vocab=not explicit)
+    final = train(model_cfg, train_cfg, auto_vocab=not explicit, preset=preset,
+                  command=shlex.join(["tjax", "train", *argv]))
     if train_cfg.json:
         print(json.dumps({k: v for k, v in final.items() if k != "history"}, indent=None))
     return 0
@@ -219,6 +233,24 @@ def cmd_convert(argv: list[str]) -> int:
     return convert_main(argv)
 
 
+def cmd_presets(argv: list[str]) -> int:
+    parser = CommandParser(
+        "tjax presets", "Named models: published architectures with their exact parameter "
+        "counts, and a few CPU-sized ones. Use one with 'tjax train --preset NAME' or 'tjax "
+        "bench --preset NAME' (--model.FIELD=VALUE applies on top) or ModelConfig.preset(NAME).")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON list (name, family, params, published, hf_class, "
+                        "source, notes, cpu, model fields)")
+    args, _, _ = parser.parse(argv)
+    from transformers_jax.presets import PRESETS, presets_table
+
+    if args.json:
+        print(json.dumps([p.summary() for p in PRESETS.values()]))
+    else:
+        print(presets_table())
+    return 0
+
+
 def cmd_bench(argv: list[str]) -> int:
     from transformers_jax.bench import main as bench_main
 
@@ -226,23 +258,23 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
-            "convert": cmd_convert, "fill-mask": cmd_fill_mask}
+            "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(
-        prog="tjax",
-        description="Train and study transformers in JAX. Run 'tjax train' to train a small "
-        "GPT on the built-in corpus; 'tjax train --help' lists every option.",
-    )
-    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser = CommandParser(
+        "tjax", "Train and study transformers in JAX. Run 'tjax train' to train a small GPT on "
+        "the built-in corpus; 'tjax COMMAND --help' lists every option of a command.")
+    parser.add_argument("command", choices=sorted(COMMANDS), help="what to do")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        parser.parse_args([command])  # prints the usage error and exits 2
+        near = closest(command, COMMANDS)
+        parser.error(f"unknown command {command!r}" + (f"; did you mean {near!r}?" if near
+                                                       else f"; choose from {sorted(COMMANDS)}"))
     try:
         return COMMANDS[command](rest)
     except (ConfigError, UnknownNameError, FileNotFoundError, FileExistsError, ValueError) as err:

@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from transformers_jax.presets import get_preset
 from transformers_jax.registry import (
     ATTENTION,
     FAMILIES,
@@ -163,6 +164,12 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named model (``presets.py``; ``tjax presets`` lists them), with ``overrides``
+        replacing fields: ``ModelConfig.preset("gpt2", position="alibi")``."""
+        return cls(**{**get_preset(name).model, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

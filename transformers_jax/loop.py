@@ -47,6 +47,7 @@ from transformers_jax.train.guard import Guard, NonFiniteError
 from transformers_jax.train.objectives import objective_for
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.run_lock import RunLock
+from transformers_jax.train.run_readme import write_run_readme
 from transformers_jax.train.step import TrainState
 from transformers_jax.train.tracking import Tracker
 
@@ -128,10 +129,14 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
-def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int) -> dict:
-    """Everything besides arrays that a resumed run or a sampler needs (stored as JSON)."""
+def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int,
+             preset: str | None = None) -> dict:
+    """Everything besides arrays that a resumed run or a sampler needs (stored as JSON).
+    ``preset``: the named model the config started from (a record only: ``model`` is the
+    whole config, which is what a resume compares)."""
     position = data.train.get_state()
     return {
+        "preset": preset,
         "model": dataclasses.asdict(model_cfg),
         "train": dataclasses.asdict(cfg),
         "step": step,
@@ -177,7 +182,7 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
                       "read from its start (the saved position belongs to the old data)")
     log.write("resume", int(state.step), {}, f"resumed from {cfg.run_dir} at step "
               f"{int(state.step)}")
-    return state
+    return state, meta
 
 
 def _latest_good_step(ckpt: Checkpointer, log) -> int:
@@ -251,11 +256,15 @@ def _init_from(run_dir: str, state: TrainState, optimizer, log) -> TrainState:
     return state.replace(params=params, opt_state=optimizer.init(params))
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) -> dict[str, Any]:
+def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False, *,
+          preset: str | None = None, command: str | None = None) -> dict[str, Any]:
     """Train on ``cfg.data`` (or the default corpus, or ``cfg.task``); return final metrics.
 
     ``auto_vocab``: set ``model_cfg.vocab_size`` from the tokenizer (the CLI does this unless
     ``--model.vocab_size`` is given); otherwise a vocabulary smaller than the tokenizer's fails.
+    ``preset``/``command``: the named model the config started from and the command line, for
+    the run's records (``RUN_DIR/README.md``, the checkpoint's metadata); they change nothing
+    else. A resume compares the whole model config, however it was given.
 
     With ``cfg.run_dir`` the run is checkpointed every ``checkpoint_every`` steps, at the end
     and on SIGTERM/SIGINT, and a later call with the same run directory resumes exactly.
@@ -265,15 +274,17 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False) ->
     """
     if cfg.coordinator is not None:  # before any other JAX call
         multihost.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
+    records = {"preset": preset, "command": command}
     if not (cfg.run_dir and multihost.is_main_process()):
-        return _train(model_cfg, cfg, auto_vocab)
+        return _train(model_cfg, cfg, auto_vocab, records=records)
     warnings: list[str] = []  # the log opens later, under the lock
     with RunLock(cfg.run_dir, warnings.append):
-        return _train(model_cfg, cfg, auto_vocab, warnings)
+        return _train(model_cfg, cfg, auto_vocab, warnings, records=records)
 
 
 def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
-           early_warnings: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+           early_warnings: tuple[str, ...] | list[str] = (), *,
+           records: dict | None = None) -> dict[str, Any]:
     check_lengths(model_cfg, cfg.seq_len)
     tokenizer = run_tokenizer(cfg)
     if auto_vocab:
@@ -312,7 +323,8 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
         log.write("warning", 0, {"message": text}, text)
     try:
         sampler = _make_sampler(model, model_cfg, data) if tracker is not None else None
-        return _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar, sampler)
+        return _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar, sampler,
+                    records or {})
     finally:
         bar.close()
         log.close()
@@ -348,7 +360,8 @@ def _make_sampler(model, model_cfg: ModelConfig, data: RunData):
 
 
 def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
-         sampler=None) -> dict[str, Any]:
+         sampler=None, records: dict | None = None) -> dict[str, Any]:
+    records = records or {}
     n_params = count_params(state.params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
@@ -363,7 +376,9 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
 
     ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
     if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
-        state = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
+        state, saved = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
+        if records.get("preset") is None:  # resumed without --preset (e.g. --config): the
+            records = {**records, "preset": saved.get("preset")}  # same model, same record
     elif cfg.init_from:
         state = _init_from(cfg.init_from, state, optimizer, log)
     state = trainer.place_state(state)
@@ -397,7 +412,7 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
             raise NonFiniteError(f"the state after step {step} holds non-finite values although "
                                  "every loss and gradient norm was finite; not saved (the "
                                  "latest checkpoint is the last good one)")
-        ckpt.save(step, host_state, run_meta(model_cfg, cfg, data, step))
+        ckpt.save(step, host_state, run_meta(model_cfg, cfg, data, step, records.get("preset")))
 
     try:
         fault_after = int(os.environ.get("TJAX_FAULT_AFTER_STEP", "-1"))  # crash tests only
@@ -498,6 +513,9 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
         summary += (f"; checkpoint in {cfg.run_dir}" if cfg.run_dir
                     else "; nothing saved (no --run-dir)")
         log.write("final", final_step, {k: v for k, v in final.items() if k != "history"}, summary)
+        if cfg.run_dir and multihost.is_main_process():
+            write_run_readme(cfg.run_dir, model_cfg, cfg, final, data_description=data.description,
+                             tokenizer=data.tokenizer.name, version=__version__, **records)
         return final
     finally:
         if ckpt is not None:

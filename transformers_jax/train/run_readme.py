@@ -1,0 +1,137 @@
+"""``RUN_DIR/README.md``: a run directory that explains itself.
+
+Written by ``loop.train`` when a run ends (process 0 only) and rewritten by each resumed
+invocation: the model (preset, family, switches, parameter count), the data, the steps, the
+final metrics, the command that reproduces it (plus the full configs for ``--config``), and how
+to sample from and evaluate it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import time
+from typing import Any
+
+from transformers_jax.config import ModelConfig, TrainConfig
+from transformers_jax.models import family_of
+
+README_FILE = "README.md"
+CONFIG_FILE = "tjax_config.json"  # {"model": ..., "train": ...}: tjax train --config FILE
+
+
+def _changes(base: dict, now: dict, prefix: str = "") -> list[str]:
+    """``["position=alibi", "d_model=256"]``: the fields of ``now`` that differ from ``base``
+    (a switch whose entry changed is given by its name alone)."""
+    out = []
+    for key, value in now.items():
+        old = base.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            if value.get("name") != old.get("name"):
+                out.append(f"{prefix}{key}={value.get('name')}")
+            else:
+                out += _changes(old, value, f"{prefix}{key}.")
+        elif value != old:
+            out.append(f"{prefix}{key}={value}")
+    return out
+
+
+def _model_lines(model_cfg: ModelConfig, preset: str | None, n_params: int) -> list[str]:
+    c = model_cfg
+    layers = (f"{c.n_layers} encoder + {c.decoder_layers} decoder layers"
+              if family_of(c).cross_attention else f"{c.n_layers} layers")
+    heads = f"{c.n_heads} heads" + (f" ({c.kv_heads} key/value)" if c.kv_heads != c.n_heads
+                                    else "")
+    lines = []
+    if preset is not None:
+        changed = _changes(ModelConfig.preset(preset).to_dict(), c.to_dict())
+        lines.append(f"- preset: `{preset}`" + (
+            "; changed: " + "; ".join(f"`{d}`" for d in changed) if changed else " (unchanged)"))
+    lines += [
+        f"- family `{c.family}`: {layers}, d_model {c.d_model}, {heads} of {c.dims_per_head}, "
+        f"MLP {c.ff_dim} ({c.mlp}), vocabulary {c.vocab_size}",
+        f"- attention `{c.attention}`, mask `{c.mask}`, position `{c.position}`, norm "
+        f"`{c.norm}` ({c.norm_position}), biases {'yes' if c.use_bias else 'no'}, tied "
+        f"embeddings {'yes' if c.tie_embeddings else 'no'}, dtype {c.dtype}",
+        f"- parameters: {n_params:,}",
+    ]
+    return lines
+
+
+def _metric(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: dict, *,
+               data_description: str, tokenizer: str, preset: str | None = None,
+               command: str | None = None, version: str = "") -> str:
+    """The markdown text of ``RUN_DIR/README.md``."""
+    family = family_of(model_cfg)
+    quoted = shlex.quote(run_dir)
+    status = (f"stopped by {final['stopped_by']} at step {final['steps']} of {cfg.steps} (run "
+              "the same command again to continue)" if final.get("stopped_by")
+              else f"{final['steps']} of {cfg.steps} steps")
+    lines = [
+        f"# {preset or model_cfg.family} run",
+        "",
+        f"Trained with transformers-jax {version} ({time.strftime('%Y-%m-%d %H:%M:%S %Z')}): "
+        f"{status}.",
+        "",
+        "## Model",
+        "",
+        *_model_lines(model_cfg, preset, final["params"]),
+        "",
+        "## Data",
+        "",
+        f"- {data_description}",
+        f"- tokenizer: {tokenizer}; sequences of {cfg.seq_len} tokens, batches of "
+        f"{cfg.batch_size}" + (f", task `{cfg.task}`" if cfg.task else ""),
+        "",
+        "## Training",
+        "",
+        f"- steps {final['steps']} (asked {cfg.steps}), AdamW learning rate {cfg.learning_rate} "
+        f"(warm-up {cfg.warmup}, cosine to x{cfg.min_lr_ratio}), weight decay "
+        f"{cfg.weight_decay}, seed {cfg.seed}, strategy {cfg.strategy}",
+        "",
+        "| train loss | eval loss | eval accuracy | tokens/s | MFU |",
+        "|---|---|---|---|---|",
+        f"| {_metric(final.get('train_loss'))} | {_metric(final.get('eval_loss'))} | "
+        f"{_metric(final.get('eval_accuracy'))} | {final.get('tokens_per_s', 0):,.0f} | "
+        f"{100 * final.get('mfu', 0):.2f}% |",
+        "",
+        "Per-step metrics: `metrics.jsonl` (and `tensorboard/` when enabled).",
+        "",
+        "## Reproduce",
+        "",
+    ]
+    if command:
+        lines += ["The command that wrote this run (run it again to resume; with another "
+                  "`--run-dir` to train afresh):", "", "```", command, "```", ""]
+    lines += [f"Every setting, independent of defaults that may change: `{CONFIG_FILE}` in this "
+              "directory (`--run-dir` is in it: edit it to train afresh elsewhere):", "", "```",
+              f"tjax train --config {shlex.quote(os.path.join(run_dir, CONFIG_FILE))}", "```", "",
+              "## Use it", "", "```"]
+    if family.generates and model_cfg.mask.decodes:
+        lines.append(f"tjax sample --run {quoted} --prompt \"Once upon a time\" "
+                     "--max-new-tokens 100")
+    if family.fills_masks:
+        lines.append(f"tjax fill-mask --run {quoted} --text \"The [MASK] is blue.\"")
+    lines += [f"tjax eval --run {quoted}",
+              f"tjax convert --to-hf {shlex.quote(run_dir.rstrip('/') + '-hf')} --run {quoted}"
+              "   # a Hugging Face directory, where the architecture allows", "```", ""]
+    return "\n".join(lines)
+
+
+def write_run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: dict,
+                     **kwargs: Any) -> str:
+    """Write ``README.md`` and ``tjax_config.json`` into ``run_dir``; returns the README path."""
+    with open(os.path.join(run_dir, CONFIG_FILE), "w") as f:
+        json.dump({"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}, f,
+                  indent=2)
+        f.write("\n")
+    path = os.path.join(run_dir, README_FILE)
+    with open(path, "w") as f:
+        f.write(run_readme(run_dir, model_cfg, cfg, final, **kwargs))
+    return path
