@@ -43,7 +43,7 @@ from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
-from transformers_jax.overrides import CommandParser, int_list
+from transformers_jax.overrides import CommandParser, Once, int_list
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -241,15 +241,16 @@ def bench_parser() -> CommandParser:
         "and KV-cache decoding of one config and prints one JSON object. Default model: config "
         "a (a character-level GPT-2 shape, chunked attention with 64-wide tiles); every "
         "--model./--train. option of `tjax train --help` applies.", overrides=True)
-    parser.add_argument("--preset", metavar="NAME", help="start from a named model ('tjax "
-                        "presets' lists them); --model.* applies on top")
+    parser.add_argument("--preset", metavar="NAME", action=Once,
+                        help="start from a named model ('tjax presets' lists them); "
+                        "--model.* applies on top")
     parser.add_argument("--tiny", action="store_true",
                         help="the same code paths at a tiny size, in seconds (with --preset: "
                         "the preset's model, a tiny batch and step count)")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
                         help="untimed steps before timing")
-    parser.add_argument("--decode-batches", type=int_list, default=[1, 8], metavar="B,B",
+    parser.add_argument("--decode-batches", type=int_list, default="1,8", metavar="B,B",
                         help="comma-separated decoding batch sizes")
     parser.add_argument("--decode-prompt", type=int, default=None, metavar="N",
                         help="prompt tokens (default 16; 4 with --tiny)")

@@ -24,6 +24,7 @@ from transformers_jax.config import (
 from transformers_jax.overrides import (
     ALIASES,
     CommandParser,
+    Once,
     closest,
     describe_default,
     field_help,
@@ -38,8 +39,9 @@ def train_parser() -> CommandParser:
         "tjax train", "Train a model. Every field of the model and training configs is an "
         "option, --model.FIELD=VALUE or --train.FIELD=VALUE (listed below with its default); "
         "--config FILE.json loads both sections first.", overrides=True, epilog=option_help())
-    parser.add_argument("--preset", metavar="NAME", help="start from a named model ('tjax "
-                        "presets' lists them); the --model.* options apply on top of it")
+    parser.add_argument("--preset", metavar="NAME", action=Once,
+                        help="start from a named model ('tjax presets' lists them); "
+                        "the --model.* options apply on top of it")
     return parser
 
 

@@ -473,7 +473,7 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
                         step + 1,
                         last_eval,
                         f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f} "
-                        f"({last_eval['loss'] / math.log(2):.3f} bits/token)",
+                        f"({last_eval['loss'] / math.log(2):.3f} bits/{data.tokenizer.unit})",
                     )
                     if sampler is not None:
                         log.tracker.text("samples", step + 1,

@@ -114,6 +114,16 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+class Once(argparse.Action):
+    """An option that may be given once (or repeated with the same value)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        previous = getattr(namespace, self.dest)
+        if previous is not None and previous != value:
+            parser.error(f"{option_string} given twice ({previous!r} and {value!r}); pick one")
+        setattr(namespace, self.dest, value)
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Each option's default after its help, unless it has none worth showing."""
 

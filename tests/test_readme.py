@@ -1,0 +1,79 @@
+"""The README cannot go stale: every `tjax` command it shows parses (options, and for `train`
+and `bench` the whole config they build), and every error it quotes is what the CLI prints
+today, word for word."""
+
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from test_cli import subcommand_parsers
+
+from transformers_jax import cli
+from transformers_jax.bench import bench_configs
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def fenced_blocks(text: str) -> list[str]:
+    return re.findall(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M)
+
+
+def readme_commands() -> list[list[str]]:
+    """Each `tjax ...` line of a fenced block (continuations joined, comments dropped), as argv
+    after `tjax`, excluding the transcript commands (`$ tjax ...`), checked by their output."""
+    commands = []
+    for block in fenced_blocks(README.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            if re.match(r"tjax [\w-]+( |$)", line):  # not an error line, "tjax train: ..."
+                commands.append(shlex.split(line, comments=True)[1:])
+    return commands
+
+
+def readme_errors() -> list[tuple[list[str], str]]:
+    """``$ tjax ...`` lines followed by the ``tjax X: error: ...`` line the README quotes."""
+    pairs = []
+    for block in fenced_blocks(README.read_text()):
+        lines = block.splitlines()
+        for command, output in zip(lines, lines[1:], strict=False):
+            if command.startswith("$ tjax ") and re.match(r"tjax [\w-]+: error: ", output):
+                pairs.append((shlex.split(command[2:])[1:], output))
+    return pairs
+
+
+COMMANDS = readme_commands()
+ERRORS = readme_errors()
+
+
+def test_the_readme_shows_commands_and_errors():
+    assert len(COMMANDS) >= 20 and len(ERRORS) >= 2  # the extraction itself works
+    assert {argv[0] for argv in COMMANDS} >= {"train", "sample", "eval", "convert", "presets"}
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a)[:60] for a in COMMANDS])
+def test_every_readme_command_parses(argv, monkeypatch):
+    command, rest = argv[0], argv[1:]
+    assert command in cli.COMMANDS, f"tjax {command}: no such subcommand"
+    if command == "train" and "--config" not in rest:
+        cli.build_configs(rest)  # validates every value, as tjax train does before it starts
+    elif command == "bench":
+        bench_configs(rest)
+    else:
+        parser = subcommand_parsers(monkeypatch)[command]
+        monkeypatch.undo()
+        parser.parse(rest)
+
+
+@pytest.mark.parametrize("argv, printed", ERRORS, ids=[" ".join(a)[:60] for a, _ in ERRORS])
+def test_every_error_the_readme_quotes_is_printed_today(argv, printed):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = cli.main(argv)
+        except SystemExit as stop:
+            code = stop.code
+    assert code == 2
+    assert printed in err.getvalue().splitlines(), (
+        f"README quotes:\n{printed}\ntjax {' '.join(argv)} prints today:\n{err.getvalue()}")
