@@ -35,9 +35,11 @@ import functools
 import math
 from typing import Any, ClassVar, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from transformers_jax.config import ConfigError
 from transformers_jax.nn.masks import AttentionMask, as_dense
@@ -252,6 +254,17 @@ def reference_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size
 # xla and cudnn: jax.nn.dot_product_attention
 
 
+def target_platform() -> str:
+    """The platform this computation is being traced for: that of the mesh in context (set by
+    ``jax.set_mesh`` or a ``shard_map``), so an ahead-of-time compile for a TPU topology from a
+    CPU host picks the TPU path; else ``jax.default_backend()``. ``cuda``/``rocm`` read ``gpu``.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    platform = jax.default_backend() if device is None else device.platform
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 def _refuse_softcap(implementation: str, logit_softcap) -> None:
     if logit_softcap is not None:
         raise ValueError(
@@ -295,7 +308,7 @@ def cudnn_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=Non
     """cuDNN's fused flash attention through ``jax.nn``; NVIDIA GPUs, bf16/fp16 inputs."""
     del chunk_size
     _refuse_softcap("cudnn", logit_softcap)
-    backend = jax.default_backend()
+    backend = target_platform()
     if backend != "gpu":
         raise RuntimeError(
             f"attention implementation 'cudnn' needs an NVIDIA GPU (jax backend is "
@@ -356,11 +369,15 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
 
     Causal and packed-segment masks (and key padding, as a segment) only, causality by index
     (queries and keys aligned, no KV cache); bias on TPU only; grouped k/v heads are repeated to
-    the query heads. Untested in CI (no TPU or GPU there): BENCHMARKS.md says how to check it.
+    the query heads. The path follows the devices compiled for (``target_platform``), and the
+    kernel runs per shard inside ``shard_map`` over the batch and head mesh axes of the logical
+    rules in context (XLA cannot partition a Mosaic/Triton call itself), so it works under
+    every strategy and with FSDP or tensor parallelism. ``tjax plan`` compiles it for TPU; CI
+    has no TPU or GPU to run it on (BENCHMARKS.md says how to check it).
     """
     del chunk_size
     _refuse_softcap("pallas", logit_softcap)
-    backend = jax.default_backend()
+    backend = target_platform()
     if backend not in ("tpu", "gpu"):
         raise RuntimeError(
             f"attention implementation 'pallas' needs a TPU (Pallas flash attention) or an "
@@ -386,12 +403,16 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
         ab = None
         if bias is not None:
             ab = jnp.broadcast_to(_as_4d(bias), (b, h, q_len, k_len)).astype(jnp.float32)
-        out = tpu_flash.flash_attention(
-            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), ab=ab,
-            segment_ids=None if segments is None else tpu_flash.SegmentIds(*segments),
-            causal=causal, sm_scale=scale,
-        )
-        return out.transpose(0, 2, 1, 3).astype(q.dtype)
+
+        def kernel(q, k, v, ab, segments):  # [B, T, H, D] in and out, per shard
+            out = tpu_flash.flash_attention(
+                q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                ab=ab, segment_ids=None if segments is None else tpu_flash.SegmentIds(*segments),
+                causal=causal, sm_scale=scale,
+            )
+            return out.transpose(0, 2, 1, 3)
+
+        return _per_shard(kernel, q, k, v, ab, segments).astype(q.dtype)
     if bias is not None:
         raise ValueError(
             "attention implementation 'pallas' takes no bias on GPU (the Triton kernel has "
@@ -405,10 +426,43 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
             "the Pallas GPU kernel takes one segment-id array for queries and keys (packed "
             "self-attention); key padding or distinct key segments need cudnn or chunked"
         )
-    return gpu_attention.mha(
-        q, k, v, segment_ids=None if segments is None else segments[0], sm_scale=scale,
-        causal=causal,
-    ).astype(q.dtype)
+
+    def gpu_kernel(q, k, v, ab, segments):
+        del ab
+        return gpu_attention.mha(q, k, v, segment_ids=None if segments is None else segments[0],
+                                 sm_scale=scale, causal=causal)
+
+    return _per_shard(gpu_kernel, q, k, v, None, segments).astype(q.dtype)
+
+
+def _per_shard(kernel, q, k, v, ab, segments):
+    """``kernel(q, k, v, ab, segments)`` on each device's rows and heads: inside ``shard_map``
+    over the mesh axes that the logical rules in context give ``batch`` and ``heads`` (flax's
+    ``nn.logical_axis_rules``, set by the jit and single strategies). With no mesh or no rules
+    (pmap, or already inside the shard_map strategy), or where nothing is split, it is called
+    directly. An axis that does not divide its dimension (a small eval batch) is left whole."""
+    mesh = jax.sharding.get_abstract_mesh()
+    rules = nn.get_logical_axis_rules()
+    if mesh.empty or not rules:
+        return kernel(q, k, v, ab, segments)
+    free = {name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+            if kind != jax.sharding.AxisType.Manual}
+
+    def axes(logical: str, size: int):
+        names = nn.logical_to_mesh_axes((logical,), rules)[0]
+        names = () if names is None else ((names,) if isinstance(names, str) else tuple(names))
+        names = tuple(a for a in names if a in free and mesh.shape[a] > 1)
+        ways = math.prod(mesh.shape[a] for a in names)
+        return names if names and size % ways == 0 else None
+
+    batch, heads = axes("batch", q.shape[0]), axes("heads", q.shape[2])
+    if batch is None and heads is None:
+        return kernel(q, k, v, ab, segments)
+    qkv = P(batch, None, heads, None)
+    specs = (qkv, qkv, qkv, None if ab is None else P(batch, heads, None, None),
+             None if segments is None else (P(batch, None), P(batch, None)))
+    return jax.shard_map(kernel, in_specs=specs, out_specs=qkv, check_vma=False)(
+        q, k, v, ab, segments)
 
 
 # --------------------------------------------------------------------------------------------
