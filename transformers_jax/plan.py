@@ -131,8 +131,9 @@ def tpu_target(name: str, slices: int = 1) -> Target:
 
 
 # Reading the compiled program --------------------------------------------------------------
+# "%name = SHAPE op(" where SHAPE is an array or a tuple of them (layouts hold parentheses)
 _COLLECTIVE = re.compile(
-    r"=\s*(?P<shape>\([^=]*?\)|\S+\[[^\]]*\]\S*)\s+"
+    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(?P<shape>.*?)\s"
     r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
     r"(?P<start>-start)?\(")
 _ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128)"

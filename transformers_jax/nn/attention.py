@@ -372,7 +372,9 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
     the query heads. The path follows the devices compiled for (``target_platform``), and the
     kernel runs per shard inside ``shard_map`` over the batch and head mesh axes of the logical
     rules in context (XLA cannot partition a Mosaic/Triton call itself), so it works under
-    every strategy and with FSDP or tensor parallelism. ``tjax plan`` compiles it for TPU; CI
+    the single and jit strategies with any data/FSDP/tensor mesh, and under pmap. Not inside
+    the shard_map strategy: JAX's kernels give their outputs no varying-axis types, which
+    ``check_vma`` requires (a clear error says so). ``tjax plan`` compiles it for TPU; CI
     has no TPU or GPU to run it on (BENCHMARKS.md says how to check it).
     """
     del chunk_size
@@ -441,6 +443,12 @@ def _per_shard(kernel, q, k, v, ab, segments):
     ``nn.logical_axis_rules``, set by the jit and single strategies). With no mesh or no rules
     (pmap, or already inside the shard_map strategy), or where nothing is split, it is called
     directly. An axis that does not divide its dimension (a small eval batch) is left whole."""
+    if _vma(q, k, v, ab, segments):
+        raise ValueError(
+            "attention implementation 'pallas' cannot run inside train.strategy=shard_map: "
+            "JAX's Pallas kernels declare their outputs without the varying-axis types that "
+            "shard_map's check_vma needs; use train.strategy=jit (the same data parallelism "
+            "over a mesh, and the kernel is then mapped per shard here) or attention=chunked")
     mesh = jax.sharding.get_abstract_mesh()
     rules = nn.get_logical_axis_rules()
     if mesh.empty or not rules:
@@ -593,12 +601,33 @@ def _tile_scores(t: _Tiling, q_blk, k_blk, bias, qi, kj):
     return s, slope
 
 
-def _by_visibility(keep, compute, skipped):
+def _vma(*trees) -> frozenset:
+    """The mesh axes any leaf of ``trees`` varies over (inside ``shard_map``; else none)."""
+    def axes(x) -> frozenset:  # ShapedArray.vma in older JAX, .mat.varying since 0.9
+        aval = jax.typeof(x)
+        return frozenset(getattr(getattr(aval, "mat", None), "varying", None)
+                         or getattr(aval, "vma", None) or ())
+
+    return frozenset().union(*(axes(x) for x in jax.tree.leaves(trees)))
+
+
+def _vary(tree, vma: frozenset):
+    """Mark every leaf as varying over ``vma``: inside ``shard_map`` the branches of a cond
+    and the carries of a scan must agree, and fresh zeros vary over nothing."""
+    def cast(x):
+        missing = tuple(sorted(vma - _vma(x)))
+        return lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree) if vma else tree
+
+
+def _by_visibility(keep, compute, skipped, vma: frozenset = frozenset()):
     """``compute(keep)`` for a tile, or ``skipped()`` when no key of the tile is visible
-    (decided at run time)."""
+    (decided at run time); both vary over ``vma``."""
     if keep is None:
         return compute(None)
-    return lax.cond(jnp.any(keep), lambda: compute(keep), skipped)
+    return lax.cond(jnp.any(keep), lambda: _vary(compute(keep), vma),
+                    lambda: _vary(skipped(), vma))
 
 
 def _block(x: jax.Array, index, size: int, axis: int) -> jax.Array:
@@ -610,6 +639,7 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
     row ``[B, N, G, Qp]`` float32."""
     b, n, g, q_padded, d = q.shape
     num_q, num_k = q_padded // t.q_chunk, k.shape[2] // t.k_chunk
+    vma = _vma(q, k, v, bias, mask)
 
     def one_query_block(qi):
         q_blk = _block(q, qi, t.q_chunk, 3)  # [B, N, G, cq, D]
@@ -635,13 +665,13 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
                 return m_new, l * rescale + p.sum(axis=-1), acc * rescale[..., None] + pv
 
             keep = _tile_keep(t, mask, qi, kj)
-            return _by_visibility(keep, compute, lambda: carry), None
+            return _by_visibility(keep, compute, lambda: carry, vma), None
 
-        init = (
+        init = _vary((
             jnp.full((b, n, g, t.q_chunk), -jnp.inf, jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk), jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk, d), jnp.float32),
-        )
+        ), vma)
         (m, l, acc), _ = lax.scan(visit_key_block, init, jnp.arange(num_k))
         seen = l > 0  # False for rows that no key was visible to: output 0
         safe_l = jnp.where(seen, l, 1.0)
@@ -668,6 +698,7 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
     """FlashAttention-2 style: for each key block, sweep the query blocks, accumulating dk, dv
     for that block and adding into dq (and the bias gradient) tile by tile."""
     q, k, v, bias, mask, out, lse = residuals
+    vma = _vma(q, k, v, bias, mask, out, lse, d_out)
     num_q, num_k = q.shape[3] // t.q_chunk, k.shape[2] // t.k_chunk
     # delta_i = sum_j p_ij dp_ij = do_i . o_i, the softmax-backward row term; [B, N, G, Qp]
     delta = jnp.einsum("bngqd,bngqd->bngq", d_out, out, preferred_element_type=jnp.float32)
@@ -712,7 +743,7 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
                 return zeros_kv, zeros_kv, jnp.zeros(q_blk.shape, jnp.float32), zeros_ds
 
             dk_blk, dv_blk, dq_blk, ds = _by_visibility(
-                _tile_keep(t, mask, qi, kj), compute, skipped
+                _tile_keep(t, mask, qi, kj), compute, skipped, vma
             )
             start = qi * t.q_chunk
             dq = lax.dynamic_update_slice_in_dim(
@@ -722,16 +753,16 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
                 d_bias = _add_tile(d_bias, ds, start, kj * t.k_chunk)
             return (dk + dk_blk, dv + dv_blk, dq, d_bias), None
 
-        zeros_kv = jnp.zeros(k_blk.shape, jnp.float32)
+        zeros_kv = _vary(jnp.zeros(k_blk.shape, jnp.float32), vma)
         (dk, dv, dq, d_bias), _ = lax.scan(
             visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), jnp.arange(num_q)
         )
         return (dq, d_bias), (dk, dv)
 
-    init = (
+    init = _vary((
         jnp.zeros(q.shape, jnp.float32),
         None if bias is None else jnp.zeros(bias.shape, jnp.float32),
-    )
+    ), vma)
     (dq, d_bias), (dk, dv) = lax.scan(one_key_block, init, jnp.arange(num_k))
     dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape).astype(k.dtype)  # [nk, B, N, ck, D] -> k
     dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape).astype(v.dtype)

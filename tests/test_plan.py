@@ -1,0 +1,138 @@
+"""tjax plan: the real train step compiled for a TPU topology from this CPU host (libtpu).
+
+The compile tests need libtpu (``pip install -e ".[tpu]"``); without it they skip, unless
+``TJAX_REQUIRE_LIBTPU=1`` (CI sets it) makes a missing libtpu a failure. The parsing and
+roofline tests need nothing.
+"""
+
+import importlib.util
+import json
+import os
+
+import jax
+import pytest
+
+from transformers_jax import plan as planning
+from transformers_jax.cli import main
+from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
+from transformers_jax.registry import ATTENTION
+
+HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+if not HAVE_LIBTPU and os.environ.get("TJAX_REQUIRE_LIBTPU") == "1":
+    raise RuntimeError("TJAX_REQUIRE_LIBTPU=1 but libtpu is not installed: pip install -e '.[tpu]'")
+needs_libtpu = pytest.mark.skipif(
+    not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[tpu]'): cannot compile "
+    "for a TPU topology")
+
+TOPOLOGY = "v5e:2x2"  # the smallest: 4 chips, one host
+TINY = ModelConfig(vocab_size=256, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, max_len=128,
+                   dtype="bfloat16", dropout=0.0)
+TINY_PARAMS = 62_336  # count_params of build_model(TINY)'s initialised parameters
+TINY_TRAIN = TrainConfig(batch_size=4, seq_len=128, strategy="jit")
+TPU_ATTENTION = [name for name in ATTENTION.names() if "tpu" in ATTENTION.get(name).backends]
+AOT_STRATEGIES = {"single": None, "shard_map": "data=4", "jit": "data=1,fsdp=2,tensor=2"}
+
+
+# No libtpu needed ---------------------------------------------------------------------------
+HLO = """
+  %ag = bf16[512,256]{1,0} all-gather(%p), channel_id=2, replica_groups=[1,4]<=[4], dimensions={0}
+  %ar = (f32[1024]{0}, f32[8]{0}) all-reduce(%a, %b), replica_groups={{0,1},{2,3}}, to_apply=%add
+  %rs = f32[64]{0} reduce-scatter(%c), replica_groups=mesh['x'=4,'y'=2] {'x'}, dimensions={0}
+  %ags = (bf16[16]{0}, bf16[64]{0}) all-gather-start(%d), replica_groups=[2,4]<=[8]
+  %agd = bf16[64]{0} all-gather-done(%ags)
+  %add = f32[] add(%x, %y)
+"""
+
+
+def test_collectives_counts_and_ring_bytes():
+    got = planning.collectives(HLO, n_devices=8)
+    assert set(got) == {"all-gather", "all-reduce", "reduce-scatter"}
+    # all-gather: 512*256*2 bytes over 4 devices, plus the async one: 64*2 bytes over 4
+    assert got["all-gather"]["count"] == 2
+    assert got["all-gather"]["result_bytes"] == 512 * 256 * 2 + 128
+    assert got["all-gather"]["ici_bytes"] == pytest.approx(0.75 * (512 * 256 * 2 + 128))
+    # all-reduce of a tuple (4096 + 32 bytes) in groups of 2: 2 (n-1)/n = 1
+    assert got["all-reduce"]["ici_bytes"] == pytest.approx(4128)
+    # reduce-scatter over mesh axis x (4): (n-1) x result = 3 x 256
+    assert got["reduce-scatter"]["ici_bytes"] == pytest.approx(768)
+
+
+def test_roofline_adds_collectives_and_counts_model_flops():
+    chip = planning.CHIPS["v5e"]
+    target = planning.Target("v5e:2x2", chip, tuple(range(4)), chips=4, slices=1, hosts=1)
+    line = planning.roofline(per_device_flops=1.97e12, model_flops=0.985e12,
+                             bytes_accessed=8.19e8, ici_bytes=4e8, target=target)
+    assert line["compute_s"] == pytest.approx(0.01)  # 1.97e12 / 197e12
+    assert line["hbm_s"] == pytest.approx(0.001)
+    assert line["ici_s"] == pytest.approx(0.001)
+    assert line["step_s"] == pytest.approx(0.011)
+    assert line["mfu"] == pytest.approx(0.5 / 1.1)
+    assert line["bound"] == "compute"
+
+
+def test_candidate_meshes_cover_every_split():
+    meshes = planning.candidate_meshes(8)
+    assert meshes[0] == "data=8,fsdp=1,tensor=1"
+    assert len(meshes) == len(set(meshes)) == 10  # ordered factorisations of 8 into 3 parts
+    assert "data=1,fsdp=2,tensor=4" in meshes
+
+
+def test_bad_target_is_a_clear_error():
+    with pytest.raises(ConfigError, match="GENERATION:SHAPE"):
+        planning.tpu_target("v9z:2x2")
+    assert main(["plan", "--model.d_model=64"]) == 2  # no --target
+
+
+# libtpu: real compiles for TPU v5e 2x2 --------------------------------------------------------
+@pytest.fixture(autouse=True)
+def mxu_precision():
+    """conftest asks for float32 matmuls everywhere; Mosaic (the Pallas TPU kernel) cannot
+    contract bfloat16 at that precision, so these compiles use the TPU's default."""
+    with jax.default_matmul_precision("default"):
+        yield
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", sorted(AOT_STRATEGIES))
+@pytest.mark.parametrize("attention", TPU_ATTENTION)
+def test_train_step_compiles_for_tpu(attention, strategy):
+    target = planning.tpu_target(TOPOLOGY)
+    cfg = TINY_TRAIN.replace(strategy=strategy, mesh=AOT_STRATEGIES[strategy])
+    if (attention, strategy) == ("pallas", "shard_map"):  # a clear refusal, see pallas_attention
+        with pytest.raises(ValueError, match="cannot run inside train.strategy=shard_map"):
+            planning.compile_train(TINY.replace(attention=attention), cfg, target)
+        return
+    got = planning.compile_train(TINY.replace(attention=attention), cfg, target)
+    memory = got["memory"]
+    assert memory["argument_bytes"] > 0 and memory["generated_code_bytes"] > 0
+    assert memory["fits"] and memory["total_bytes"] < memory["hbm_bytes"] == 16 * 2**30
+    assert got["params"] == TINY_PARAMS  # the same model whatever the strategy
+    # XLA's FLOPs agree with the model's count (matmuls, forward + backward) to 25%
+    assert got["flops_per_device"] == pytest.approx(got["model_flops_per_device"], rel=0.25)
+    if strategy == "single":
+        assert got["devices"] == 1 and got["collectives"] == {}
+    elif strategy == "shard_map":  # one all-reduce of gradient sums over data
+        assert "all-reduce" in got["collectives"]
+    else:  # fsdp gathers parameters
+        assert got["collectives"]["all-gather"]["ici_bytes"] > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_plan_command_prints_the_plan_json(capsys):
+    argv = ["plan", "--target", TOPOLOGY, "--mesh", "data=2,fsdp=2", "--batch", "4",
+            "--seq-len", "128", "--model.vocab_size=256", "--model.d_model=64",
+            "--model.n_layers=1", "--model.n_heads=4", "--model.max_len=128",
+            "--model.attention=pallas", "--model.dtype=bfloat16"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"target", "model", "train", "decode", "note"} <= set(result)
+    assert result["target"]["chips"] == 4 and result["target"]["chip"] == "TPU v5e"
+    for step in ("train", "decode"):
+        got = result[step]
+        assert {"memory", "flops_per_device", "bytes_accessed_per_device", "collectives",
+                "ici_bytes_per_device", "roofline", "tokens_per_s"} <= set(got)
+        assert got["memory"]["fits"] and got["memory"]["argument_bytes"] > 0
+        assert 0 < got["roofline"]["mfu"] <= 1 and got["roofline"]["step_s"] > 0
+    assert result["train"]["mesh"] == "data=2,fsdp=2,tensor=1"
