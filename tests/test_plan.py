@@ -175,3 +175,13 @@ def test_pallas_with_segments_gqa_and_padding_compiles_sharded_for_tpu():
     hlo = compiled.as_text()
     assert "tpu_custom_call" in hlo  # the Mosaic kernel itself, not a fallback
     assert compiled.memory_analysis().argument_size_in_bytes > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_single_strategy_plan_decodes_on_one_chip():
+    target = planning.tpu_target(TOPOLOGY)
+    result = planning.plan(TINY.replace(attention="xla"), TINY_TRAIN.replace(strategy="single"),
+                           target)
+    assert result["train"]["devices"] == 1 and result["train"]["mesh"] == "data=1,fsdp=1,tensor=1"
+    assert result["decode"]["memory"]["fits"] and result["decode"]["collectives"] == {}

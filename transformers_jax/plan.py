@@ -287,11 +287,13 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
 
 
 def compile_decode(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
-                   batch_size: int, cache_len: int) -> dict[str, Any]:
+                   batch_size: int, cache_len: int, mesh_spec: str) -> dict[str, Any]:
     """Compile one KV-cache decoding step (``sample.decode_step``, batch ``batch_size`` over a
-    cache of ``cache_len`` slots) on the same mesh, parameters placed as in training."""
+    cache of ``cache_len`` slots) on the training mesh ``mesh_spec`` (the first devices of the
+    target when it uses fewer: strategy single), parameters placed as the jit strategy does."""
     model = build_model(model_cfg)
-    mesh = make_mesh(cfg.mesh if cfg.strategy == "jit" else None, devices=target.devices)
+    n = math.prod(int(part.split("=")[1]) for part in mesh_spec.split(","))  # format_mesh's
+    mesh = make_mesh(mesh_spec, devices=target.devices[:n])
     trainer = make_trainer("jit", model, make_optimizer(cfg),
                            _zeros(example_batch(model_cfg, mesh.size, 128)), mesh=mesh,
                            objective=objective_for(model_cfg.family))
@@ -463,11 +465,9 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
         result["train"] = compile_train(model_cfg, cfg, target)
     decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes
     if decode and decodes and result["train"] is not None:
-        chosen = result["train"]
-        best_cfg = dataclasses.replace(cfg, mesh=chosen["mesh"], strategy="jit")
         result["decode"] = compile_decode(
-            dataclasses.replace(model_cfg, remat="none"), best_cfg, target,
-            decode_batch or cfg.batch_size, cfg.seq_len)
+            dataclasses.replace(model_cfg, remat="none"), cfg, target,
+            decode_batch or cfg.batch_size, cfg.seq_len, result["train"]["mesh"])
     else:
         result["decode"] = None
     return result
