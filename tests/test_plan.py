@@ -185,3 +185,25 @@ def test_single_strategy_plan_decodes_on_one_chip():
                            target)
     assert result["train"]["devices"] == 1 and result["train"]["mesh"] == "data=1,fsdp=1,tensor=1"
     assert result["decode"]["memory"]["fits"] and result["decode"]["collectives"] == {}
+
+
+HAVE_CUDA_PLUGIN = importlib.util.find_spec("jax_cuda12_plugin") is not None
+
+
+@pytest.mark.skipif(not HAVE_CUDA_PLUGIN, reason="the CUDA plugin is not installed (pip install "
+                    "-e '.[gpu-plan]'): cannot compile for a GPU")
+@pytest.mark.slow
+def test_train_step_compiles_for_h100_without_a_gpu():
+    target = planning.make_target("h100:2")
+    assert target.devices[0].device_kind == planning.GPU_SPECS["h100"]
+    got = planning.compile_train(TINY.replace(attention="xla"),
+                                 TINY_TRAIN.replace(mesh="data=2"), target)
+    assert got["memory"]["fits"] and got["memory"]["argument_bytes"] > 0
+    assert got["params"] == TINY_PARAMS and "all-reduce" in got["collectives"]
+
+
+def test_gpu_target_description_carries_the_datasheet():
+    text = planning.gpu_target_config("h200")
+    assert "device_memory_size: 141000000000" in text
+    assert "memory_bandwidth: 4800000000000" in text
+    assert 'device_description_str: "NVIDIA H200"' in text

@@ -19,8 +19,12 @@ model's own count, ``train.flops``) and counts nothing inside a Pallas kernel; c
 bytes are per device for ring algorithms, moved at the datasheet's ICI bandwidth without
 overlap with compute (pessimistic) -- ``step_s_overlapped`` assumes perfect overlap.
 
-GPUs (H100/H200): JAX compiles for a GPU it does not have only from a GPU target description
-and the CUDA plugin; neither is set up here, so ``--target`` takes TPU topologies only.
+GPUs (``--target h100:8``, ``h200:2x8``: GPUs per host, hosts): with the CUDA plugin installed
+(``pip install -e ".[gpu-plan]"``: ``jax-cuda12-plugin`` without the CUDA libraries, ~180 MB),
+JAX's compile-only GPU topology takes a target description (``GpuTargetConfigProto``), written
+here from the datasheet (``GPU_SPECS``), and XLA compiles for it with no GPU present. XLA
+gives memory figures for such a compile but no cost analysis, so the compute term is the
+model's own FLOPs and the HBM term is absent; the interconnect is NVLink.
 """
 
 from __future__ import annotations
@@ -83,6 +87,24 @@ CHIPS: dict[str, Chip] = {
                 "1638 GB/s, 800 GB/s bidirectional ICI per chip)"),
 }
 
+# NVIDIA datasheets; bf16 dense is half the with-sparsity figure printed there.
+CHIPS["h100"] = Chip("NVIDIA H100 SXM", 989e12, 80e9, 3.35e12, 900e9,
+                     "https://www.nvidia.com/en-us/data-center/h100/ (bf16 1979 TFLOP/s with "
+                     "sparsity, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s)")
+CHIPS["h200"] = Chip("NVIDIA H200 SXM", 989e12, 141e9, 4.8e12, 900e9,
+                     "https://www.nvidia.com/en-us/data-center/h200/ (bf16 1979 TFLOP/s with "
+                     "sparsity, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s)")
+# What XLA's GPU compiler reads of a device (Hopper, compute capability 9.0: 132 SMs); the
+# memory size and bandwidth come from CHIPS.
+GPU_SPECS = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
+_HOPPER = {"threads_per_block_limit": 1024, "threads_per_warp": 32,
+           "shared_memory_per_block": 49152, "shared_memory_per_core": 233472,
+           "shared_memory_per_block_optin": 232448, "threads_per_core_limit": 2048,
+           "core_count": 132, "fpus_per_core": 128, "block_dim_limit_x": 2**31 - 1,
+           "block_dim_limit_y": 65535, "block_dim_limit_z": 65535, "l2_cache_size": 50 * 2**20,
+           "clock_rate_ghz": 1.98, "registers_per_core_limit": 65536,
+           "registers_per_block_limit": 65536}
+
 DEFAULT_REMATS = ("none", "dots_with_no_batch_dims_saveable", "full")
 
 
@@ -101,13 +123,60 @@ class Target:
         return max(1, len(self.devices) // self.chips)
 
 
+def gpu_target_config(generation: str) -> str:
+    """A ``GpuTargetConfigProto`` (text format) for a GPU of ``CHIPS``/``GPU_SPECS``."""
+    chip = CHIPS[generation]
+    fields = {**_HOPPER, "memory_bandwidth": int(chip.hbm_bytes_per_s),
+              "device_memory_size": int(chip.hbm_bytes)}
+    body = "\n".join(f"  {k}: {v}" for k, v in fields.items())
+    return (f"gpu_device_info {{\n{body}\n  cuda_compute_capability {{ major: 9 }}\n}}\n"
+            f'platform_name: "CUDA"\ndnn_version_info {{ major: 9 }}\n'
+            f'device_description_str: "{GPU_SPECS[generation]}"\n')
+
+
+def gpu_target(name: str) -> Target:
+    """``h100:8`` (8 GPUs on one host) or ``h200:2x8`` (2 hosts of 8): compile-only devices
+    from the CUDA plugin (the ``gpu-plan`` extra); the error says what is missing."""
+    generation, _, shape = name.partition(":")
+    if not re.fullmatch(r"\d+(x\d+)?", shape):
+        raise ConfigError(f"--target {name!r}: expected {generation}:GPUS or "
+                          f"{generation}:HOSTSxGPUS, e.g. {generation}:8")
+    hosts, _, per_host = shape.rpartition("x")
+    hosts, per_host = int(hosts or 1), int(per_host)
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # no CUDA libraries needed
+    try:
+        from jax.experimental import topologies
+
+        topology = topologies.get_topology_desc(
+            topology_name=name, platform="cuda", target_config=gpu_target_config(generation),
+            topology=f"1x{hosts}x{per_host}")
+    except Exception as err:
+        raise ConfigError(
+            f"--target {name!r}: cannot describe these GPUs ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]}); install the CUDA plugin with pip install -e "
+            "'.[gpu-plan]'") from None
+    devices = tuple(topology.devices)
+    return Target(name, CHIPS[generation], devices, len(devices), 1, hosts)
+
+
+def make_target(name: str, slices: int = 1) -> Target:
+    """A TPU topology (``v5e:2x4``) or a set of GPUs (``h100:8``)."""
+    if name.partition(":")[0] in GPU_SPECS:
+        if slices != 1:
+            raise ConfigError("--slices is for TPU targets; give GPUs as HOSTSxGPUS")
+        return gpu_target(name)
+    return tpu_target(name, slices)
+
+
 def tpu_target(name: str, slices: int = 1) -> Target:
     """The devices of TPU topology ``name`` (``v5e:2x4``, ``v5p:4x4x4``), ``slices`` times.
     Needs ``libtpu`` (the ``tpu`` extra); the error says so."""
     generation, _, shape = name.partition(":")
-    if generation not in CHIPS or not re.fullmatch(r"\d+(x\d+){1,2}", shape):
+    tpu = generation in CHIPS and generation not in GPU_SPECS
+    if not tpu or not re.fullmatch(r"\d+(x\d+){1,2}", shape):
         raise ConfigError(f"--target {name!r}: expected GENERATION:SHAPE with GENERATION one of "
-                          f"{', '.join(CHIPS)} and SHAPE like 2x4 or 2x2x1 (chips per axis)")
+                          f"{', '.join(c for c in CHIPS if c not in GPU_SPECS)} and SHAPE like "
+                          "2x4 or 2x2x1 (chips per axis), or h100:8 / h200:2x8 (GPUs)")
     if slices < 1:
         raise ConfigError(f"--slices {slices}: must be a positive integer")
     # libtpu takes a host-wide lock file unless told that several processes may load it;
@@ -211,6 +280,7 @@ def cost(compiled: Any) -> dict[str, float]:
     analysis = compiled.cost_analysis()
     if isinstance(analysis, list):  # older JAX: one dict per program
         analysis = analysis[0] if analysis else {}
+    analysis = analysis or {}  # none for a compile-only GPU
     return {"flops": float(analysis.get("flops", 0.0)),
             "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
 
@@ -386,7 +456,8 @@ per-device memory and whether it fits in HBM, FLOPs and bytes per step, the coll
 the bytes they move, and a datasheet roofline of step time and MFU (estimates, not runs).
 Every --model./--train. option of `tjax train --help` applies; the strategy defaults to jit.
 
-  --target GEN:SHAPE  v4, v5e, v5p or v6e and chips per axis, e.g. v5e:2x4, v5p:4x4x4
+  --target GEN:SHAPE  v4, v5e, v5p or v6e and chips per axis, e.g. v5e:2x4, v5p:4x4x4; or
+                      h100/h200 and GPUs (per host), e.g. h100:8, h200:2x8 (gpu-plan extra)
   --slices N          that many slices (multi-slice; default 1)
   --search            try every mesh (and remat policy until one fits); report the fastest fit
   --remats A,B        remat policies --search tries, cheapest first (default
@@ -452,8 +523,8 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
         "seq_len": cfg.seq_len,
         "grad_accum": cfg.grad_accum,
         "jax": jax.__version__,
-        "note": "compiler figures (XLA memory and cost analysis of the compiled TPU program) "
-                "and a datasheet roofline: estimates, not measured runs",
+        "note": "compiler figures (XLA memory and cost analysis of the program compiled for "
+                "the target) and a datasheet roofline: estimates, not measured runs",
     }
     if do_search:
         found = search(model_cfg, cfg, target, remats, log)
@@ -487,7 +558,7 @@ def main(argv: list[str], build_configs: Callable[[list[str]], tuple[ModelConfig
     if not any(a.startswith("--train.strategy") for a in rest):
         rest = ["--train.strategy=jit", *rest]  # plans are for meshes: jit unless told
     model_cfg, cfg = build_configs(rest)
-    target = tpu_target(options["--target"], options.get("--slices", 1))
+    target = make_target(options["--target"], options.get("--slices", 1))
     remats = tuple(r for r in options.get("--remats", ",".join(DEFAULT_REMATS)).split(",") if r)
     result = plan(model_cfg, cfg, target, do_search=options.get("--search", False),
                   remats=remats, decode=not options.get("--no-decode", False),
