@@ -207,3 +207,20 @@ def test_gpu_target_description_carries_the_datasheet():
     assert "device_memory_size: 141000000000" in text
     assert "memory_bandwidth: 4800000000000" in text
     assert 'device_description_str: "NVIDIA H200"' in text
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_search_keeps_the_fastest_fit_and_skips_meshes_that_cannot_split():
+    target = planning.tpu_target(TOPOLOGY)
+    model = TINY.replace(attention="xla", n_heads=2, n_kv_heads=None)  # 2 heads: not tensor=4
+    result = planning.plan(model, TINY_TRAIN, target, do_search=True, remats=("none",),
+                           decode=False)
+    rows = result["search"]
+    assert len(rows) == len(planning.candidate_meshes(4)) == 6
+    skipped = [r for r in rows if "skipped" in r]
+    assert [r["mesh"] for r in skipped] == ["data=1,fsdp=1,tensor=4"]
+    assert "cannot be split evenly" in skipped[0]["skipped"]
+    fits = [r for r in rows if r.get("fits")]
+    assert result["train"]["roofline"]["step_s"] == min(r["step_s"] for r in fits)
+    assert result["train"]["mesh"] in {r["mesh"] for r in fits}
