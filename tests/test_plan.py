@@ -224,3 +224,27 @@ def test_search_keeps_the_fastest_fit_and_skips_meshes_that_cannot_split():
     fits = [r for r in rows if r.get("fits")]
     assert result["train"]["roofline"]["step_s"] == min(r["step_s"] for r in fits)
     assert result["train"]["mesh"] in {r["mesh"] for r in fits}
+
+
+@pytest.mark.parametrize("strategy,mesh", [("jit", "data=2,fsdp=2,tensor=2"),
+                                           ("shard_map", "data=8")])
+def test_abstract_state_matches_the_real_state_without_allocating(strategy, mesh):
+    """What plan compiles against: the state's shapes, dtypes and shardings, from shapes only."""
+    import numpy as np
+
+    from transformers_jax.models import build_model
+    from transformers_jax.parallel import make_trainer
+    from transformers_jax.train.optim import make_optimizer
+
+    model_cfg = TINY.replace(attention="xla", dtype="float32", max_len=16)
+    example = {"inputs": np.zeros((8, 16), np.int32), "targets": np.zeros((8, 16), np.int32)}
+    trainer = make_trainer(strategy, build_model(model_cfg), make_optimizer(TINY_TRAIN),
+                           example, mesh=mesh)
+    abstract, real = trainer.abstract_state(), trainer.init_state(0)
+    pairs = zip(jax.tree.leaves(abstract), jax.tree.leaves(real), strict=True)
+    for shape, array in pairs:
+        assert isinstance(shape, jax.ShapeDtypeStruct)
+        assert (shape.shape, shape.dtype) == (array.shape, array.dtype)
+        assert shape.sharding.is_equivalent_to(array.sharding, array.ndim)
+    batch = trainer.abstract_batch(example)
+    assert batch["inputs"].sharding.spec[0] in ("data", ("data", "fsdp"))
