@@ -65,7 +65,7 @@ def row(name: str, target_name: str, attention: str) -> dict:
     result = plan(model_cfg, cfg, target, do_search=True, remats=DEFAULT_REMATS, decode=False,
                   log=lambda text: print(f"  {name} {target_name}: {text}", file=sys.stderr))
     best = result["train"]
-    command = " ".join(["tjax plan --target", target_name, "--search", *argv])
+    command = " ".join(["tjax plan --target", target_name, "--search --no-decode", *argv])
     out = {"config": name, "target": target_name, "batch": batch, "seq_len": seq_len,
            "attention": attention, "fits": best is not None, "command": command,
            "plan_s": time.perf_counter() - wall}
