@@ -525,3 +525,24 @@ def test_chunked_jit_and_deterministic():
     grad = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2, 3)))
     for g1, g2 in zip(grad(q, k, v, bias, mask), grad(q, k, v, bias, mask), strict=True):
         np.testing.assert_array_equal(g1, g2)
+
+
+def test_chunked_gradient_inside_shard_map_matches_one_device():
+    """Under shard_map (check_vma) a skipped tile's zeros must vary like a computed tile's
+    values: the chunked kernel's cond and scans once failed to trace there."""
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    from transformers_jax.nn.masks import AttentionMask
+
+    def loss(q):
+        pos = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
+        mask = AttentionMask(q_positions=pos, kv_positions=pos, causal=True)
+        out = dot_product_attention(q, q, q, mask=mask, implementation="chunked", chunk_size=16)
+        return (out * out).sum()
+
+    q = jax.random.normal(jax.random.key(0), (4, 64, 2, 8))
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,),
+                         devices=jax.devices()[:4])
+    sharded = jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+    np.testing.assert_allclose(jax.jit(sharded)(q), jax.grad(loss)(q), rtol=1e-5, atol=1e-6)

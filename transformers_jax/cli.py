@@ -259,8 +259,16 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def cmd_plan(argv: list[str]) -> int:
+    from transformers_jax.plan import main as plan_main
+
+    # The config is read by build_configs, as for tjax train (--preset, --model.*, --train.*)
+    return plan_main(argv, build_configs)
+
+
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
-            "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets}
+            "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets,
+            "plan": cmd_plan}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,12 +158,15 @@ class CommandParser(argparse.ArgumentParser):
     def parse(self, argv: list[str]) -> tuple[argparse.Namespace, dict[str, str], str | None]:
         """``(options, overrides, --config file)``. Bad options exit 2 with a message (argparse);
         bad overrides raise ``ConfigError`` (``tjax`` prints it and exits 2)."""
+        # a misspelt option first: argparse would complain of a missing required one
+        known = {*self.options(), "--help"}
+        if self.takes_overrides:
+            known |= {*ALIASES, *FLAGS, "--config"}
+        unknown = [a for a in argv if a.startswith("--") and a.partition("=")[0] not in known
+                   and not (self.takes_overrides and a.startswith(("--model.", "--train.")))]
+        if unknown:
+            self.error("unrecognized arguments: " + " ".join(unknown))
         if not self.takes_overrides:
-            # a misspelt option first: argparse would complain of a missing required one
-            known = {*self.options(), "--help"}
-            unknown = [a for a in argv if a.startswith("--") and a.partition("=")[0] not in known]
-            if unknown:
-                self.error("unrecognized arguments: " + " ".join(unknown))
             return self.parse_args(argv), {}, None
         args, rest = self.parse_known_args(argv)
         overrides, config_file = parse_overrides(rest, self.options())  # ConfigError: exit 2

@@ -35,9 +35,11 @@ import functools
 import math
 from typing import Any, ClassVar, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from transformers_jax.config import ConfigError
 from transformers_jax.nn.masks import AttentionMask, as_dense
@@ -252,6 +254,17 @@ def reference_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size
 # xla and cudnn: jax.nn.dot_product_attention
 
 
+def target_platform() -> str:
+    """The platform this computation is being traced for: that of the mesh in context (set by
+    ``jax.set_mesh`` or a ``shard_map``), so an ahead-of-time compile for a TPU topology from a
+    CPU host picks the TPU path; else ``jax.default_backend()``. ``cuda``/``rocm`` read ``gpu``.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    platform = jax.default_backend() if device is None else device.platform
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 def _refuse_softcap(implementation: str, logit_softcap) -> None:
     if logit_softcap is not None:
         raise ValueError(
@@ -295,7 +308,7 @@ def cudnn_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=Non
     """cuDNN's fused flash attention through ``jax.nn``; NVIDIA GPUs, bf16/fp16 inputs."""
     del chunk_size
     _refuse_softcap("cudnn", logit_softcap)
-    backend = jax.default_backend()
+    backend = target_platform()
     if backend != "gpu":
         raise RuntimeError(
             f"attention implementation 'cudnn' needs an NVIDIA GPU (jax backend is "
@@ -356,11 +369,17 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
 
     Causal and packed-segment masks (and key padding, as a segment) only, causality by index
     (queries and keys aligned, no KV cache); bias on TPU only; grouped k/v heads are repeated to
-    the query heads. Untested in CI (no TPU or GPU there): BENCHMARKS.md says how to check it.
+    the query heads. The path follows the devices compiled for (``target_platform``), and the
+    kernel runs per shard inside ``shard_map`` over the batch and head mesh axes of the logical
+    rules in context (XLA cannot partition a Mosaic/Triton call itself), so it works under
+    the single and jit strategies with any data/FSDP/tensor mesh, and under pmap. Not inside
+    the shard_map strategy: JAX's kernels give their outputs no varying-axis types, which
+    ``check_vma`` requires (a clear error says so). ``tjax plan`` compiles it for TPU; CI
+    has no TPU or GPU to run it on (BENCHMARKS.md says how to check it).
     """
     del chunk_size
     _refuse_softcap("pallas", logit_softcap)
-    backend = jax.default_backend()
+    backend = target_platform()
     if backend not in ("tpu", "gpu"):
         raise RuntimeError(
             f"attention implementation 'pallas' needs a TPU (Pallas flash attention) or an "
@@ -386,12 +405,16 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
         ab = None
         if bias is not None:
             ab = jnp.broadcast_to(_as_4d(bias), (b, h, q_len, k_len)).astype(jnp.float32)
-        out = tpu_flash.flash_attention(
-            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), ab=ab,
-            segment_ids=None if segments is None else tpu_flash.SegmentIds(*segments),
-            causal=causal, sm_scale=scale,
-        )
-        return out.transpose(0, 2, 1, 3).astype(q.dtype)
+
+        def kernel(q, k, v, ab, segments):  # [B, T, H, D] in and out, per shard
+            out = tpu_flash.flash_attention(
+                q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                ab=ab, segment_ids=None if segments is None else tpu_flash.SegmentIds(*segments),
+                causal=causal, sm_scale=scale,
+            )
+            return out.transpose(0, 2, 1, 3)
+
+        return _per_shard(kernel, q, k, v, ab, segments).astype(q.dtype)
     if bias is not None:
         raise ValueError(
             "attention implementation 'pallas' takes no bias on GPU (the Triton kernel has "
@@ -405,10 +428,49 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
             "the Pallas GPU kernel takes one segment-id array for queries and keys (packed "
             "self-attention); key padding or distinct key segments need cudnn or chunked"
         )
-    return gpu_attention.mha(
-        q, k, v, segment_ids=None if segments is None else segments[0], sm_scale=scale,
-        causal=causal,
-    ).astype(q.dtype)
+
+    def gpu_kernel(q, k, v, ab, segments):
+        del ab
+        return gpu_attention.mha(q, k, v, segment_ids=None if segments is None else segments[0],
+                                 sm_scale=scale, causal=causal)
+
+    return _per_shard(gpu_kernel, q, k, v, None, segments).astype(q.dtype)
+
+
+def _per_shard(kernel, q, k, v, ab, segments):
+    """``kernel(q, k, v, ab, segments)`` on each device's rows and heads: inside ``shard_map``
+    over the mesh axes that the logical rules in context give ``batch`` and ``heads`` (flax's
+    ``nn.logical_axis_rules``, set by the jit and single strategies). With no mesh or no rules
+    (pmap, or already inside the shard_map strategy), or where nothing is split, it is called
+    directly. An axis that does not divide its dimension (a small eval batch) is left whole."""
+    if _vma(q, k, v, ab, segments):
+        raise ValueError(
+            "attention implementation 'pallas' cannot run inside train.strategy=shard_map: "
+            "JAX's Pallas kernels declare their outputs without the varying-axis types that "
+            "shard_map's check_vma needs; use train.strategy=jit (the same data parallelism "
+            "over a mesh, and the kernel is then mapped per shard here) or attention=chunked")
+    mesh = jax.sharding.get_abstract_mesh()
+    rules = nn.get_logical_axis_rules()
+    if mesh.empty or not rules:
+        return kernel(q, k, v, ab, segments)
+    free = {name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+            if kind != jax.sharding.AxisType.Manual}
+
+    def axes(logical: str, size: int):
+        names = nn.logical_to_mesh_axes((logical,), rules)[0]
+        names = () if names is None else ((names,) if isinstance(names, str) else tuple(names))
+        names = tuple(a for a in names if a in free and mesh.shape[a] > 1)
+        ways = math.prod(mesh.shape[a] for a in names)
+        return names if names and size % ways == 0 else None
+
+    batch, heads = axes("batch", q.shape[0]), axes("heads", q.shape[2])
+    if batch is None and heads is None:
+        return kernel(q, k, v, ab, segments)
+    qkv = P(batch, None, heads, None)
+    specs = (qkv, qkv, qkv, None if ab is None else P(batch, heads, None, None),
+             None if segments is None else (P(batch, None), P(batch, None)))
+    return jax.shard_map(kernel, in_specs=specs, out_specs=qkv, check_vma=False)(
+        q, k, v, ab, segments)
 
 
 # --------------------------------------------------------------------------------------------
@@ -539,12 +601,33 @@ def _tile_scores(t: _Tiling, q_blk, k_blk, bias, qi, kj):
     return s, slope
 
 
-def _by_visibility(keep, compute, skipped):
+def _vma(*trees) -> frozenset:
+    """The mesh axes any leaf of ``trees`` varies over (inside ``shard_map``; else none)."""
+    def axes(x) -> frozenset:  # ShapedArray.vma in older JAX, .mat.varying since 0.9
+        aval = jax.typeof(x)
+        return frozenset(getattr(getattr(aval, "mat", None), "varying", None)
+                         or getattr(aval, "vma", None) or ())
+
+    return frozenset().union(*(axes(x) for x in jax.tree.leaves(trees)))
+
+
+def _vary(tree, vma: frozenset):
+    """Mark every leaf as varying over ``vma``: inside ``shard_map`` the branches of a cond
+    and the carries of a scan must agree, and fresh zeros vary over nothing."""
+    def cast(x):
+        missing = tuple(sorted(vma - _vma(x)))
+        return lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree) if vma else tree
+
+
+def _by_visibility(keep, compute, skipped, vma: frozenset = frozenset()):
     """``compute(keep)`` for a tile, or ``skipped()`` when no key of the tile is visible
-    (decided at run time)."""
+    (decided at run time); both vary over ``vma``."""
     if keep is None:
         return compute(None)
-    return lax.cond(jnp.any(keep), lambda: compute(keep), skipped)
+    return lax.cond(jnp.any(keep), lambda: _vary(compute(keep), vma),
+                    lambda: _vary(skipped(), vma))
 
 
 def _block(x: jax.Array, index, size: int, axis: int) -> jax.Array:
@@ -556,6 +639,7 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
     row ``[B, N, G, Qp]`` float32."""
     b, n, g, q_padded, d = q.shape
     num_q, num_k = q_padded // t.q_chunk, k.shape[2] // t.k_chunk
+    vma = _vma(q, k, v, bias, mask)
 
     def one_query_block(qi):
         q_blk = _block(q, qi, t.q_chunk, 3)  # [B, N, G, cq, D]
@@ -581,13 +665,13 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
                 return m_new, l * rescale + p.sum(axis=-1), acc * rescale[..., None] + pv
 
             keep = _tile_keep(t, mask, qi, kj)
-            return _by_visibility(keep, compute, lambda: carry), None
+            return _by_visibility(keep, compute, lambda: carry, vma), None
 
-        init = (
+        init = _vary((
             jnp.full((b, n, g, t.q_chunk), -jnp.inf, jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk), jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk, d), jnp.float32),
-        )
+        ), vma)
         (m, l, acc), _ = lax.scan(visit_key_block, init, jnp.arange(num_k))
         seen = l > 0  # False for rows that no key was visible to: output 0
         safe_l = jnp.where(seen, l, 1.0)
@@ -614,6 +698,7 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
     """FlashAttention-2 style: for each key block, sweep the query blocks, accumulating dk, dv
     for that block and adding into dq (and the bias gradient) tile by tile."""
     q, k, v, bias, mask, out, lse = residuals
+    vma = _vma(q, k, v, bias, mask, out, lse, d_out)
     num_q, num_k = q.shape[3] // t.q_chunk, k.shape[2] // t.k_chunk
     # delta_i = sum_j p_ij dp_ij = do_i . o_i, the softmax-backward row term; [B, N, G, Qp]
     delta = jnp.einsum("bngqd,bngqd->bngq", d_out, out, preferred_element_type=jnp.float32)
@@ -658,7 +743,7 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
                 return zeros_kv, zeros_kv, jnp.zeros(q_blk.shape, jnp.float32), zeros_ds
 
             dk_blk, dv_blk, dq_blk, ds = _by_visibility(
-                _tile_keep(t, mask, qi, kj), compute, skipped
+                _tile_keep(t, mask, qi, kj), compute, skipped, vma
             )
             start = qi * t.q_chunk
             dq = lax.dynamic_update_slice_in_dim(
@@ -668,16 +753,16 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
                 d_bias = _add_tile(d_bias, ds, start, kj * t.k_chunk)
             return (dk + dk_blk, dv + dv_blk, dq, d_bias), None
 
-        zeros_kv = jnp.zeros(k_blk.shape, jnp.float32)
+        zeros_kv = _vary(jnp.zeros(k_blk.shape, jnp.float32), vma)
         (dk, dv, dq, d_bias), _ = lax.scan(
             visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), jnp.arange(num_q)
         )
         return (dq, d_bias), (dk, dv)
 
-    init = (
+    init = _vary((
         jnp.zeros(q.shape, jnp.float32),
         None if bias is None else jnp.zeros(bias.shape, jnp.float32),
-    )
+    ), vma)
     (dq, d_bias), (dk, dv) = lax.scan(one_key_block, init, jnp.arange(num_k))
     dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape).astype(k.dtype)  # [nk, B, N, ck, D] -> k
     dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape).astype(v.dtype)

@@ -231,6 +231,12 @@ class ParallelTrainer:
     ``trainer.unreplicate(state)`` gives the plain ``TrainState`` (one copy of every array);
     ``trainer.place_state(state)`` does the reverse (e.g. for a restored checkpoint).
 
+    Ahead of time (``tjax plan``): ``trainer.abstract_state()`` gives the state's shapes and
+    shardings without allocating anything (nor setting a mesh inside a trace), and
+    ``trainer.lower(state, trainer.abstract_batch(batch))`` lowers the real step for the
+    mesh's devices, which need not be this host's (a TPU topology from
+    ``jax.experimental.topologies``). Every strategy but ``pmap`` (bound to local devices).
+
     Several processes: each may build only its own rows of the global batch,
     ``batch[trainer.local_rows(B)]``, and pass them as ``trainer.place_batch(rows,
     local=True)``; or every process passes the whole global batch and keeps its rows.
@@ -248,11 +254,30 @@ class ParallelTrainer:
     _train_step: Callable
     _eval_step: Callable
     state_shardings: Any = None  # jit/single: the NamedSharding of every state leaf
+    abstract_state: Callable[[], TrainState] | None = None  # None: pmap (local devices only)
+    batch_shardings: Callable[[dict], dict] | None = None  # batch -> NamedSharding per key
 
     def _context(self):
         if self.strategy in ("jit", "single"):
             return mesh_rules(self.mesh, self.rules)
         return contextlib.nullcontext()
+
+    def abstract_batch(self, batch: dict) -> dict:
+        """``jax.ShapeDtypeStruct`` per key of a global batch (arrays or shapes), placed as
+        the step wants it."""
+        shardings = self.batch_shardings(batch)
+        return {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype, sharding=shardings[k])
+                for k, v in batch.items()}
+
+    def lower(self, state: Any, batch: dict) -> Any:
+        """The train step lowered for (abstract or real) ``state`` and ``batch``;
+        ``.compile()`` it for its memory and cost analysis."""
+        if self.abstract_state is None:
+            raise ConfigError(f"train.strategy={self.strategy!r} runs on this host's devices "
+                              "only and cannot be compiled ahead of time for other devices; "
+                              "use jit, shard_map or single")
+        with self._context():
+            return self._train_step.lower(state, batch)
 
     def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         if _is_host_batch(batch):
@@ -274,6 +299,15 @@ def mesh_rules(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES):
     model's ``nn.with_logical_constraint`` calls then become real sharding constraints (with
     no mesh or no rules they are no-ops, which is what pmap and shard_map want)."""
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        yield
+
+
+@contextlib.contextmanager
+def _traced_for(mesh: Mesh, rules: LogicalRules):
+    """Shapes evaluated (``jax.eval_shape``) for the mesh's devices: its abstract mesh only,
+    so eager values made meanwhile (a PRNG key) stay on this host even when the mesh's
+    devices are a compile target elsewhere."""
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
         yield
 
 
@@ -322,7 +356,9 @@ def make_trainer(
                 f"train.strategy='single' runs on one device, but this is one of "
                 f"{jax.process_count()} processes; use train.strategy=jit (or pmap/shard_map)"
             )
-        mesh = make_mesh("data=1", devices=jax.devices()[:1])
+        # one device: of the mesh given (a compile target), else this host's first
+        first = mesh.devices.flat[:1] if isinstance(mesh, Mesh) else jax.devices()[:1]
+        mesh = make_mesh("data=1", devices=list(first))
     elif not isinstance(mesh, Mesh):
         mesh = make_mesh(mesh)
     _check_strategy_mesh(strategy, mesh)
@@ -358,11 +394,12 @@ class _Setup:
 
 def _jit_trainer(c: _Setup) -> ParallelTrainer:
     mesh, rules = c.mesh, c.rules
-    abstract = abstract_variables(c.model, c.example_batch, c.inputs)
+    with _traced_for(mesh, rules):  # which path attention takes follows the mesh's devices
+        abstract = abstract_variables(c.model, c.example_batch, c.inputs)
+        abstract_state = jax.eval_shape(lambda: c.init(0))
     check_shardable(abstract["params"], mesh, rules)
     param_sh = mesh_shardings(abstract["params"], mesh, rules)
     replicated = NamedSharding(mesh, P())
-    abstract_state = jax.eval_shape(lambda: c.init(0))
     opt_sh = optax.tree_utils.tree_map_params(
         c.optimizer, lambda _, s: s, abstract_state.opt_state, param_sh,
         transform_non_params=lambda _: replicated,
@@ -391,6 +428,9 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
         with mesh_rules(mesh, rules):
             return c.init(seed, out_shardings=state_sh)
 
+    def placed_abstract_state() -> TrainState:
+        return _with_shardings(abstract_state, state_sh)
+
     return ParallelTrainer(
         strategy=c.strategy, mesh=mesh, grad_accum=c.grad_accum, rules=rules, init_state=init,
         place_state=lambda state: jax.device_put(state, state_sh),
@@ -398,8 +438,24 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
         _train_step=jax.jit(train_step, out_shardings=(state_sh, replicated),
                             donate_argnums=c.donate),
         _eval_step=jax.jit(eval_step, out_shardings=replicated),
-        state_shardings=state_sh,
+        state_shardings=state_sh, abstract_state=placed_abstract_state,
+        batch_shardings=lambda batch: batch_shardings(batch, mesh, rules),
     )
+
+
+def _abstract_init(c: _Setup, mesh: Mesh) -> TrainState:
+    """The initial state's shapes, traced for the mesh's devices (no rules: replicated)."""
+    with _traced_for(mesh, ()):
+        return jax.eval_shape(lambda: c.init(0))
+
+
+def _with_shardings(shapes: Any, shardings: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves carrying their shardings (one sharding for all, or a
+    matching tree)."""
+    if isinstance(shardings, NamedSharding):
+        shardings = jax.tree.map(lambda _: shardings, shapes)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, shardings)
 
 
 def _pmap_trainer(c: _Setup) -> ParallelTrainer:
@@ -515,4 +571,6 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
         place_state=lambda state: jax.device_put(state, replicated),
         place_batch=place_batch, local_rows=local_rows, unreplicate=lambda state: state,
         _train_step=jax.jit(sm_step, donate_argnums=c.donate), _eval_step=jax.jit(sm_eval),
+        abstract_state=lambda: _with_shardings(_abstract_init(c, mesh), replicated),
+        batch_shardings=lambda batch: {k: NamedSharding(mesh, data) for k in batch},
     )

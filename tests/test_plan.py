@@ -1,0 +1,252 @@
+"""tjax plan: the real train step compiled for a TPU topology from this CPU host (libtpu).
+
+The compile tests need libtpu (``pip install -e ".[tpu]"``); without it they skip, unless
+``TJAX_REQUIRE_LIBTPU=1`` (CI sets it) makes a missing libtpu a failure. The parsing and
+roofline tests need nothing.
+"""
+
+import importlib.util
+import json
+import os
+
+import jax
+import pytest
+
+from transformers_jax import plan as planning
+from transformers_jax.cli import main
+from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
+from transformers_jax.registry import ATTENTION
+
+HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+if not HAVE_LIBTPU and os.environ.get("TJAX_REQUIRE_LIBTPU") == "1":
+    raise RuntimeError("TJAX_REQUIRE_LIBTPU=1 but libtpu is not installed: pip install -e '.[tpu]'")
+needs_libtpu = pytest.mark.skipif(
+    not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[tpu]'): cannot compile "
+    "for a TPU topology")
+
+TOPOLOGY = "v5e:2x2"  # the smallest: 4 chips, one host
+TINY = ModelConfig(vocab_size=256, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, max_len=128,
+                   dtype="bfloat16", dropout=0.0)
+TINY_PARAMS = 62_336  # count_params of build_model(TINY)'s initialised parameters
+TINY_TRAIN = TrainConfig(batch_size=4, seq_len=128, strategy="jit")
+TPU_ATTENTION = [name for name in ATTENTION.names() if "tpu" in ATTENTION.get(name).backends]
+AOT_STRATEGIES = {"single": None, "shard_map": "data=4", "jit": "data=1,fsdp=2,tensor=2"}
+
+
+# No libtpu needed ---------------------------------------------------------------------------
+HLO = """
+  %ag = bf16[512,256]{1,0} all-gather(%p), channel_id=2, replica_groups=[1,4]<=[4], dimensions={0}
+  %ar = (f32[1024]{0}, f32[8]{0}) all-reduce(%a, %b), replica_groups={{0,1},{2,3}}, to_apply=%add
+  %rs = f32[64]{0} reduce-scatter(%c), replica_groups=mesh['x'=4,'y'=2] {'x'}, dimensions={0}
+  %ags = (bf16[16]{0}, bf16[64]{0}) all-gather-start(%d), replica_groups=[2,4]<=[8]
+  %agd = bf16[64]{0} all-gather-done(%ags)
+  %add = f32[] add(%x, %y)
+"""
+
+
+def test_collectives_counts_and_ring_bytes():
+    got = planning.collectives(HLO, n_devices=8)
+    assert set(got) == {"all-gather", "all-reduce", "reduce-scatter"}
+    # all-gather: 512*256*2 bytes over 4 devices, plus the async one: 64*2 bytes over 4
+    assert got["all-gather"]["count"] == 2
+    assert got["all-gather"]["result_bytes"] == 512 * 256 * 2 + 128
+    assert got["all-gather"]["ici_bytes"] == pytest.approx(0.75 * (512 * 256 * 2 + 128))
+    # all-reduce of a tuple (4096 + 32 bytes) in groups of 2: 2 (n-1)/n = 1
+    assert got["all-reduce"]["ici_bytes"] == pytest.approx(4128)
+    # reduce-scatter over mesh axis x (4): (n-1) x result = 3 x 256
+    assert got["reduce-scatter"]["ici_bytes"] == pytest.approx(768)
+
+
+def test_roofline_adds_collectives_and_counts_model_flops():
+    chip = planning.CHIPS["v5e"]
+    target = planning.Target("v5e:2x2", chip, tuple(range(4)), chips=4, slices=1, hosts=1)
+    line = planning.roofline(per_device_flops=1.97e12, model_flops=0.985e12,
+                             bytes_accessed=8.19e8, ici_bytes=4e8, target=target)
+    assert line["compute_s"] == pytest.approx(0.01)  # 1.97e12 / 197e12
+    assert line["hbm_s"] == pytest.approx(0.001)
+    assert line["ici_s"] == pytest.approx(0.001)
+    assert line["step_s"] == pytest.approx(0.011)
+    assert line["mfu"] == pytest.approx(0.5 / 1.1)
+    assert line["bound"] == "compute"
+
+
+def test_candidate_meshes_cover_every_split():
+    meshes = planning.candidate_meshes(8)
+    assert meshes[0] == "data=8,fsdp=1,tensor=1"
+    assert len(meshes) == len(set(meshes)) == 10  # ordered factorisations of 8 into 3 parts
+    assert "data=1,fsdp=2,tensor=4" in meshes
+
+
+def test_bad_target_is_a_clear_error():
+    with pytest.raises(ConfigError, match="GENERATION:SHAPE"):
+        planning.tpu_target("v9z:2x2")
+    with pytest.raises(SystemExit) as stop:  # no --target: argparse's usage error
+        main(["plan", "--model.d_model=64"])
+    assert stop.value.code == 2
+
+
+# libtpu: real compiles for TPU v5e 2x2 --------------------------------------------------------
+@pytest.fixture(autouse=True)
+def mxu_precision():
+    """conftest asks for float32 matmuls everywhere; Mosaic (the Pallas TPU kernel) cannot
+    contract bfloat16 at that precision, so these compiles use the TPU's default."""
+    with jax.default_matmul_precision("default"):
+        yield
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", sorted(AOT_STRATEGIES))
+@pytest.mark.parametrize("attention", TPU_ATTENTION)
+def test_train_step_compiles_for_tpu(attention, strategy):
+    target = planning.tpu_target(TOPOLOGY)
+    cfg = TINY_TRAIN.replace(strategy=strategy, mesh=AOT_STRATEGIES[strategy])
+    if (attention, strategy) == ("pallas", "shard_map"):  # a clear refusal, see pallas_attention
+        with pytest.raises(ValueError, match="cannot run inside train.strategy=shard_map"):
+            planning.compile_train(TINY.replace(attention=attention), cfg, target)
+        return
+    got = planning.compile_train(TINY.replace(attention=attention), cfg, target)
+    memory = got["memory"]
+    assert memory["argument_bytes"] > 0 and memory["generated_code_bytes"] > 0
+    assert memory["fits"] and memory["total_bytes"] < memory["hbm_bytes"] == 16 * 2**30
+    assert got["params"] == TINY_PARAMS  # the same model whatever the strategy
+    # XLA's FLOPs agree with the model's count (matmuls, forward + backward) to 25%
+    assert got["flops_per_device"] == pytest.approx(got["model_flops_per_device"], rel=0.25)
+    if strategy == "single":
+        assert got["devices"] == 1 and got["collectives"] == {}
+    elif strategy == "shard_map":  # one all-reduce of gradient sums over data
+        assert "all-reduce" in got["collectives"]
+    else:  # fsdp gathers parameters
+        assert got["collectives"]["all-gather"]["ici_bytes"] > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_plan_command_prints_the_plan_json(capsys):
+    argv = ["plan", "--target", TOPOLOGY, "--mesh", "data=2,fsdp=2", "--batch", "4",
+            "--seq-len", "128", "--model.vocab_size=256", "--model.d_model=64",
+            "--model.n_layers=1", "--model.n_heads=4", "--model.max_len=128",
+            "--model.attention=pallas", "--model.dtype=bfloat16"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"target", "model", "train", "decode", "note"} <= set(result)
+    assert result["target"]["chips"] == 4 and result["target"]["chip"] == "TPU v5e"
+    for step in ("train", "decode"):
+        got = result[step]
+        assert {"memory", "flops_per_device", "bytes_accessed_per_device", "collectives",
+                "ici_bytes_per_device", "roofline", "tokens_per_s"} <= set(got)
+        assert got["memory"]["fits"] and got["memory"]["argument_bytes"] > 0
+        assert 0 < got["roofline"]["mfu"] <= 1 and got["roofline"]["step_s"] > 0
+    assert result["train"]["mesh"] == "data=2,fsdp=2,tensor=1"
+
+
+@needs_libtpu
+def test_pallas_with_segments_gqa_and_padding_compiles_sharded_for_tpu():
+    """The Pallas TPU kernel, differentiated, with packed segments, key padding and grouped
+    heads, on inputs split over data and tensor: mapped per shard, it compiles for v5e."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from transformers_jax.nn.attention import dot_product_attention
+    from transformers_jax.nn.masks import AttentionMask
+    from transformers_jax.parallel import LOGICAL_RULES, make_mesh
+
+    mesh = make_mesh("data=2,tensor=2", devices=planning.tpu_target(TOPOLOGY).devices)
+    b, t, h, n, d = 4, 256, 4, 2, 128
+
+    def loss(q, k, v, segments, valid):
+        pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+        mask = AttentionMask(q_positions=pos, kv_positions=pos, q_segments=segments,
+                             kv_segments=segments, kv_valid=valid, causal=True)
+        out = dot_product_attention(q, k, v, mask=mask, implementation="pallas")
+        return out.astype(jnp.float32).sum()
+
+    def spec(*axes):
+        return NamedSharding(mesh, P(*axes))
+
+    heads = spec(("data", "fsdp"), None, "tensor", None)
+    args = (jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16, sharding=heads),
+            jax.ShapeDtypeStruct((b, t, n, d), jnp.bfloat16, sharding=heads),
+            jax.ShapeDtypeStruct((b, t, n, d), jnp.bfloat16, sharding=heads),
+            jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=spec("data", None)),
+            jax.ShapeDtypeStruct((b, t), jnp.bool_, sharding=spec("data", None)))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
+    hlo = compiled.as_text()
+    assert "tpu_custom_call" in hlo  # the Mosaic kernel itself, not a fallback
+    assert compiled.memory_analysis().argument_size_in_bytes > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_single_strategy_plan_decodes_on_one_chip():
+    target = planning.tpu_target(TOPOLOGY)
+    result = planning.plan(TINY.replace(attention="xla"), TINY_TRAIN.replace(strategy="single"),
+                           target)
+    assert result["train"]["devices"] == 1 and result["train"]["mesh"] == "data=1,fsdp=1,tensor=1"
+    assert result["decode"]["memory"]["fits"] and result["decode"]["collectives"] == {}
+
+
+HAVE_CUDA_PLUGIN = importlib.util.find_spec("jax_cuda12_plugin") is not None
+
+
+@pytest.mark.skipif(not HAVE_CUDA_PLUGIN, reason="the CUDA plugin is not installed (pip install "
+                    "-e '.[gpu-plan]'): cannot compile for a GPU")
+@pytest.mark.slow
+def test_train_step_compiles_for_h100_without_a_gpu():
+    target = planning.make_target("h100:2")
+    assert target.devices[0].device_kind == planning.GPU_SPECS["h100"]
+    got = planning.compile_train(TINY.replace(attention="xla"),
+                                 TINY_TRAIN.replace(mesh="data=2"), target)
+    assert got["memory"]["fits"] and got["memory"]["argument_bytes"] > 0
+    assert got["params"] == TINY_PARAMS and "all-reduce" in got["collectives"]
+
+
+def test_gpu_target_description_carries_the_datasheet():
+    text = planning.gpu_target_config("h200")
+    assert "device_memory_size: 141000000000" in text
+    assert "memory_bandwidth: 4800000000000" in text
+    assert 'device_description_str: "NVIDIA H200"' in text
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_search_keeps_the_fastest_fit_and_skips_meshes_that_cannot_split():
+    target = planning.tpu_target(TOPOLOGY)
+    model = TINY.replace(attention="xla", n_heads=2, n_kv_heads=None)  # 2 heads: not tensor=4
+    result = planning.plan(model, TINY_TRAIN, target, do_search=True, remats=("none",),
+                           decode=False)
+    rows = result["search"]
+    assert len(rows) == len(planning.candidate_meshes(4)) == 6
+    skipped = [r for r in rows if "skipped" in r]
+    assert [r["mesh"] for r in skipped] == ["data=1,fsdp=1,tensor=4"]
+    assert "cannot be split evenly" in skipped[0]["skipped"]
+    fits = [r for r in rows if r.get("fits")]
+    assert result["train"]["roofline"]["step_s"] == min(r["step_s"] for r in fits)
+    assert result["train"]["mesh"] in {r["mesh"] for r in fits}
+
+
+@pytest.mark.parametrize("strategy,mesh", [("jit", "data=2,fsdp=2,tensor=2"),
+                                           ("shard_map", "data=8")])
+def test_abstract_state_matches_the_real_state_without_allocating(strategy, mesh):
+    """What plan compiles against: the state's shapes, dtypes and shardings, from shapes only."""
+    import numpy as np
+
+    from transformers_jax.models import build_model
+    from transformers_jax.parallel import make_trainer
+    from transformers_jax.train.optim import make_optimizer
+
+    model_cfg = TINY.replace(attention="xla", dtype="float32", max_len=16)
+    example = {"inputs": np.zeros((8, 16), np.int32), "targets": np.zeros((8, 16), np.int32)}
+    trainer = make_trainer(strategy, build_model(model_cfg), make_optimizer(TINY_TRAIN),
+                           example, mesh=mesh)
+    abstract, real = trainer.abstract_state(), trainer.init_state(0)
+    pairs = zip(jax.tree.leaves(abstract), jax.tree.leaves(real), strict=True)
+    for shape, array in pairs:
+        assert isinstance(shape, jax.ShapeDtypeStruct)
+        assert (shape.shape, shape.dtype) == (array.shape, array.dtype)
+        assert shape.sharding.is_equivalent_to(array.sharding, array.ndim)
+    batch = trainer.abstract_batch(example)
+    assert batch["inputs"].sharding.spec[0] in ("data", ("data", "fsdp"))

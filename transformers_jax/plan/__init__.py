@@ -1,0 +1,56 @@
+"""``tjax plan``: compile the real training and decoding steps of a config for an accelerator
+this host does not have, and say what fits and how fast it should run.
+
+    tjax plan --target v5e:2x4 --mesh data=2,fsdp=4 --model.n_layers=12 ...   # one plan
+    tjax plan --target v5p:4x4x4 --search ...            # the fastest mesh and remat that fit
+    tjax plan --target v5e:2x2 --slices 2 ...            # two slices (multi-slice)
+
+With ``libtpu`` installed (``pip install -e ".[tpu]"``), ``jax.experimental.topologies`` gives
+the devices of a TPU topology; the step is lowered for a mesh of them exactly as ``tjax
+train`` would run it (``parallel.make_trainer``), compiled by the TPU compiler, and the
+compiled program is read: XLA's memory analysis (per device), its cost analysis (FLOPs and
+bytes per device per step) and the collectives it contains. A roofline from the chip's
+datasheet (``CHIPS``) turns these into a step-time and MFU estimate. These are compiler figures
+and estimates, not measurements.
+
+Limits of the estimate: XLA's cost analysis counts a loop body once (``--model.scan_layers``
+hides all but one layer's FLOPs, so the compute term uses the larger of XLA's count and the
+model's own count, ``train.flops``) and counts nothing inside a Pallas kernel; collective
+bytes are per device for ring algorithms, moved at the datasheet's ICI bandwidth without
+overlap with compute (pessimistic) -- ``step_s_overlapped`` assumes perfect overlap.
+
+GPUs (``--target h100:8``, ``h200:2x8``: GPUs per host, hosts): with the CUDA plugin installed
+(``pip install -e ".[gpu-plan]"``: ``jax-cuda12-plugin`` without the CUDA libraries, ~180 MB),
+JAX's compile-only GPU topology takes a target description (``GpuTargetConfigProto``), written
+here from the datasheet (``GPU_SPECS``), and XLA compiles for it with no GPU present. XLA
+gives memory figures for such a compile but no cost analysis, so the compute term is the
+model's own FLOPs and the HBM term is absent; the interconnect is NVLink.
+"""
+
+from transformers_jax.plan.command import main, plan, plan_parser
+from transformers_jax.plan.compiled import collectives, cost, memory, roofline
+from transformers_jax.plan.steps import (
+    DEFAULT_REMATS,
+    candidate_meshes,
+    compile_decode,
+    compile_train,
+    example_batch,
+    search,
+)
+from transformers_jax.plan.targets import (
+    CHIPS,
+    GPU_SPECS,
+    Chip,
+    Target,
+    gpu_target,
+    gpu_target_config,
+    make_target,
+    tpu_target,
+)
+
+__all__ = [
+    "CHIPS", "DEFAULT_REMATS", "GPU_SPECS", "Chip", "Target", "candidate_meshes",
+    "collectives", "compile_decode", "compile_train", "cost", "example_batch", "gpu_target",
+    "gpu_target_config", "main", "make_target", "memory", "plan", "roofline", "search",
+    "plan_parser", "tpu_target",
+]

@@ -1,0 +1,162 @@
+"""The steps ``tjax plan`` compiles (training through ``parallel.make_trainer``, one KV-cache
+decoding step) and the search over meshes and remat policies."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
+from transformers_jax.models import build_model
+from transformers_jax.nn.layers import count_params
+from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh
+from transformers_jax.parallel.strategies import make_trainer, mesh_rules
+from transformers_jax.plan.compiled import collectives, cost, memory, roofline
+from transformers_jax.plan.targets import Target
+from transformers_jax.sample import decode_step
+from transformers_jax.train.flops import flops_per_token
+from transformers_jax.train.objectives import objective_for
+from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
+
+
+def example_batch(model_cfg: ModelConfig, batch_size: int, seq_len: int) -> dict:
+    """Shapes of a training batch for the family's objective (nothing allocated)."""
+    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+    batch = {"inputs": tokens, "targets": tokens,
+             "weights": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32)}
+    if "encoder_inputs" in objective_for(model_cfg.family).input_keys:
+        batch["encoder_inputs"] = tokens
+    return batch
+
+
+def _zeros(batch: dict) -> dict:
+    """Host arrays of a batch's shapes, for ``make_trainer``'s batch checks (small)."""
+    return {k: np.zeros(v.shape, v.dtype) for k, v in batch.items()}
+
+
+def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> dict[str, Any]:
+    """Compile ``cfg.strategy``'s training step for ``target``; its memory, cost, collectives
+    and roofline."""
+    model = build_model(model_cfg)
+    mesh = make_mesh(cfg.mesh, devices=target.devices)
+    batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
+    trainer = make_trainer(cfg.strategy, model, make_optimizer(cfg), _zeros(batch), mesh=mesh,
+                           schedule=learning_rate_schedule(cfg), grad_accum=cfg.grad_accum,
+                           objective=objective_for(model_cfg.family))
+    wall = time.perf_counter()
+    state = trainer.abstract_state()
+    compiled = trainer.lower(state, trainer.abstract_batch(batch)).compile()
+    compile_s = time.perf_counter() - wall
+    n = trainer.mesh.size
+    comms = collectives(compiled.as_text(), n)
+    costs = cost(compiled)
+    model_flops = flops_per_token(model_cfg, cfg.seq_len) * cfg.batch_size * cfg.seq_len / n
+    ici = sum(c["ici_bytes"] for c in comms.values())
+    line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target)
+    return {
+        "strategy": cfg.strategy,
+        "mesh": format_mesh(dict(zip(MESH_AXES, trainer.mesh.devices.shape, strict=True))),
+        "devices": n,
+        "remat": model_cfg.remat,
+        "params": count_params(state.params),
+        "compile_s": compile_s,
+        "memory": memory(compiled, target.chip.hbm_bytes / target.devices_per_chip),
+        "flops_per_device": costs["flops"],
+        "model_flops_per_device": model_flops,
+        "bytes_accessed_per_device": costs["bytes_accessed"],
+        "collectives": comms,
+        "ici_bytes_per_device": ici,
+        "roofline": line,
+        "tokens_per_s": cfg.batch_size * cfg.seq_len / line["step_s"],
+    }
+
+
+def compile_decode(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
+                   batch_size: int, cache_len: int, mesh_spec: str) -> dict[str, Any]:
+    """Compile one KV-cache decoding step (``sample.decode_step``, batch ``batch_size`` over a
+    cache of ``cache_len`` slots) on the training mesh ``mesh_spec`` (the first devices of the
+    target when it uses fewer: strategy single), parameters placed as the jit strategy does."""
+    model = build_model(model_cfg)
+    n = math.prod(int(part.split("=")[1]) for part in mesh_spec.split(","))  # format_mesh's
+    mesh = make_mesh(mesh_spec, devices=target.devices[:n])
+    trainer = make_trainer("jit", model, make_optimizer(cfg),
+                           _zeros(example_batch(model_cfg, mesh.size, 128)), mesh=mesh,
+                           objective=objective_for(model_cfg.family))
+    params = trainer.abstract_state().params
+    cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len - 1, 1))
+    ways = math.prod(mesh.shape[a] for a in ("data", "fsdp"))
+    rows = ("data", "fsdp") if batch_size % ways == 0 else None
+    P = jax.sharding.PartitionSpec
+
+    def place(leaf):
+        spec = P(rows, *([None] * (leaf.ndim - 1))) if leaf.ndim else P()
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                    sharding=jax.sharding.NamedSharding(mesh, spec))
+
+    cache = jax.tree.map(place, cache)
+    tokens = place(jax.ShapeDtypeStruct((batch_size,), jnp.int32))
+    step = jax.jit(lambda p, t, c: decode_step(model, p, t, c), donate_argnums=2)
+    wall = time.perf_counter()
+    with mesh_rules(mesh, trainer.rules):
+        compiled = step.lower(params, tokens, cache).compile()
+    compile_s = time.perf_counter() - wall
+    comms = collectives(compiled.as_text(), mesh.size)
+    costs = cost(compiled)
+    ici = sum(c["ici_bytes"] for c in comms.values())
+    model_flops = flops_per_token(model_cfg, cache_len, training=False) * batch_size / mesh.size
+    line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target)
+    return {"batch": batch_size, "cache_len": cache_len, "compile_s": compile_s,
+            "memory": memory(compiled, target.chip.hbm_bytes / target.devices_per_chip),
+            "flops_per_device": costs["flops"],
+            "bytes_accessed_per_device": costs["bytes_accessed"], "collectives": comms,
+            "ici_bytes_per_device": ici, "roofline": line,
+            "tokens_per_s": batch_size / line["step_s"]}
+
+
+DEFAULT_REMATS = ("none", "dots_with_no_batch_dims_saveable", "full")  # cheapest first
+
+
+def candidate_meshes(n_devices: int) -> list[str]:
+    """Every ``data x fsdp x tensor`` split of ``n_devices``: pure data parallel first, then
+    more FSDP, then more tensor parallelism."""
+    divisors = [d for d in range(1, n_devices + 1) if n_devices % d == 0]
+    shapes = [(n_devices // (f * t), f, t) for t, f in itertools.product(divisors, divisors)
+              if n_devices % (f * t) == 0]
+    return [format_mesh(dict(zip(MESH_AXES, s, strict=True))) for s in shapes]
+
+
+def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
+           remats: tuple[str, ...], log: Callable[[str], None]) -> dict[str, Any]:
+    """Compile every mesh (and, until one fits, each remat policy in turn) and keep the
+    fastest plan that fits. A mesh that cannot split the model or the batch is skipped with
+    its reason."""
+    tried: list[dict[str, Any]] = []
+    best = None
+    for mesh in candidate_meshes(len(target.devices)):
+        for remat in remats:
+            trial_model = dataclasses.replace(model_cfg, remat=remat)
+            trial_cfg = dataclasses.replace(cfg, mesh=mesh)
+            try:
+                plan = compile_train(trial_model, trial_cfg, target)
+            except ConfigError as err:  # indivisible heads/width/batch: not a candidate
+                tried.append({"mesh": mesh, "remat": remat, "skipped": str(err)})
+                break
+            row = {"mesh": mesh, "remat": remat, "fits": plan["memory"]["fits"],
+                   "total_bytes": plan["memory"]["total_bytes"],
+                   "step_s": plan["roofline"]["step_s"], "mfu": plan["roofline"]["mfu"]}
+            tried.append(row)
+            log(json.dumps(row))
+            if plan["memory"]["fits"]:
+                if best is None or plan["roofline"]["step_s"] < best["roofline"]["step_s"]:
+                    best = plan
+                break  # a cheaper remat policy that fits beats the ones after it
+    return {"best": best, "tried": tried}
