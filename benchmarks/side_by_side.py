@@ -168,6 +168,9 @@ def markdown(result: dict) -> str:
     lines += ["", f"Shape {result['shape']['name']}, {result['rounds']} rounds, "
               f"load average (1 min) {load[0]:.1f} -> {load[1]:.1f}; command: "
               f"`{result['command']}`"]
+    if result.get("machine_was_busy"):
+        lines += ["", "**The machine was busy during this run (1-minute load above half the CPU "
+                  "count): not figures to quote.**"]
     return "\n".join(lines) + "\n"
 
 
@@ -289,6 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         result["compile_s"] = {n: [r["training"].get("compile_s", r["training"].get(
             "first_step_s")) for r in rs] for n, rs in runs.items() if "training" in rs[0]}
     result["load_average_end"] = list(os.getloadavg())
+    busiest = max(load for pairs in result["load_average_per_process"].values()
+                  for pair in pairs for load in pair)
+    # PyTorch's default OpenMP wait spins: on an oversubscribed machine its processes slow down
+    # far more than ours, so figures from a busy machine say little about either library.
+    result["machine_was_busy"] = busiest > 0.5 * (os.cpu_count() or 1)
+    if result["machine_was_busy"] and not args.check:
+        log(f"warning: 1-minute load average reached {busiest:.1f} on {os.cpu_count()} CPUs: "
+            "measure on a quiet machine before quoting these figures")
     if args.plot:
         plot_losses(first, args.plot)
     text = json.dumps(result, indent=1, default=float)
