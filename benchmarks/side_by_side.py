@@ -51,8 +51,8 @@ CONTENDERS = {
     "jax_bfloat16": ("side_by_side_jax.py", ["run", "--dtype", "bfloat16"]),
     "hf": ("side_by_side_torch.py", ["--impl", "hf"]),
     "torch": ("side_by_side_torch.py", ["--impl", "torch"]),
-    # torch.compile applies to the training step; its decoding would be the eager loop again.
-    "torch_compile": ("side_by_side_torch.py", ["--impl", "torch", "--compile", "--no-decode"]),
+    # torch.compile: the model for training, the fixed-shape decoding step for decoding
+    "torch_compile": ("side_by_side_torch.py", ["--impl", "torch", "--compile"]),
 }
 REFERENCE = "jax_float32"  # "ours" in every ratio
 EXACT = ("jax_float32", "hf", "torch", "torch_compile")  # float32: losses and tokens must match
@@ -262,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
             log(f"round {i + 1}/{rounds}")
             for name in names:
                 script, extra = CONTENDERS[name]
-                extra = [x for x in extra if not (x == "--no-decode" and args.no_decode)]
                 threads = (["--threads", str(args.torch_threads)]
                            if args.torch_threads and script == "side_by_side_torch.py" else [])
                 runs[name].append(run_worker(script, [*extra, *common, *threads], log,

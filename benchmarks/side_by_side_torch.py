@@ -2,7 +2,7 @@
 
     python benchmarks/side_by_side_torch.py --dir D --impl hf      # GPT2LMHeadModel
     python benchmarks/side_by_side_torch.py --dir D --impl torch   # torch_gpt.TorchGPT
-    python benchmarks/side_by_side_torch.py --dir D --impl torch --compile
+    python benchmarks/side_by_side_torch.py --dir D --impl torch --compile  # torch.compile
 
 Loads the weights ``side_by_side_jax.py prepare`` exported (GPT-2 layout), trains them on the
 prepared batches with ``torch.optim.AdamW`` matched to our optimizer (the same betas, epsilon,
@@ -83,9 +83,10 @@ def train(model, impl: str, compile_: bool, plan: dict, arrays: dict, warmup: in
     return out
 
 
-def greedy(model, impl: str, prompts: np.ndarray, new: int):
+def greedy(model, impl: str, compile_: bool, prompts: np.ndarray, new: int):
     """A function that decodes ``new`` tokens greedily after ``prompts`` with the KV cache,
-    prefill included, and returns the new tokens ``[B, new]``."""
+    prefill included, and returns the new tokens ``[B, new]``. Compiled (plain GPT only): the
+    per-token step, whose shapes stay fixed (a mask over the whole cache)."""
     ids = torch.from_numpy(prompts).long()
     if impl == "hf":
         from transformers import GenerationConfig
@@ -102,17 +103,20 @@ def greedy(model, impl: str, prompts: np.ndarray, new: int):
             return out[:, ids.shape[1]:]
 
         return run
-    return lambda: model.generate_greedy(ids, new)
+    # static shapes: one graph per decoding batch, compiled in its warm-up call
+    step = torch.compile(model.decode_step, dynamic=False) if compile_ else None
+    return lambda: model.generate_greedy(ids, new, step=step)
 
 
-def decode(model, impl: str, plan: dict, arrays: dict, repeats: int, timed: bool) -> dict:
+def decode(model, impl: str, compile_: bool, plan: dict, arrays: dict, repeats: int,
+           timed: bool) -> dict:
     model.eval()
     new = plan["shape"]["new_tokens"]
     out = {}
     for b in plan["shape"]["decode_batches"]:
-        run = greedy(model, impl, arrays[f"prompts_b{b}"], new)
+        run = greedy(model, impl, compile_, arrays[f"prompts_b{b}"], new)
         start = time.perf_counter()
-        tokens = run().numpy()  # warm-up (first calls build state)
+        tokens = run().numpy()  # warm-up (first calls build state, compile)
         entry = {"tokens": tokens.tolist()}
         if timed:
             entry["first_call_s"] = time.perf_counter() - start
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--impl", choices=("hf", "torch"), required=True)
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the model for training (plain GPT only)")
+                        help="torch.compile the model for training and the decoding step "
+                        "(plain GPT only)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
     parser.add_argument("--decode-repeats", type=int, default=3)
@@ -165,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_decode:
         # A fresh copy of the initial weights: decoding starts where the others start.
         model = load_model(args.dir, args.impl, plan["shape"])
-        result["decoding"] = decode(model, args.impl, plan, arrays, args.decode_repeats,
-                                    not args.check)
+        result["decoding"] = decode(model, args.impl, args.compile, plan, arrays,
+                                    args.decode_repeats, not args.check)
     result.update(process_start=facts_start, process_end=process_facts(), versions=versions(),
                   threads={"torch_num_threads": torch.get_num_threads(),
                            "torch_interop_threads": torch.get_num_interop_threads(),

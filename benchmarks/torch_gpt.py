@@ -104,24 +104,50 @@ class TorchGPT(nn.Module):
             x_BTC = block.forward_cached(x_BTC, cache_k, cache_v, start)
         return self.logits(x_BTC[:, -1:])
 
+    def decode_step(self, token_B1: torch.Tensor, cache_k_LBHSD: torch.Tensor,
+                    cache_v_LBHSD: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One new token per row at slot ``position`` (a 0-d tensor), attending to every filled
+        slot through a mask over the whole cache: the same shapes at every step, so that
+        ``torch.compile`` traces it once. Returns the next greedy tokens ``[B, 1]``."""
+        slot_1 = position.view(1)
+        x_BTC = self.wte(token_B1) + self.wpe(slot_1)
+        slots_S = torch.arange(cache_k_LBHSD.shape[3], device=token_B1.device)
+        visible_1S = (slots_S <= position).view(1, -1)
+        for i, block in enumerate(self.blocks):
+            q_BTC, k_BTC, v_BTC = block.qkv(block.ln_1(x_BTC)).split(x_BTC.shape[-1], dim=-1)
+            cache_k_LBHSD[i].index_copy_(2, slot_1, block.split_heads(k_BTC))
+            cache_v_LBHSD[i].index_copy_(2, slot_1, block.split_heads(v_BTC))
+            y_BHTD = F.scaled_dot_product_attention(block.split_heads(q_BTC), cache_k_LBHSD[i],
+                                                    cache_v_LBHSD[i], attn_mask=visible_1S)
+            x_BTC = x_BTC + block.attn_out(y_BHTD.transpose(1, 2).flatten(2))
+            x_BTC = x_BTC + block.mlp(x_BTC)
+        return self.logits(x_BTC).argmax(-1)
+
     @torch.inference_mode()
-    def generate_greedy(self, prompt_BP: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    def generate_greedy(self, prompt_BP: torch.Tensor, new_tokens: int,
+                        step=None) -> torch.Tensor:
         """Greedy decoding with the KV cache (prefill, then one token per step); returns the
-        ``[B, new_tokens]`` new tokens."""
+        ``[B, new_tokens]`` new tokens. ``step``: the per-token function, by default the eager
+        one that attends to the filled slots only; ``torch.compile(model.decode_step)`` for a
+        compiled loop (fixed shapes)."""
         b, p = prompt_BP.shape
         if p + new_tokens > self.shape.context:
             raise ValueError(f"prompt {p} + {new_tokens} new tokens exceed the learned position "
                              f"table ({self.shape.context}): ask for fewer new tokens")
         s, d = self.shape, self.shape.width // self.shape.heads
-        weight = self.wte.weight
-        caches = [(weight.new_empty(b, s.heads, p + new_tokens, d),
-                   weight.new_empty(b, s.heads, p + new_tokens, d)) for _ in range(s.layers)]
+        cache_k_LBHSD = self.wte.weight.new_zeros(s.layers, b, s.heads, p + new_tokens, d)
+        cache_v_LBHSD = torch.zeros_like(cache_k_LBHSD)
+        caches = list(zip(cache_k_LBHSD, cache_v_LBHSD, strict=True))
         out_BN = torch.empty(b, new_tokens, dtype=torch.long)
         token_B1 = self.forward_cached(prompt_BP, caches, 0).argmax(-1)
         for i in range(new_tokens):
             out_BN[:, i : i + 1] = token_B1
             if i + 1 < new_tokens:
-                token_B1 = self.forward_cached(token_B1, caches, p + i).argmax(-1)
+                if step is None:
+                    token_B1 = self.forward_cached(token_B1, caches, p + i).argmax(-1)
+                else:
+                    token_B1 = step(token_B1, cache_k_LBHSD, cache_v_LBHSD,
+                                    torch.tensor(p + i))
         return out_BN
 
     def load_gpt2_state_dict(self, state: dict) -> None:

@@ -60,6 +60,8 @@ def test_plain_torch_gpt_is_gpt2_logits_and_greedy_tokens():
         expected = hf.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
                                generation_config=config)[:, 5:]
     assert torch.equal(mine.generate_greedy(prompt, 19), expected)
+    # the fixed-shape step that torch.compile traces decodes the same tokens (here eager)
+    assert torch.equal(mine.generate_greedy(prompt, 19, step=mine.decode_step), expected)
     with pytest.raises(ValueError, match="exceed the learned position table"):
         mine.generate_greedy(prompt, 20)  # 5 + 20 > 24
 
