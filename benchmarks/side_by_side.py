@@ -160,12 +160,12 @@ def markdown(result: dict) -> str:
         cells = [f"{fs[k]['median']:,.0f} [{fs[k]['min']:,.0f}-{fs[k]['max']:,.0f}]"
                  if k in fs else "-" for k in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "| ratio (median of per-round ratios) | median | min | max |",
+    lines += ["", "| ratio ours / theirs (median of per-round ratios) | median | min | max |",
               "|---|---|---|---|"]
     for name, r in result["summary"]["ratios"].items():
         lines.append(f"| {name} | {r['median']:.2f}x | {r['min']:.2f}x | {r['max']:.2f}x |")
     load = result["load_average_start"][0], result["load_average_end"][0]
-    lines += ["", f"Shape {result['shape']['name']}, {result['rounds']} rounds, "
+    lines += ["", f"Shape {result['shape']['name']}, rounds: {result['rounds']}, "
               f"load average (1 min) {load[0]:.1f} -> {load[1]:.1f}; command: "
               f"`{result['command']}`"]
     if result.get("machine_was_busy"):
