@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from side_by_side_shared import SHAPES, THREAD_VARIABLES  # noqa: E402
+from side_by_side_shared import KIND_CONTENDERS, SHAPES, THREAD_VARIABLES  # noqa: E402
 
 # name -> (script, arguments): every contender the driver knows.
 CONTENDERS = {
@@ -226,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:
         parser.error(f"unknown contenders {unknown}: choose from {', '.join(CONTENDERS)}")
+    kind = SHAPES[shape]["kind"]
+    if args.contenders == parser.get_default("contenders"):  # the default: all that apply
+        names = [n for n in names if n in KIND_CONTENDERS[kind]]
+    wrong = [n for n in names if n not in KIND_CONTENDERS[kind]]
+    if wrong:
+        parser.error(f"contenders {wrong} cannot run shape {shape} (a {kind}): choose from "
+                     f"{', '.join(KIND_CONTENDERS[kind])}")
     rounds = 1 if args.check else args.rounds
     steps = args.check_steps if args.check else args.warmup + args.timed_steps
     if args.check and args.no_train and args.no_decode:

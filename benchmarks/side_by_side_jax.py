@@ -48,46 +48,75 @@ def train_config(plan: dict) -> TrainConfig:
                        learning_rate=hyper["learning_rate"], warmup_steps=hyper["warmup_steps"])
 
 
-def char_ids(vocab: int) -> np.ndarray:
-    """The default corpus as ids: the ``vocab - 1`` most common characters, one id for every
-    other character."""
+def char_ids(vocab: int, reserved: int = 0) -> np.ndarray:
+    """The default corpus as ids: the ``vocab - reserved - 1`` most common characters, one id
+    for every other character, ``reserved`` ids left free at the top (BERT's [MASK])."""
     from transformers_jax.data.corpus import default_corpus
 
     text = default_corpus()
-    common = [c for c, _ in collections.Counter(text).most_common(vocab - 1)]
+    common = [c for c, _ in collections.Counter(text).most_common(vocab - reserved - 1)]
     table = {c: i for i, c in enumerate(common)}
     return np.array([table.get(c, len(common)) for c in text], np.int32)
 
 
-def prepare(args) -> int:
-    import flax.linen as nn
+def hf_layout(shape: dict) -> tuple[dict, dict]:
+    """(Hugging Face config, the ``base_config`` to export with) of a GPT-2 or BERT shape, so
+    that our weights have a Hugging Face (and, for GPT-2, plain PyTorch) layout."""
+    if shape["kind"] == "gpt":
+        # No bos/eos ids: GPT-2's defaults (50256) lie outside a small vocabulary.
+        base = {"model_type": "gpt2", "bos_token_id": None, "eos_token_id": None,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        return {**base, "vocab_size": shape["vocab"], "n_positions": shape["context"],
+                "n_embd": shape["width"], "n_layer": shape["layers"], "n_head": shape["heads"],
+                "activation_function": "gelu_new", "tie_word_embeddings": True}, base
+    base = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "pad_token_id": 0,
+            "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    return {**base, "vocab_size": shape["vocab"], "hidden_size": shape["width"],
+            "num_hidden_layers": shape["layers"], "num_attention_heads": shape["heads"],
+            "intermediate_size": 4 * shape["width"], "max_position_embeddings": shape["context"],
+            "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12}, base
 
+
+def make_batches(shape: dict, steps: int, rng) -> dict:
+    """``[steps, B, T]`` arrays: next-token inputs and targets for a GPT; for BERT, 15% of
+    positions chosen (of those 80% [MASK], 10% a random id, 10% unchanged) with their weights."""
+    length, batch = shape["train_len"], shape["batch"]
+    if shape["kind"] == "gpt":
+        ids = char_ids(min(shape["vocab"], 65))
+        starts = rng.integers(0, len(ids) - length - 1, (steps, batch))
+        rows = ids[starts[..., None] + np.arange(length + 1)]  # [steps, B, T + 1]
+        return {"inputs": rows[..., :-1], "targets": rows[..., 1:]}
+    mask_id = shape["vocab"] - 1
+    ids = char_ids(shape["vocab"], reserved=1)
+    starts = rng.integers(0, len(ids) - length, (steps, batch))
+    rows = ids[starts[..., None] + np.arange(length)]
+    chosen = rng.random(rows.shape) < 0.15
+    how = rng.random(rows.shape)
+    inputs = np.where(chosen & (how < 0.8), mask_id, rows)
+    random_ids = rng.integers(0, mask_id, rows.shape)
+    inputs = np.where(chosen & (how >= 0.8) & (how < 0.9), random_ids, inputs)
+    return {"inputs": inputs.astype(np.int32), "targets": rows,
+            "weights": chosen.astype(np.float32)}
+
+
+def prepare(args) -> int:
     from transformers_jax.convert.api import save_hf
-    from transformers_jax.convert.gpt2 import config_from_hf
+    from transformers_jax.convert.common import architecture_for
     from transformers_jax.models import build_model
+    from transformers_jax.train.objectives import objective_for
     from transformers_jax.train.optim import learning_rate_schedule
 
     shape = SHAPES[args.shape]
-    # GPT-2's architecture, so that its weights have a Hugging Face (and plain PyTorch) layout.
-    config = config_from_hf({
-        "model_type": "gpt2", "vocab_size": shape["vocab"], "n_positions": shape["context"],
-        "n_embd": shape["width"], "n_layer": shape["layers"], "n_head": shape["heads"],
-        "activation_function": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0, "tie_word_embeddings": True})
+    raw, base = hf_layout(shape)
+    config = architecture_for(raw)[0].config_from_hf(raw)
     model = build_model(config)
-    params = nn.meta.unbox(model.init(jax.random.key(args.seed),
-                                      jnp.zeros((1, 8), jnp.int32))["params"])
-    os.makedirs(args.dir, exist_ok=True)
-    # No bos/eos ids: GPT-2's defaults (50256) lie outside a small vocabulary.
-    save_hf(os.path.join(args.dir, HF_DIR), config, params, base_config={
-        "model_type": "gpt2", "bos_token_id": None, "eos_token_id": None, "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0, "attn_pdrop": 0.0})
-
-    length, batch = shape["train_len"], shape["batch"]
-    ids = char_ids(min(shape["vocab"], 65))
     rng = np.random.default_rng(args.seed + 1)
-    starts = rng.integers(0, len(ids) - length - 1, (args.steps, batch))
-    rows = ids[starts[..., None] + np.arange(length + 1)]  # [steps, B, T + 1]
+    arrays = make_batches(shape, args.steps, rng)
+    objective = objective_for(config.family)
+    params = objective.init_params(model, jax.random.key(args.seed),
+                                   {k: v[0] for k, v in arrays.items()})
+    os.makedirs(args.dir, exist_ok=True)
+    save_hf(os.path.join(args.dir, HF_DIR), config, params, base_config=base)
     hyper = TrainConfig()
     plan = {"shape": {"name": args.shape, **shape}, "steps": args.steps, "seed": args.seed,
             "optimizer": {"name": "AdamW", "learning_rate": args.learning_rate,
@@ -96,11 +125,12 @@ def prepare(args) -> int:
                           "b1": hyper.b1, "b2": hyper.b2, "eps": 1e-8,
                           "weight_decay": hyper.weight_decay, "weight_decay_on": "ndim >= 2",
                           "grad_clip_global_norm": hyper.grad_clip},
-            "objective": "next-token cross-entropy over every position, full-vocabulary logits",
+            "objective": ("next-token cross-entropy over every position" if shape["kind"] ==
+                          "gpt" else "masked-LM cross-entropy over the 15% chosen positions") +
+                         ", full-vocabulary logits",
             "data": "characters of Python's documentation (pydoc_data), random windows"}
     schedule = learning_rate_schedule(train_config(plan))
-    arrays = {"inputs": rows[..., :-1], "targets": rows[..., 1:],
-              "learning_rates": np.array([float(schedule(i)) for i in range(args.steps)])}
+    arrays["learning_rates"] = np.array([float(schedule(i)) for i in range(args.steps)])
     for b in shape["decode_batches"]:
         arrays[f"prompts_b{b}"] = rng.integers(0, min(shape["vocab"], 65),
                                                (b, shape["prompt"])).astype(np.int32)
@@ -138,8 +168,8 @@ def train(config, params, plan: dict, arrays: dict, warmup: int, timed: bool) ->
                        rng=jax.random.key_data(jax.random.key(0)))
     step = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg),
                                    objective_for(config.family)), donate_argnums=0)
-    batches = [{"inputs": arrays["inputs"][i], "targets": arrays["targets"][i]}
-               for i in range(plan["steps"])]
+    keys = [k for k in ("inputs", "targets", "weights") if k in arrays]
+    batches = [{k: arrays[k][i] for k in keys} for i in range(plan["steps"])]
     start = time.perf_counter()
     compiled = step.lower(state, batches[0]).compile()
     compile_s = time.perf_counter() - start
@@ -211,7 +241,7 @@ def run(args) -> int:
     if not args.no_train:
         result["training"] = train(config.replace(dtype=args.dtype, param_dtype="float32"),
                                    params, plan, arrays, args.warmup, not args.check)
-    if not args.no_decode:
+    if not args.no_decode and plan["shape"]["decode_batches"]:
         # Inference: parameters stored in the compute dtype.
         cast = jax.tree.map(lambda x: x.astype(args.dtype), params)
         result["decoding"] = decode(config.replace(dtype=args.dtype, param_dtype=args.dtype),

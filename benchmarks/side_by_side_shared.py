@@ -13,16 +13,24 @@ import time
 
 import numpy as np
 
-# The shapes of issue 9: a (a character-level GPT-2 shape) and c (GPT-2 small); tiny: the same
-# code paths in seconds, for tests.
+# The shapes of issue 9: a (a character-level GPT-2 shape), b (the same shape as a BERT masked
+# LM: trained, not decoded) and c (GPT-2 small); tiny, tiny_bert: the same code paths in
+# seconds, for tests.
 SHAPES = {
-    "a": dict(layers=4, heads=4, width=128, context=256, batch=16, vocab=65, train_len=256,
-              decode_batches=(1, 8), prompt=16, new_tokens=240),
-    "c": dict(layers=12, heads=12, width=768, context=1024, batch=4, vocab=50257, train_len=128,
-              decode_batches=(1,), prompt=16, new_tokens=112),
-    "tiny": dict(layers=1, heads=2, width=32, context=32, batch=2, vocab=65, train_len=32,
-                 decode_batches=(1, 2), prompt=4, new_tokens=12),
+    "a": dict(kind="gpt", layers=4, heads=4, width=128, context=256, batch=16, vocab=65,
+              train_len=256, decode_batches=(1, 8), prompt=16, new_tokens=240),
+    "b": dict(kind="bert", layers=4, heads=4, width=128, context=256, batch=16, vocab=65,
+              train_len=256, decode_batches=()),
+    "c": dict(kind="gpt", layers=12, heads=12, width=768, context=1024, batch=4, vocab=50257,
+              train_len=128, decode_batches=(1,), prompt=16, new_tokens=112),
+    "tiny": dict(kind="gpt", layers=1, heads=2, width=32, context=32, batch=2, vocab=65,
+                 train_len=32, decode_batches=(1, 2), prompt=4, new_tokens=12),
+    "tiny_bert": dict(kind="bert", layers=1, heads=2, width=32, context=32, batch=2, vocab=65,
+                      train_len=32, decode_batches=()),
 }
+# The contenders that can run each kind (the plain PyTorch model is a GPT).
+KIND_CONTENDERS = {"gpt": ("jax_float32", "jax_bfloat16", "hf", "torch", "torch_compile"),
+                   "bert": ("jax_float32", "jax_bfloat16", "hf")}
 
 # Inside the prepared directory (written once by ``side_by_side_jax.py prepare``).
 HF_DIR = "hf"  # config.json + model.safetensors: the initial weights, GPT-2 layout

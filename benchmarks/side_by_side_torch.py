@@ -27,9 +27,10 @@ from side_by_side_shared import HF_DIR, emit, forbidden_imports, median, process
 def load_model(directory: str, impl: str, shape: dict) -> torch.nn.Module:
     path = os.path.join(directory, HF_DIR)
     if impl == "hf":
-        from transformers import GPT2LMHeadModel
+        from transformers import BertForMaskedLM, GPT2LMHeadModel
 
-        return GPT2LMHeadModel.from_pretrained(path)  # default attention (sdpa)
+        hf_class = GPT2LMHeadModel if shape["kind"] == "gpt" else BertForMaskedLM
+        return hf_class.from_pretrained(path)  # default attention (sdpa)
     from safetensors.torch import load_file
     from torch_gpt import GPTShape, TorchGPT
 
@@ -66,8 +67,11 @@ def train(model, impl: str, compile_: bool, plan: dict, arrays: dict, warmup: in
             group["lr"] = float(arrays["learning_rates"][i])
         inputs = torch.from_numpy(arrays["inputs"][i]).long()
         targets = torch.from_numpy(arrays["targets"][i]).long()
+        if "weights" in arrays:  # masked LM: the loss over the chosen positions only
+            targets = torch.where(torch.from_numpy(arrays["weights"][i]) > 0, targets, -100)
         logits = forward(inputs)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                                                 ignore_index=-100)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, hyper["grad_clip_global_norm"])
         optimizer.step()
@@ -167,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         model = load_model(args.dir, args.impl, plan["shape"])
         result["training"] = train(model, args.impl, args.compile, plan, arrays, args.warmup,
                                    not args.check)
-    if not args.no_decode:
+    if args.impl == "torch" and plan["shape"]["kind"] != "gpt":
+        parser.error("the plain PyTorch model is a GPT: use --impl hf for a BERT shape")
+    if not args.no_decode and plan["shape"]["decode_batches"]:
         # A fresh copy of the initial weights: decoding starts where the others start.
         model = load_model(args.dir, args.impl, plan["shape"])
         result["decoding"] = decode(model, args.impl, args.compile, plan, arrays,

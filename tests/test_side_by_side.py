@@ -135,6 +135,12 @@ def test_workers_get_no_thread_settings(driver, monkeypatch):
     assert env["PYTHONPATH"].split(os.pathsep) == [ROOT, "/elsewhere"]
 
 
+def test_driver_refuses_a_gpt_contender_for_bert(driver, capsys):
+    with pytest.raises(SystemExit):
+        driver.main(["--check", "--shape", "tiny_bert", "--contenders", "jax_float32,torch"])
+    assert "cannot run shape tiny_bert (a bert)" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_check_mode_separate_processes_agree(driver, tmp_path, capsys):
     pytest.importorskip("torch")
@@ -158,3 +164,23 @@ def test_check_mode_separate_processes_agree(driver, tmp_path, capsys):
     assert result["isolation"]["hf"]["jax_imported"] is False
     assert result["isolation"]["torch"]["jax_imported"] is False
     assert all(env == {} for env in result["worker_thread_environment"].values())
+
+
+@pytest.mark.slow
+def test_check_mode_bert_separate_processes_agree(driver, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "check.json"
+    code = driver.main(["--check", "--shape", "tiny_bert", "--check-steps", "4", "--quiet",
+                        "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0, result["correctness"]
+    assert result["contenders"] == ["jax_float32", "hf"]  # the default: those a BERT can run
+    entry = result["correctness"]["hf"]
+    losses = result["losses_first_round"]
+    # the same function at step 0; after a few AdamW steps BERT's float32 rounding differences
+    # grow faster than GPT-2's (the earlier 43-step run: 3.4e-4), still far below tolerance
+    assert abs(losses["hf"][0] - losses["jax_float32"][0]) < 1e-6 * losses["hf"][0]
+    assert entry["loss_relative_gap_all_steps"] < 1e-4, entry
+    assert not any(k.startswith("greedy") for k in entry)  # a masked LM does not decode
+    assert result["isolation"]["hf"]["jax_imported"] is False
