@@ -23,6 +23,7 @@ mismatch): the losses of the first ``--check-steps`` steps of every float32 cont
 ``--loss-tolerance`` (relative) of ours, and the greedy tokens identical.
 
     python benchmarks/side_by_side.py --shape a --rounds 5 --out sbs_a.json --markdown sbs_a.md
+    python benchmarks/side_by_side.py --shape b      # config b as a BERT masked LM (ours, HF)
     python benchmarks/side_by_side.py --check --shape tiny       # correctness only, seconds
     python benchmarks/side_by_side.py --shape tiny --rounds 2    # a smoke run of the timing
 """
