@@ -1,707 +1,328 @@
-"""Side by side with Hugging Face ``transformers`` (PyTorch): the same models, the same shapes,
-the same weights, in one process, alternating.
+"""Side by side with PyTorch, each contender in a process of its own: our JAX model, Hugging
+Face ``GPT2LMHeadModel``, and a plain PyTorch GPT (``torch_gpt.py``, fused
+``scaled_dot_product_attention``, optionally ``torch.compile``), on the same weights, the same
+batches, the same optimizer and learning-rate schedule.
 
-Prints one JSON object (and writes it with ``--out``): for each configuration, training
-tokens/s of our float32 and bfloat16 steps against their float32 step, decoding tokens/s with
-the KV cache against ``generate``, the per-token cost as the prefix grows, and every ratio
-``ours / theirs`` (above 1: we are faster). Configurations (issue 9):
+This driver imports neither jax nor torch. It prepares the shared inputs once (a JAX process:
+``side_by_side_jax.py prepare``), then runs the contenders in rounds, A B C A B C ..., each run
+a fresh Python process (``side_by_side_jax.py run`` never imports torch,
+``side_by_side_torch.py`` never imports jax), with an environment from which every thread and
+OpenMP setting is removed (``THREAD_VARIABLES``), so each library runs with its own defaults.
+Alternating whole processes lets a drift in the machine's load hit every contender; the
+figures are the median of the rounds, with their min, max and every round's value, and each
+ratio is the median of the per-round ratios. The load average is recorded at the start and end
+of every process and of the whole run.
 
-- ``a``: GPT-2 architecture, 4 layers, 4 heads, width 128, context 256, batch 16, vocab 65
-  (``GPT2LMHeadModel`` from a ``GPT2Config``; ours: learned positions, gelu, layernorm, tied);
-- ``b``: the same shape as a BERT masked LM (``BertForMaskedLM``; ours: family ``bert``);
-- ``c``: GPT-2 small (12 x 12 x 768, vocab 50257): decoding at batch 1 and a few training steps.
+In every process: training tokens/s (forward + backward + AdamW on ``B x T`` tokens; the
+median step time after ``--warmup`` untimed steps) and greedy decoding tokens/s with a KV cache
+at each decoding batch (``generate`` for Hugging Face, our compiled loop, the plain GPT's own
+loop; prefill included; median of ``--decode-repeats`` after one warm-up call).
 
-How the comparison is kept fair:
+Correctness, checked in every run and alone with ``--check`` (no timing; exits 1 on a
+mismatch): the losses of the first ``--check-steps`` steps of every float32 contender within
+``--loss-tolerance`` (relative) of ours, and the greedy tokens identical.
 
-- Both sides start from the same weights: the Hugging Face model is built from its config with
-  a fixed seed, saved, and converted with ``transformers_jax.convert.load_hf`` (so our config is
-  derived from theirs, not written by hand); the logits are compared before anything is timed.
-- Training step = forward + backward + AdamW update on both sides, with the same objective
-  (full-vocabulary logits, cross-entropy over every position for a GPT, over the chosen 15%
-  for BERT), global-norm clipping at 1.0, weight decay 0.1 on matrices only, betas
-  (0.9, 0.95), the same warm-up + cosine learning rate, dropout 0, float32 on their side with
-  their default attention (``sdpa``). Our bfloat16 computes in bfloat16 with float32 master
-  parameters and float32 accumulation.
-- Both see the same batches (text of Python's documentation, characters mapped to the
-  vocabulary), so the three loss curves can be compared (``--plot``).
-- Each timed round runs one step of every contender, in turn, in this process; medians over
-  the timed rounds (after ``--warmup`` rounds; our compile time is reported on its own).
-- Decoding: greedy, their ``generate`` with its KV cache (``use_cache=True``, no stop token)
-  against our compiled ``sample`` loop; both include the prefill. Runs alternate; medians.
-  Our bfloat16 decoding stores the weights in bfloat16 (inference); theirs stays float32.
-- ``torch.set_num_threads(--torch-threads)`` (2). ``OMP_WAIT_POLICY=PASSIVE`` is set before
-  torch is imported unless you set it yourself: on this shared 2-core machine an actively
-  spinning OpenMP barrier made their step up to 10x slower under load (BENCHMARKS.md), which
-  would flatter us.
-
-    python benchmarks/side_by_side.py                        # a, b, c (about 15-25 minutes)
-    python benchmarks/side_by_side.py --configs a --rounds 150 --plot loss_a.png
-    python benchmarks/side_by_side.py --tiny                 # a smoke run in seconds
-    python benchmarks/side_by_side.py --attention-lengths    # attention alone: memory, speed
+    python benchmarks/side_by_side.py --shape a --rounds 5 --out sbs_a.json --markdown sbs_a.md
+    python benchmarks/side_by_side.py --shape b      # config b as a BERT masked LM (ours, HF)
+    python benchmarks/side_by_side.py --check --shape tiny       # correctness only, seconds
+    python benchmarks/side_by_side.py --shape tiny --rounds 2    # a smoke run of the timing
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import copy
-import dataclasses
 import datetime
+import json
 import os
-import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+from side_by_side_shared import KIND_CONTENDERS, SHAPES, THREAD_VARIABLES  # noqa: E402
 
-from transformers_jax.bench import cpu_model, emit_json  # noqa: E402
-from transformers_jax.config import TrainConfig  # noqa: E402
-from transformers_jax.models import build_model  # noqa: E402
-from transformers_jax.nn.kvcache import init_cache  # noqa: E402
-from transformers_jax.train.flops import flops_per_token, measure_matmul_peak  # noqa: E402
-from transformers_jax.train.optim import learning_rate_schedule, make_optimizer  # noqa: E402
-from transformers_jax.train.step import TrainState, make_train_step  # noqa: E402
-
-# ------------------------------------------------------------------------------------------
-# The configurations
-
-
-def configurations(tiny: bool) -> dict:
-    """Shapes of configs a, b, c (``tiny``: the same code paths at a toy size, for tests)."""
-    if tiny:
-        small = dict(layers=1, heads=2, width=32, context=32, batch=2, vocab=65)
-        return {
-            "a": dict(kind="gpt", **small, decode_batches=(1, 2), prompt=4, new_tokens=12,
-                      prefixes=(8, 16)),
-            "b": dict(kind="bert", **small),
-            "c": dict(kind="gpt", layers=2, heads=2, width=32, context=64, batch=2, vocab=300,
-                      train_context=16, decode_batches=(1,), prompt=4, new_tokens=8,
-                      prefixes=(8, 32)),
-        }
-    return {
-        "a": dict(kind="gpt", layers=4, heads=4, width=128, context=256, batch=16, vocab=65,
-                  decode_batches=(1, 8), prompt=16, new_tokens=240, prefixes=(32, 64, 128, 240)),
-        "b": dict(kind="bert", layers=4, heads=4, width=128, context=256, batch=16, vocab=65),
-        "c": dict(kind="gpt", layers=12, heads=12, width=768, context=1024, batch=4,
-                  vocab=50257, train_context=128, decode_batches=(1,), prompt=16,
-                  new_tokens=112, prefixes=(64, 256, 512, 1000)),
-    }
+# name -> (script, arguments): every contender the driver knows.
+CONTENDERS = {
+    "jax_float32": ("side_by_side_jax.py", ["run", "--dtype", "float32"]),
+    "jax_bfloat16": ("side_by_side_jax.py", ["run", "--dtype", "bfloat16"]),
+    "hf": ("side_by_side_torch.py", ["--impl", "hf"]),
+    "torch": ("side_by_side_torch.py", ["--impl", "torch"]),
+    # torch.compile: the model for training, the fixed-shape decoding step for decoding
+    "torch_compile": ("side_by_side_torch.py", ["--impl", "torch", "--compile"]),
+}
+REFERENCE = "jax_float32"  # "ours" in every ratio
+EXACT = ("jax_float32", "hf", "torch", "torch_compile")  # float32: losses and tokens must match
 
 
-def hf_model(shape: dict, seed: int):
-    import torch
-    from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    if shape["kind"] == "gpt":
-        config = GPT2Config(
-            vocab_size=shape["vocab"], n_positions=shape["context"], n_embd=shape["width"],
-            n_layer=shape["layers"], n_head=shape["heads"], activation_function="gelu_new",
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
-            eos_token_id=None, pad_token_id=None, tie_word_embeddings=True,
-        )
-        return GPT2LMHeadModel(config)
-    config = BertConfig(
-        vocab_size=shape["vocab"], hidden_size=shape["width"], num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"], intermediate_size=4 * shape["width"],
-        max_position_embeddings=shape["context"], hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0, type_vocab_size=2, pad_token_id=0,
-    )
-    return BertForMaskedLM(config)
+def worker_environment() -> dict:
+    """The driver's environment without thread or wait settings, with this checkout first on
+    ``PYTHONPATH`` (the workers import its ``transformers_jax``)."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    return env
 
 
-def converted(hf, attention: str, chunk: int):
-    """Our config and params for the Hugging Face model ``hf`` (through a saved directory)."""
-    from transformers_jax.convert.api import load_hf
-
-    with tempfile.TemporaryDirectory() as directory:
-        hf.save_pretrained(directory)
-        checkpoint = load_hf(directory, attention=attention)
-    config = checkpoint.config
-    if hasattr(config.attention, "chunk_size"):  # a tiled kernel: the tile length asked for
-        config = config.replace(attention=dataclasses.replace(config.attention, chunk_size=chunk))
-    return config, jax.tree.map(jnp.asarray, checkpoint.params)
-
-
-# ------------------------------------------------------------------------------------------
-# Data: the same batches for every contender
+def run_worker(script: str, arguments: list[str], log, timeout: float) -> dict:
+    command = [sys.executable, os.path.join(HERE, script), *arguments]
+    start = time.perf_counter()
+    done = subprocess.run(command, env=worker_environment(), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    result = json.loads(done.stdout)
+    result["process_wall_s"] = time.perf_counter() - start
+    log(f"  {script} {' '.join(arguments[:4])}: {result['process_wall_s']:.1f} s")
+    return result
 
 
-def char_ids(vocab: int, reserved: int) -> np.ndarray:
-    """The default corpus as ids: the ``vocab - reserved - 1`` most common characters, one id
-    for every other character, and ``reserved`` ids left free at the top (BERT's [MASK])."""
-    from transformers_jax.data.corpus import default_corpus
-
-    text = default_corpus()
-    common = [c for c, _ in collections.Counter(text).most_common(vocab - reserved - 1)]
-    other = len(common)
-    table = {c: i for i, c in enumerate(common)}
-    return np.array([table.get(c, other) for c in text], np.int32)
+def spread(values: list[float]) -> dict:
+    median = statistics.median(values)
+    return {"median": median, "min": min(values), "max": max(values),
+            "spread": (max(values) - min(values)) / median if median else None,
+            "per_round": values}
 
 
-def make_batches(shape: dict, rounds: int, seed: int) -> list[dict]:
-    vocab, batch = shape["vocab"], shape["batch"]
-    length = shape.get("train_context", shape["context"])
-    rng = np.random.default_rng(seed)
-    if shape["kind"] == "gpt":
-        ids = char_ids(min(vocab, 65), 0)
-        out = []
-        for _ in range(rounds):
-            starts = rng.integers(0, len(ids) - length - 1, batch)
-            rows = np.stack([ids[s : s + length + 1] for s in starts])
-            out.append({"inputs": rows[:, :-1], "targets": rows[:, 1:]})
-        return out
-    # BERT masked LM: 15% of positions chosen; of those 80% [MASK], 10% random, 10% unchanged.
-    mask_id = vocab - 1
-    ids = char_ids(vocab, 1)
-    out = []
-    for _ in range(rounds):
-        starts = rng.integers(0, len(ids) - length, batch)
-        rows = np.stack([ids[s : s + length] for s in starts])
-        chosen = rng.random(rows.shape) < 0.15
-        how = rng.random(rows.shape)
-        inputs = np.where(chosen & (how < 0.8), mask_id, rows)
-        random_ids = rng.integers(0, mask_id, rows.shape)
-        inputs = np.where(chosen & (how >= 0.8) & (how < 0.9), random_ids, inputs)
-        out.append({"inputs": inputs.astype(np.int32), "targets": rows,
-                    "weights": chosen.astype(np.float32)})
+def speeds(runs: list[dict]) -> dict:
+    """Per figure (training, decoding batch b): the tokens/s of every round."""
+    out = {}
+    if all("training" in r and "tokens_per_s" in r["training"] for r in runs):
+        out["training_tokens_per_s"] = [r["training"]["tokens_per_s"] for r in runs]
+    for key in runs[0].get("decoding", {}):
+        if all("tokens_per_s" in r.get("decoding", {}).get(key, {}) for r in runs):
+            out[f"decode_{key}_tokens_per_s"] = [r["decoding"][key]["tokens_per_s"] for r in runs]
     return out
 
 
-# ------------------------------------------------------------------------------------------
-# Training steps
+def relative_gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
 
-class OurTrainer:
-    """Our jitted train step (forward + backward + AdamW) on a converted model."""
-
-    def __init__(self, config, params, train_cfg: TrainConfig, batch: dict, kind: str):
-        from transformers_jax.train.objectives import OBJECTIVES
-
-        self.config = config
-        self.model = build_model(config)
-        objective = OBJECTIVES.get("lm" if kind == "gpt" else "mlm")
-        optimizer = make_optimizer(train_cfg)
-        params = jax.tree.map(lambda x: jnp.array(x, jnp.dtype(config.param_dtype)), params)
-        self.state = TrainState(
-            step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-            rng=jax.random.key_data(jax.random.key(0)),
-        )
-        step = jax.jit(
-            make_train_step(self.model, optimizer, learning_rate_schedule(train_cfg), objective),
-            donate_argnums=0,
-        )
-        start = time.perf_counter()
-        self.compiled = step.lower(self.state, batch).compile()
-        self.compile_s = time.perf_counter() - start
-        memory = self.compiled.memory_analysis()
-        self.temp_bytes = getattr(memory, "temp_size_in_bytes", None)
-
-    def step(self, batch: dict) -> float:
-        self.state, metrics = self.compiled(self.state, batch)
-        return float(metrics["loss"])  # waits for the step
-
-
-class TheirTrainer:
-    """Their model in training mode with torch AdamW, matched to our optimizer."""
-
-    def __init__(self, hf, train_cfg: TrainConfig, kind: str):
-        import torch
-
-        self.torch, self.hf, self.kind = torch, hf, kind
-        hf.train()
-        decay = [p for p in hf.parameters() if p.ndim >= 2]
-        no_decay = [p for p in hf.parameters() if p.ndim < 2]
-        self.params = decay + no_decay
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": train_cfg.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=train_cfg.learning_rate, betas=(train_cfg.b1, train_cfg.b2), eps=1e-8,
-        )
-        schedule = learning_rate_schedule(train_cfg)
-        self.rates = [float(schedule(i)) for i in range(train_cfg.steps)]
-        self.clip = train_cfg.grad_clip
-        self.count = 0
-
-    def step(self, batch: dict) -> float:
-        torch = self.torch
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.rates[min(self.count, len(self.rates) - 1)]
-        self.count += 1
-        logits = self.hf(input_ids=torch.from_numpy(batch["inputs"]).long()).logits
-        targets = torch.from_numpy(np.asarray(batch["targets"])).long()
-        if self.kind == "bert":
-            targets = torch.where(torch.from_numpy(batch["weights"]) > 0, targets, -100)
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100
-        )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(loss.item())
-
-
-def compare_training(shape: dict, hf, config, params, args, log) -> dict:
-    """Alternate one step of each contender per round; medians over the timed rounds."""
-    length = shape.get("train_context", shape["context"])
-    warmup = shape.get("train_warmup", args.warmup)
-    rounds = warmup + shape.get("train_rounds", args.rounds)
-    train_cfg = TrainConfig(steps=rounds, batch_size=shape["batch"], seq_len=length,
-                            learning_rate=args.learning_rate, warmup_steps=max(rounds // 10, 1))
-    batches = make_batches(shape, rounds, seed=1)
-    contenders = {}
-    for name, dtype in (("ours_float32", "float32"), ("ours_bfloat16", "bfloat16")):
-        if dtype not in args.dtypes:
+def correctness(first: dict, check_steps: int, tolerance: float) -> dict:
+    """Each contender's first-round losses and greedy tokens against ``REFERENCE``'s."""
+    reference = first[REFERENCE]
+    out = {"reference": REFERENCE, "check_steps": check_steps, "loss_tolerance": tolerance}
+    passed = True
+    for name, result in first.items():
+        if name == REFERENCE:
             continue
-        log(f"  compiling {name}")
-        contenders[name] = OurTrainer(config.replace(dtype=dtype, param_dtype="float32"),
-                                      params, train_cfg, batches[0], shape["kind"])
-    # Train a copy: decoding later starts from the same (untrained) weights on both sides.
-    contenders["theirs_float32"] = TheirTrainer(copy.deepcopy(hf), train_cfg, shape["kind"])
-    times = {name: [] for name in contenders}
-    losses = {name: [] for name in contenders}
-    for i, batch in enumerate(batches):
-        for name, trainer in contenders.items():
-            start = time.perf_counter()
-            loss = trainer.step(batch)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-            losses[name].append(loss)
-        if i % 25 == 0 or i == len(batches) - 1:
-            log(f"  round {i}: " + ", ".join(f"{n} {losses[n][-1]:.4f}" for n in contenders))
-    tokens = shape["batch"] * length
-    model_cfg = config
-    flops = flops_per_token(model_cfg, length)
-    out = {"batch": shape["batch"], "seq_len": length, "timed_rounds": len(times["theirs_float32"]),
-           "warmup_rounds": warmup, "flops_per_token": flops}
-    for name, ts in times.items():
-        median = statistics.median(ts)
-        entry = {"tokens_per_s": tokens / median, "step_ms_median": 1e3 * median,
-                 "step_ms_min": 1e3 * min(ts), "final_loss": losses[name][-1]}
-        if name.startswith("ours"):
-            trainer = contenders[name]
-            dtype = trainer.config.dtype
-            peak = measure_matmul_peak(dtype)
-            entry.update(compile_s=trainer.compile_s, compiled_temp_bytes=trainer.temp_bytes,
-                         mfu=flops * tokens / median / peak, peak_flops=peak, peak_dtype=dtype)
-        else:
-            entry["mfu_vs_float32_peak"] = flops * tokens / median / measure_matmul_peak("float32")
+        entry = {"exact_expected": name in EXACT}
+        if "training" in result and "training" in reference:
+            ours, theirs = reference["training"]["losses"], result["training"]["losses"]
+            n = min(check_steps, len(ours))
+            entry["loss_relative_gap_first_steps"] = relative_gap(theirs[:n], ours[:n])
+            entry["loss_relative_gap_all_steps"] = relative_gap(theirs, ours)
+            entry["final_loss"] = theirs[-1]
+            entry["losses_match"] = entry["loss_relative_gap_first_steps"] <= tolerance
+        for key, decoded in result.get("decoding", {}).items():
+            mine, ref = decoded["tokens"], reference["decoding"][key]["tokens"]
+            same = [a == b for row_a, row_b in zip(mine, ref, strict=True)
+                    for a, b in zip(row_a, row_b, strict=True)]
+            entry[f"greedy_tokens_identical_{key}"] = sum(same) / len(same)
+        if entry["exact_expected"]:
+            passed &= entry.get("losses_match", True) and all(
+                v == 1.0 for k, v in entry.items() if k.startswith("greedy_tokens_identical"))
         out[name] = entry
-    theirs = out["theirs_float32"]["tokens_per_s"]
-    for name in contenders:
-        if name.startswith("ours"):
-            out[f"ratio_{name[5:]}_vs_theirs_float32"] = out[name]["tokens_per_s"] / theirs
-    out["losses"] = losses
-    if "ours_bfloat16" in losses:
-        out["bf16_tracking"] = loss_tracking(losses["ours_bfloat16"], losses["ours_float32"])
-    out["ours_vs_theirs_float32_tracking"] = loss_tracking(
-        losses["ours_float32"] if "ours_float32" in losses else losses["ours_bfloat16"],
-        losses["theirs_float32"])
+    out["passed"] = passed
     return out
 
 
-def loss_tracking(candidate: list[float], reference: list[float], tolerance: float = 0.02,
-                  window: int = 10) -> dict:
-    """How closely one loss curve follows another: the relative gap of their moving averages
-    (``window`` steps), worst after the first ``window`` steps, and at the end. Tracking means
-    the worst gap is within ``tolerance`` (2%)."""
-    a = np.convolve(candidate, np.ones(window) / window, mode="valid")
-    b = np.convolve(reference, np.ones(window) / window, mode="valid")
-    if len(a) == 0:
-        a, b = np.asarray(candidate), np.asarray(reference)
-    gap = np.abs(a - b) / np.abs(b)
-    return {"tolerance": tolerance, "window": window, "worst_relative_gap": float(gap.max()),
-            "final_relative_gap": float(gap[-1]), "tracks": bool(gap.max() <= tolerance)}
+def summarise(runs: dict) -> dict:
+    """Median, min, max and per-round values of every figure; ratios ours / theirs as the
+    median of the per-round ratios."""
+    figures = {name: speeds(rs) for name, rs in runs.items()}
+    out = {name: {key: spread(values) for key, values in fs.items()}
+           for name, fs in figures.items()}
+    ratios = {}
+    for name, fs in figures.items():
+        if name == REFERENCE:
+            continue
+        for key, values in fs.items():
+            if key in figures.get(REFERENCE, {}):
+                per_round = [a / b for a, b in zip(figures[REFERENCE][key], values, strict=True)]
+                ratios[f"{REFERENCE}_vs_{name}_{key.removesuffix('_tokens_per_s')}"] = \
+                    spread(per_round)
+    return {"per_contender": out, "ratios": ratios}
 
 
-# ------------------------------------------------------------------------------------------
-# Decoding
+def markdown(result: dict) -> str:
+    summary = result["summary"]["per_contender"]
+    keys = sorted({k for fs in summary.values() for k in fs},
+                  key=lambda k: (not k.startswith("training"), k))
+    head = "| contender | " + " | ".join(k.removesuffix("_tokens_per_s").replace("_", " ") +
+                                        " tokens/s, median [min-max]" for k in keys) + " |"
+    lines = [head, "|---" * (len(keys) + 1) + "|"]
+    for name, fs in summary.items():
+        cells = [f"{fs[k]['median']:,.0f} [{fs[k]['min']:,.0f}-{fs[k]['max']:,.0f}]"
+                 if k in fs else "-" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| ratio ours / theirs (median of per-round ratios) | median | min | max |",
+              "|---|---|---|---|"]
+    for name, r in result["summary"]["ratios"].items():
+        lines.append(f"| {name} | {r['median']:.2f}x | {r['min']:.2f}x | {r['max']:.2f}x |")
+    load = result["load_average_start"][0], result["load_average_end"][0]
+    lines += ["", f"Shape {result['shape']['name']}, rounds: {result['rounds']}, "
+              f"load average (1 min) {load[0]:.1f} -> {load[1]:.1f}; command: "
+              f"`{result['command']}`"]
+    if result.get("machine_was_busy"):
+        lines += ["", "**The machine was busy during this run (1-minute load above half the CPU "
+                  "count): not figures to quote.**"]
+    return "\n".join(lines) + "\n"
 
 
-def our_decoder(config, params, prompts: np.ndarray, new_tokens: int):
-    """(run, compile seconds, prefill): ``run()`` greedy-decodes ``new_tokens`` after
-    ``prompts`` with the KV cache, prefill included, and returns the new tokens."""
-    from transformers_jax.sample import SamplingConfig, generate_tokens
-    from transformers_jax.sample import prefill as start_decoding
-
-    model = build_model(config)
-    batch, prompt_len = prompts.shape
-    lengths = jnp.full((batch,), prompt_len, jnp.int32)
-    tokens = jnp.asarray(prompts, jnp.int32)
-    greedy = SamplingConfig(max_new_tokens=new_tokens, temperature=0.0)
-
-    def run():
-        return jax.block_until_ready(generate_tokens(model, params, tokens, lengths,
-                                                     jax.random.key(0), cfg=greedy))
-
-    prefill_fn = jax.jit(lambda p, t, n: start_decoding(model, p, t, n, new_tokens)[0])
-
-    def prefill():
-        return jax.block_until_ready(prefill_fn(params, tokens, lengths))
-
-    start = time.perf_counter()
-    run()
-    compile_s = time.perf_counter() - start
-    prefill()
-    return run, compile_s, prefill
-
-
-def their_decoder(hf, prompts: np.ndarray, new_tokens: int):
-    import torch
-    from transformers import GenerationConfig
-
-    hf.eval()
-    ids = torch.from_numpy(prompts).long()
-    attention = torch.ones_like(ids)
-
-    def generate(n):
-        config = GenerationConfig(max_new_tokens=n, do_sample=False, num_beams=1, use_cache=True,
-                                  eos_token_id=None, pad_token_id=0)
-        with torch.inference_mode():
-            return hf.generate(input_ids=ids, attention_mask=attention, generation_config=config)
-
-    return (lambda: generate(new_tokens)), (lambda: generate(1))
-
-
-def timed(fn) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
-def compare_decoding(shape: dict, hf, config, params, args, log) -> dict:
-    out = {"prompt_len": shape["prompt"], "new_tokens": shape["new_tokens"]}
-    vocab = shape["vocab"]
-    rng = np.random.default_rng(2)
-    for batch in shape["decode_batches"]:
-        prompts = rng.integers(0, min(vocab, 65), (batch, shape["prompt"])).astype(np.int32)
-        contenders = {}
-        compile_s = {}
-        for dtype in args.dtypes:
-            # Inference: parameters stored in the compute dtype (bfloat16 weights are half the
-            # bytes to stream per token); their side keeps float32.
-            cfg = config.replace(dtype=dtype, param_dtype=dtype)
-            cast = jax.tree.map(lambda x, t=dtype: x.astype(t), params)
-            run, compile_s[dtype], prefill = our_decoder(cfg, cast, prompts, shape["new_tokens"])
-            contenders[f"ours_{dtype}"] = (run, prefill)
-        contenders["theirs_float32"] = their_decoder(hf, prompts, shape["new_tokens"])
-        runs = {name: [] for name in contenders}
-        firsts = {name: [] for name in contenders}
-        tokens = {}
-        for run, first in contenders.values():  # warm-up (their first call builds state)
-            run()
-            first()
-        for _ in range(args.decode_repeats):
-            for name, (run, first) in contenders.items():
-                seconds, result = timed(run)
-                runs[name].append(seconds)
-                tokens[name] = np.asarray(result)
-                firsts[name].append(timed(first)[0])
-        new = batch * shape["new_tokens"]
-        entry = {}
-        for name in contenders:
-            median = statistics.median(runs[name])
-            entry[name] = {"tokens_per_s": new / median, "ms_per_token_step":
-                           1e3 * median / shape["new_tokens"],
-                           "time_to_first_token_ms": 1e3 * statistics.median(firsts[name])}
-            if name.startswith("ours"):
-                entry[name]["compile_s"] = compile_s[name[5:]]
-        theirs = entry["theirs_float32"]["tokens_per_s"]
-        for name in contenders:
-            if name.startswith("ours"):
-                entry[f"ratio_{name[5:]}_vs_theirs_float32"] = entry[name]["tokens_per_s"] / theirs
-        their_new = tokens["theirs_float32"][:, shape["prompt"]:]
-        if "ours_float32" in tokens:
-            entry["greedy_tokens_identical_float32"] = float(
-                np.mean(tokens["ours_float32"] == their_new))
-        out[f"batch_{batch}"] = entry
-        log(f"  decode batch {batch}: " + ", ".join(
-            f"{n} {entry[n]['tokens_per_s']:.0f} tok/s" for n in contenders))
-    out["per_token_by_prefix"] = per_token_by_prefix(shape, hf, config, params, args)
-    return out
-
-
-def per_token_by_prefix(shape: dict, hf, config, params, args) -> dict:
-    """Milliseconds for one new token (batch 1) after a prefix of L tokens with the cache, as
-    one call from Python on each side (both include their dispatch overhead). Each side keeps
-    its cache in place across repeats (ours is donated to the step, theirs appends), so the
-    prefix grows by one token per repeat on both sides."""
-    import torch
-
-    model = build_model(config)
-    size = max(shape["prefixes"]) + args.prefix_repeats + 2
-    prefill = jax.jit(lambda p, c, t: model.apply({"params": p}, t, c, method="decode_step"))
-    step = jax.jit(lambda p, c, t: model.apply({"params": p}, t, c, method="decode_step"),
-                   donate_argnums=1)
-    rows = []
-    rng = np.random.default_rng(3)
-    hf.eval()
-    for length in shape["prefixes"]:
-        length = min(length, shape["context"] - args.prefix_repeats - 1)  # room to grow
-        prefix = rng.integers(0, min(shape["vocab"], 65), (1, length)).astype(np.int32)
-        _, cache = prefill(params, init_cache(config, 1, size), jnp.asarray(prefix[:, :-1]))
-        token = jnp.asarray(prefix[:, -1:])
-        ids = torch.from_numpy(prefix).long()
-        ours_s, theirs_s = [], []
-        with torch.inference_mode():
-            their_cache = hf(input_ids=ids[:, :-1], use_cache=True).cache
-            for i in range(args.prefix_repeats + 1):
-                start = time.perf_counter()
-                logits, cache = step(params, cache, token)
-                jax.block_until_ready(logits)
-                ours = time.perf_counter() - start
-                start = time.perf_counter()
-                hf(input_ids=ids[:, -1:], cache=their_cache, use_cache=True)
-                theirs = time.perf_counter() - start
-                if i:  # the first call compiles ours
-                    ours_s.append(ours)
-                    theirs_s.append(theirs)
-        rows.append({"prefix": length, "ours_ms": 1e3 * statistics.median(ours_s),
-                     "theirs_ms": 1e3 * statistics.median(theirs_s)})
-    first, last = rows[0], rows[-1]
-    return {"rows": rows, "growth_first_to_last": {
-        "ours": last["ours_ms"] / first["ours_ms"],
-        "theirs": last["theirs_ms"] / first["theirs_ms"]}}
-
-
-# ------------------------------------------------------------------------------------------
-
-
-def max_logit_difference(shape: dict, hf, config, params) -> float:
-    import torch
-
-    length = min(shape.get("train_context", shape["context"]), 64)
-    tokens = np.random.default_rng(4).integers(0, min(shape["vocab"], 65), (2, length))
-    hf.eval()
-    with torch.inference_mode():
-        theirs = hf(input_ids=torch.from_numpy(tokens).long()).logits.numpy()
-    ours = build_model(config).apply({"params": params}, jnp.asarray(tokens, jnp.int32))
-    return float(np.abs(np.asarray(ours) - theirs).max())
-
-
-def versions() -> dict:
-    import flax
-    import optax
-    import torch
-    import transformers
-
-    cpu = cpu_model()
-    return {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
-            "numpy": np.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "cpu": cpu, "cores": os.cpu_count(), "jax_device": jax.devices()[0].device_kind,
-            "platform": jax.default_backend()}
-
-
-def plot_losses(results: dict, path: str) -> None:
+def plot_losses(first: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [k for k in results["configs"] if "training" in results["configs"][k]]
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        losses = results["configs"][name]["training"]["losses"]
-        for label, values in losses.items():
-            ax.plot(values, label=label.replace("_", " "), linewidth=1)
-        ax.set_title(f"config {name}: training loss, same weights and batches")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats)")
-        ax.legend()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, result in first.items():
+        if "training" in result:
+            ax.plot(result["training"]["losses"], label=name, linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title("training loss: same weights, batches, optimizer")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def targets(results: dict) -> dict:
-    """The issue's targets, with the measured value and whether it was met."""
-    out = {}
-    configs = results["configs"]
-
-    def add(name, target, value):
-        if value is not None:
-            out[name] = {"target": target, "measured": value, "met": value >= target}
-
-    a = configs.get("a", {})
-    train = a.get("training", {})
-    add("a_train_float32_vs_theirs", 0.8, train.get("ratio_float32_vs_theirs_float32"))
-    add("a_train_bfloat16_vs_theirs_float32", 1.0, train.get("ratio_bfloat16_vs_theirs_float32"))
-    decode = a.get("decoding", {})
-    add("a_decode_batch1_vs_generate", 5.0,
-        decode.get("batch_1", {}).get("ratio_float32_vs_theirs_float32"))
-    add("a_decode_batch8_vs_generate", 3.0,
-        decode.get("batch_8", {}).get("ratio_float32_vs_theirs_float32"))
-    c = configs.get("c", {}).get("decoding", {})
-    add("c_decode_batch1_vs_generate", 1.3,
-        c.get("batch_1", {}).get("ratio_float32_vs_theirs_float32"))
-    if "ours_float32" in train:
-        out["a_compile_s_below_3"] = {"target": 3.0, "measured": train["ours_float32"]["compile_s"],
-                                      "met": train["ours_float32"]["compile_s"] < 3.0}
-    if "bf16_tracking" in train:
-        tracking = train["bf16_tracking"]
-        out["a_bf16_loss_tracks_float32"] = {"target": tracking["tolerance"],
-                                            "measured": tracking["worst_relative_gap"],
-                                            "met": tracking["tracks"]}
-    return out
-
-
-def attention_lengths(args, log) -> dict:
-    """Attention alone, causal, forward + backward: compiled temporary bytes from 1k to 16k
-    tokens (memory_analysis; nothing is run) and speed at short lengths against xla and torch's
-    ``scaled_dot_product_attention`` (4 heads of 32: config a's attention)."""
-    import torch
-
-    from transformers_jax.nn.attention import dot_product_attention
-    from transformers_jax.nn.masks import build_mask
-
-    heads, dim = 4, 32
-
-    def grad_fn(impl, chunk):
-        def loss(q, k, v, pos):
-            mask = build_mask("causal", pos, pos)
-            out = dot_product_attention(q, k, v, mask=mask, implementation=impl,
-                                        chunk_size=chunk)
-            return jnp.sum(out.astype(jnp.float32) ** 2)
-
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-
-    kernels = {"xla": ("xla", 128), "reference": ("reference", 128),
-               "chunked_64": ("chunked", 64), "chunked_128": ("chunked", 128)}
-    memory = []
-    for length in args.memory_lengths:
-        spec = jax.ShapeDtypeStruct((1, length, heads, dim), jnp.float32)
-        pos = jax.ShapeDtypeStruct((1, length), jnp.int32)
-        row = {"length": length, "one_score_matrix_bytes": 4 * heads * length * length}
-        for name, (impl, chunk) in kernels.items():
-            if name == "reference" and length > 4096:
-                continue
-            compiled = grad_fn(impl, chunk).lower(spec, spec, spec, pos).compile()
-            row[f"{name}_temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
-        memory.append(row)
-        log(f"  memory at {length}: " + ", ".join(
-            f"{k} {v / 2**20:.1f} MiB" for k, v in row.items() if k.endswith("bytes")))
-    speed = []
-    rng = np.random.default_rng(5)
-    for length in args.speed_lengths:
-        batch = max(4096 // length, 1)
-        q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, dim)), jnp.float32)
-                   for _ in range(3))
-        pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-        fns = {name: grad_fn(impl, chunk) for name, (impl, chunk) in kernels.items()
-               if name != "reference"}
-        tq, tk, tv = (torch.tensor(np.asarray(x).transpose(0, 2, 1, 3), requires_grad=True)
-                      for x in (q, k, v))
-
-        def torch_sdpa(tq=tq, tk=tk, tv=tv):
-            out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
-            (out**2).sum().backward()
-
-        contenders = {name: (lambda f=f, a=(q, k, v, pos): jax.block_until_ready(f(*a)))
-                      for name, f in fns.items()}
-        contenders["torch_sdpa"] = torch_sdpa
-        for fn in contenders.values():
-            fn()
-        times = {name: [] for name in contenders}
-        for _ in range(args.attention_repeats):
-            for name, fn in contenders.items():
-                times[name].append(timed(fn)[0])
-        row = {"length": length, "batch": batch}
-        row.update({f"{name}_ms": 1e3 * statistics.median(ts) for name, ts in times.items()})
-        for name in ("chunked_64", "chunked_128", "torch_sdpa"):
-            row[f"{name}_speedup_vs_xla"] = row["xla_ms"] / row[f"{name}_ms"]
-        speed.append(row)
-        log(f"  speed at {length}: " + ", ".join(
-            f"{k} {v:.1f}" for k, v in row.items() if k.endswith("_ms")))
-    return {"heads": heads, "head_dim": dim, "mask": "causal", "dtype": "float32",
-            "memory_forward_backward": memory, "speed_forward_backward_4096_tokens": speed}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default="a,b,c", help="comma-separated subset of a,b,c")
-    parser.add_argument("--rounds", type=int, default=40,
-                        help="timed training rounds for a and b (one step of each contender "
-                        "per round)")
-    parser.add_argument("--c-rounds", type=int, default=3,
-                        help="timed training rounds for c (after one warm-up round)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
-    parser.add_argument("--decode-repeats", type=int, default=5)
-    parser.add_argument("--prefix-repeats", type=int, default=10)
-    parser.add_argument("--attention", default="chunked", help="our attention implementation")
-    parser.add_argument("--chunk", type=int, default=64, help="our chunked attention tile")
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="our compute dtypes")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="a")
+    parser.add_argument("--tiny", action="store_true", help="same as --shape tiny")
+    parser.add_argument("--contenders", default="jax_float32,hf,torch,torch_compile",
+                        help=f"comma-separated, from {', '.join(CONTENDERS)}; "
+                        f"{REFERENCE} is always run")
+    parser.add_argument("--rounds", type=int, default=5, help="processes of each contender")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed training steps")
+    parser.add_argument("--timed-steps", type=int, default=30, help="timed training steps")
+    parser.add_argument("--decode-repeats", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int,
+                        help="torch.set_num_threads in the torch workers (default: torch's own)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
-    parser.add_argument("--torch-threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tiny", action="store_true", help="toy sizes: a smoke run")
+    parser.add_argument("--check", action="store_true",
+                        help="correctness only: one untimed process per contender; exit 1 on a "
+                        "mismatch")
+    parser.add_argument("--check-steps", type=int, default=10)
+    parser.add_argument("--loss-tolerance", type=float, default=1e-3)
+    parser.add_argument("--no-train", action="store_true")
+    parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--dir", help="keep the prepared inputs here (default: a temporary one)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--plot", help="PNG of the loss curves of the trained configs")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    parser.add_argument("--no-train", action="store_true", help="decoding only")
-    parser.add_argument("--attention-lengths", action="store_true",
-                        help="instead: attention alone, memory 1k-16k and speed at short lengths")
-    parser.add_argument("--memory-lengths", default="1024,2048,4096,8192,16384")
-    parser.add_argument("--speed-lengths", default="128,256,512,1024")
-    parser.add_argument("--attention-repeats", type=int, default=15)
+    parser.add_argument("--markdown", help="also write a markdown table here")
+    parser.add_argument("--plot", help="PNG of the first round's loss curves")
+    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    args.dtypes = tuple(args.dtypes.split(","))
-    args.memory_lengths = [int(x) for x in filter(None, args.memory_lengths.split(","))]
-    args.speed_lengths = [int(x) for x in filter(None, args.speed_lengths.split(","))]
-
-    import torch
-
-    torch.set_num_threads(args.torch_threads)
+    shape = "tiny" if args.tiny else args.shape
+    names = [REFERENCE] + [n for n in filter(None, args.contenders.split(",")) if n != REFERENCE]
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        parser.error(f"unknown contenders {unknown}: choose from {', '.join(CONTENDERS)}")
+    kind = SHAPES[shape]["kind"]
+    if args.contenders == parser.get_default("contenders"):  # the default: all that apply
+        names = [n for n in names if n in KIND_CONTENDERS[kind]]
+    wrong = [n for n in names if n not in KIND_CONTENDERS[kind]]
+    if wrong:
+        parser.error(f"contenders {wrong} cannot run shape {shape} (a {kind}): choose from "
+                     f"{', '.join(KIND_CONTENDERS[kind])}")
+    rounds = 1 if args.check else args.rounds
+    steps = args.check_steps if args.check else args.warmup + args.timed_steps
+    if args.check and args.no_train and args.no_decode:
+        parser.error("--check with --no-train and --no-decode checks nothing")
 
     def log(message):
         if not args.quiet:
             print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {message}",
                   file=sys.stderr, flush=True)
 
-    shapes = configurations(args.tiny)
-    results = {
-        "command": "python benchmarks/side_by_side.py " + " ".join(argv or sys.argv[1:]),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "load_average_start": list(os.getloadavg()),
-        "versions": versions(),
-        "torch_threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "our_attention": {"implementation": args.attention, "chunk": args.chunk},
-        "configs": {},
-    }
-    if args.attention_lengths:
-        results["attention_lengths"] = attention_lengths(args, log)
-        args.configs = ""
-    for name in filter(None, args.configs.split(",")):
-        shape = dict(shapes[name])
-        log(f"config {name}: {shape}")
-        if name == "c":
-            shape["train_rounds"], shape["train_warmup"] = args.c_rounds, 1
-        hf = hf_model(shape, args.seed)
-        config, params = converted(hf, args.attention, args.chunk)
-        entry = {"shape": shape, "our_config": {k: v for k, v in config.to_dict().items()
-                                                 if k != "rope"},
-                 "max_logit_difference_float32": max_logit_difference(shape, hf, config, params),
-                 "load_average_before": list(os.getloadavg())}
-        if not args.no_train:
-            entry["training"] = compare_training(shape, hf, config, params, args, log)
-        if shape["kind"] == "gpt":
-            entry["decoding"] = compare_decoding(shape, hf, config, params, args, log)
-        entry["load_average_after"] = list(os.getloadavg())
-        results["configs"][name] = entry
-        del hf
-    results["load_average_end"] = list(os.getloadavg())
-    results["targets"] = targets(results)
+    result = {"command": "python benchmarks/side_by_side.py " + " ".join(
+                  sys.argv[1:] if argv is None else argv),
+              "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "load_average_start": list(os.getloadavg()), "cpu_count": os.cpu_count(),
+              "mode": "check" if args.check else "timed", "rounds": rounds,
+              "order": "each round runs every contender once, in this order, one process each",
+              "contenders": names, "worker_environment_removed": list(THREAD_VARIABLES)}
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = args.dir or scratch
+        log(f"preparing {shape} ({steps} steps) in {directory}")
+        run_worker("side_by_side_jax.py", ["prepare", "--dir", directory, "--shape", shape,
+                                           "--steps", str(steps), "--seed", str(args.seed),
+                                           "--learning-rate", str(args.learning_rate)],
+                   log, args.timeout)
+        with open(os.path.join(directory, "plan.json")) as f:
+            plan = json.load(f)
+        common = ["--dir", directory, "--warmup", str(args.warmup),
+                  "--decode-repeats", str(args.decode_repeats)]
+        common += ["--check"] if args.check else []
+        common += ["--no-train"] if args.no_train else []
+        common += ["--no-decode"] if args.no_decode else []
+        runs = {name: [] for name in names}
+        for i in range(rounds):
+            log(f"round {i + 1}/{rounds}")
+            for name in names:
+                script, extra = CONTENDERS[name]
+                threads = (["--threads", str(args.torch_threads)]
+                           if args.torch_threads and script == "side_by_side_torch.py" else [])
+                runs[name].append(run_worker(script, [*extra, *common, *threads], log,
+                                             args.timeout))
+    first = {name: rs[0] for name, rs in runs.items()}
+    result["shape"] = plan["shape"]
+    result["steps_per_process"] = steps
+    result["warmup_steps"] = 0 if args.check else args.warmup
+    result["optimizer"] = plan["optimizer"]
+    result["objective"], result["data"] = plan["objective"], plan["data"]
+    result["correctness"] = correctness(first, args.check_steps, args.loss_tolerance)
+    result["losses_first_round"] = {n: r["training"]["losses"] for n, r in first.items()
+                                    if "training" in r}
+    result["isolation"] = {n: {"jax_imported": r.get("jax_imported"),
+                               "torch_imported": r.get("torch_imported")}
+                           for n, r in first.items()}
+    result["threads"] = {n: r["threads"] for n, r in first.items()}
+    result["versions"] = {n: r["versions"] for n, r in first.items()}
+    result["worker_thread_environment"] = {n: r["process_start"]["thread_environment"]
+                                           for n, r in first.items()}
+    result["load_average_per_process"] = {
+        n: [[r["process_start"]["load_average"][0], r["process_end"]["load_average"][0]]
+            for r in rs] for n, rs in runs.items()}
+    result["process_wall_s"] = {n: [r["process_wall_s"] for r in rs] for n, rs in runs.items()}
+    if not args.check:
+        result["summary"] = summarise(runs)
+        # ours: lower + compile of the train step; PyTorch: its first step (torch.compile's
+        # compilation happens there), per round
+        result["training_compile_or_first_step_s"] = {
+            n: [r["training"].get("compile_s", r["training"].get("first_step_s")) for r in rs]
+            for n, rs in runs.items() if "training" in rs[0]}
+    result["load_average_end"] = list(os.getloadavg())
+    busiest = max(load for pairs in result["load_average_per_process"].values()
+                  for pair in pairs for load in pair)
+    # PyTorch's default OpenMP wait spins: on an oversubscribed machine its processes slow down
+    # far more than ours, so figures from a busy machine say little about either library.
+    result["machine_was_busy"] = busiest > 0.5 * (os.cpu_count() or 1)
+    if result["machine_was_busy"] and not args.check:
+        log(f"warning: 1-minute load average reached {busiest:.1f} on {os.cpu_count()} CPUs: "
+            "measure on a quiet machine before quoting these figures")
     if args.plot:
-        plot_losses(results, args.plot)
-        results["plot"] = args.plot
-    emit_json(results, args.out)
+        plot_losses(first, args.plot)
+    text = json.dumps(result, indent=1, default=float)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.markdown and not args.check:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(result))
+    print(text)
+    if not result["correctness"]["passed"]:
+        log("correctness check FAILED: " + json.dumps(result["correctness"]))
+        return 1
     return 0
 
 

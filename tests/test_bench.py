@@ -109,40 +109,6 @@ def test_gpu_benchmark_refuses_cudnn_without_a_gpu():
         gpu.main([])
 
 
-@pytest.mark.slow
-def test_side_by_side_tiny(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    sbs = _load("side_by_side")
-    out = tmp_path / "sbs.json"
-    assert sbs.main(["--tiny", "--configs", "a,b", "--rounds", "2", "--warmup", "1",
-                     "--decode-repeats", "1", "--prefix-repeats", "1", "--quiet",
-                     "--dtypes", "float32,bfloat16", "--out", str(out),
-                     "--plot", str(tmp_path / "loss.png")]) == 0
-    result = json.loads(out.read_text())
-    assert (tmp_path / "loss.png").stat().st_size > 0
-    for name in ("a", "b"):
-        config = result["configs"][name]
-        assert config["max_logit_difference_float32"] < 1e-4  # the same function on both sides
-        training = config["training"]
-        for contender in ("ours_float32", "ours_bfloat16", "theirs_float32"):
-            assert _positive(training[contender]["tokens_per_s"]), (name, contender)
-            assert len(training["losses"][contender]) == 3
-        assert _positive(training["ratio_float32_vs_theirs_float32"])
-        assert _positive(training["ratio_bfloat16_vs_theirs_float32"])
-        # identical weights and batches: the first losses agree
-        first = {c: training["losses"][c][0] for c in training["losses"]}
-        assert abs(first["ours_float32"] - first["theirs_float32"]) < 1e-4, first
-    decoding = result["configs"]["a"]["decoding"]
-    assert _positive(decoding["batch_1"]["ratio_float32_vs_theirs_float32"])
-    assert decoding["batch_1"]["greedy_tokens_identical_float32"] == 1.0
-    assert len(decoding["per_token_by_prefix"]["rows"]) == 2
-    assert "b" not in result["configs"] or "decoding" not in result["configs"]["b"]
-    assert {"a_train_float32_vs_theirs", "a_decode_batch1_vs_generate"} <= set(result["targets"])
-    for key in ("torch", "transformers", "jax", "cpu"):
-        assert result["versions"][key]
-
-
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_every_subcommand_answers_help(flag, capsys):
     from transformers_jax import cli

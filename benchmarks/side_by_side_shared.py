@@ -1,0 +1,84 @@
+"""What the side-by-side driver and its workers share, with nothing but the standard library and
+numpy: the shapes, the prepared directory's layout, and the facts each worker reports about its
+process (threads, load, environment). The JAX worker never imports torch and the torch workers
+never import jax, so nothing here may import either."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+# The shapes of issue 9: a (a character-level GPT-2 shape), b (the same shape as a BERT masked
+# LM: trained, not decoded) and c (GPT-2 small); tiny, tiny_bert: the same code paths in
+# seconds, for tests.
+SHAPES = {
+    "a": dict(kind="gpt", layers=4, heads=4, width=128, context=256, batch=16, vocab=65,
+              train_len=256, decode_batches=(1, 8), prompt=16, new_tokens=240),
+    "b": dict(kind="bert", layers=4, heads=4, width=128, context=256, batch=16, vocab=65,
+              train_len=256, decode_batches=()),
+    "c": dict(kind="gpt", layers=12, heads=12, width=768, context=1024, batch=4, vocab=50257,
+              train_len=128, decode_batches=(1,), prompt=16, new_tokens=112),
+    "tiny": dict(kind="gpt", layers=1, heads=2, width=32, context=32, batch=2, vocab=65,
+                 train_len=32, decode_batches=(1, 2), prompt=4, new_tokens=12),
+    "tiny_bert": dict(kind="bert", layers=1, heads=2, width=32, context=32, batch=2, vocab=65,
+                      train_len=32, decode_batches=()),
+}
+# The contenders that can run each kind (the plain PyTorch model is a GPT).
+KIND_CONTENDERS = {"gpt": ("jax_float32", "jax_bfloat16", "hf", "torch", "torch_compile"),
+                   "bert": ("jax_float32", "jax_bfloat16", "hf")}
+
+# Inside the prepared directory (written once by ``side_by_side_jax.py prepare``).
+HF_DIR = "hf"  # config.json + model.safetensors: the initial weights, GPT-2 layout
+DATA_FILE = "data.npz"  # inputs/targets [steps, B, T], learning_rates [steps], prompts_b{B}
+PLAN_FILE = "plan.json"  # the shape and the optimizer's hyper-parameters
+
+# Thread and wait settings the driver removes from the workers' environment, so that each
+# library runs with its own defaults (unless the driver is asked for a setting explicitly).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES",
+                    "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOMP_SPINCOUNT",
+                    "KMP_BLOCKTIME", "TORCH_NUM_THREADS", "XLA_FLAGS")
+
+
+def read_plan(directory: str) -> tuple[dict, dict]:
+    """(plan, data arrays) of a prepared directory."""
+    with open(os.path.join(directory, PLAN_FILE)) as f:
+        plan = json.load(f)
+    with np.load(os.path.join(directory, DATA_FILE)) as data:
+        arrays = {k: data[k] for k in data.files}
+    return plan, arrays
+
+
+def process_facts() -> dict:
+    """What a worker records about its own process: the CPUs it may use, the load, and the
+    thread-related environment it was started with (empty: every library's default)."""
+    return {
+        "pid": os.getpid(),
+        "cpu_count": os.cpu_count(),
+        "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "load_average": list(os.getloadavg()),
+        "thread_environment": {k: os.environ[k] for k in THREAD_VARIABLES if k in os.environ},
+        "python": platform.python_version(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def forbidden_imports(library: str) -> bool:
+    """Whether ``library`` (jax or torch) was imported into this process."""
+    return library in sys.modules
+
+
+def emit(result: dict, path: str | None) -> None:
+    text = json.dumps(result, indent=1, default=float)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values))
