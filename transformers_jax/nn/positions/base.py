@@ -12,6 +12,8 @@ hook                     called by                                             f
 =======================  ====================================================  ================
 ``embedding(cfg)``       the embedder: a module ``positions [B, T] ->          learned,
                          [B, T, C]`` added to the token embeddings             sinusoidal
+``token_scale(cfg)``     the embedder: a factor on the token embeddings        sinusoidal
+                                                                               (vaswani form)
 ``rotate(cfg, x, pos,    self-attention, on queries (``role="query"``) and     rope, xpos
 role)``                  keys (``role="key"``) before the dot product
 ``bias(cfg, bidir.)``    the layer stack, once per forward pass (every layer   alibi, t5, fire,
@@ -54,6 +56,11 @@ class PositionScheme(Switch):
     def embedding(self, config: Any) -> nn.Module | None:
         """A module ``positions [B, T] -> [B, T, C]`` added to the token embeddings."""
         return None
+
+    def token_scale(self, config: Any) -> float:
+        """A factor the embedder multiplies the token embeddings by (before adding the
+        position embedding); 1 for every scheme but the original transformer's sinusoidal."""
+        return 1.0
 
     def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
                role: Role) -> jax.Array:
