@@ -11,6 +11,7 @@ import dataclasses
 import json
 import types
 import typing
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,7 +325,10 @@ class TrainConfig:
 
 
 def check_lengths(model: ModelConfig, seq_len: int) -> None:
-    """Fail early when a run's sequence length cannot fit the model's position table."""
+    """Fail early when a run's sequence length cannot fit the model's position table; warn
+    when the scheme's settings leave part of it untrained at this length."""
+    for message in model.position.length_warnings(model, seq_len):
+        warnings.warn(message, stacklevel=2)
     limit = model.position.max_length(model)
     if limit is not None and seq_len > limit:
         _fail(

@@ -25,6 +25,8 @@ pos)``                   hooks see (masks keep the real ones)
 ``cacheable``            whether KV-cache decoding can reproduce a forward     (all but
                          pass (checked when a cache is made)                   sampled eval)
 ``max_length(cfg)``      config checks, sampling, data: longest input or None  learned
+``length_warnings(cfg,   the training loop: settings that will not train at    t5, fire
+seq_len)``               this length (buckets past it, an inactive threshold)
 =======================  ====================================================  ================
 
 Cross-attention (queries and keys from different sequences) calls none of them.
@@ -52,6 +54,11 @@ class PositionScheme(Switch):
     def max_length(self, config: Any) -> int | None:
         """The longest sequence the scheme can encode, or None for no limit."""
         return None
+
+    def length_warnings(self, config: Any, seq_len: int) -> list[str]:
+        """Why training at ``seq_len`` leaves part of the scheme untrained or inactive (each a
+        sentence naming the field to change); empty when nothing is wrong."""
+        return []
 
     def embedding(self, config: Any) -> nn.Module | None:
         """A module ``positions [B, T] -> [B, T, C]`` added to the token embeddings."""
