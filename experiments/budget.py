@@ -15,11 +15,8 @@ import os
 import tempfile
 import time
 
-from experiments.common import eval_loss, stream
-from experiments.length_extrapolation import baselines
-from experiments.splits import make_split
+from experiments.common import eval_loss, heldout_split
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.loop import train
 from transformers_jax.runs import load_run
 
@@ -40,10 +37,7 @@ def main(argv=None) -> None:
     p.add_argument("--run-dir", default=None, help="keep the run (and its checkpoints) here")
     p.add_argument("--eval-only", action="store_true", help="score --run-dir's checkpoints")
     args = p.parse_args(argv)
-    split = make_split(args.data, heldout_bytes=args.heldout)
-    tok = ByteTokenizer()
-    eval_tokens = stream(tok, split.heldout, args.heldout)
-    base = baselines(split, tok, eval_tokens, tok.vocab_size)
+    split, eval_tokens, base = heldout_split(args.data, args.heldout)
     print(json.dumps({"data": split.meta(), "baselines": base}), flush=True)
     model_cfg = ModelConfig(position=args.position, max_len=args.seq_len, d_model=args.d_model,
                             n_layers=args.layers, n_heads=args.heads)

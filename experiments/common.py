@@ -201,6 +201,47 @@ def stream(tokenizer, texts: Sequence[bytes], max_tokens: int | None = None) -> 
     return out if max_tokens is None else out[:max_tokens]
 
 
+def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, float]:
+    """Unigram (add-one) and Kneser-Ney 2-5-gram held-out losses (nats/token), fitted on the
+    split's training text and scored on ``eval_tokens`` (cached like a run)."""
+    from experiments.ngram import KneserNey
+
+    vocab = tokenizer.vocab_size
+    key = cache_key(data=split.sha256, split=split.seed, unit=split.unit, vocab=vocab,
+                    eval=[len(eval_tokens), int(eval_tokens.sum())])
+
+    def compute():
+        train_tokens = stream(tokenizer, split.train_texts(max_bytes=20_000_000))
+        out = {"unigram": unigram_loss(train_tokens, eval_tokens, vocab),
+               "train_tokens": int(train_tokens.size)}
+        for k in (2, 3, 4, 5):
+            out[f"{k}-gram"] = KneserNey(k, vocab).fit(train_tokens).loss(eval_tokens)
+        return out
+
+    return cached_run("ngram", key, compute)
+
+
+def heldout_split(data: str | None, n_eval: int, split_seed: int = 0):
+    """``(split, held-out byte tokens [n_eval], baselines)``: the seed-drawn split of ``data``
+    (``experiments.splits``; train on ``split.train_data``), its held-out stream, and the
+    n-gram baselines on that stream. The experiments use TrainConfig's byte tokenizer."""
+    from experiments.splits import make_split
+    from transformers_jax.data.tokenizers import ByteTokenizer
+
+    split = make_split(data, seed=split_seed, heldout_bytes=n_eval)
+    tokenizer = ByteTokenizer()
+    tokens = stream(tokenizer, split.heldout, n_eval)
+    return split, tokens, ngram_baselines(split, tokenizer, tokens)
+
+
+def baselines_line(base: dict) -> str:
+    """The baselines as one table note."""
+    return ("Baselines on the same held-out tokens (nats/token; fitted on the training split, "
+            "Kneser-Ney with n-1 tokens of context): " + ", ".join(
+                f"{k} {base[k]:.3f}" for k in ("unigram", "2-gram", "3-gram", "4-gram", "5-gram")
+                if k in base) + ".")
+
+
 # ------------------------------------------------------------------------------ plots
 
 
