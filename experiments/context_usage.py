@@ -38,7 +38,7 @@ SCALES = {
     "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=16, batch_size=4, seq_len=48),
              16, (4, 16), 4_000, 8),
     "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=500, batch_size=16,
-                seq_len=256), 16, (5, 10, 20, 50, 100, 200), 60_000, 64),
+                seq_len=256), 16, (5, 10, 20, 50, 100, 200), 200_000, 64),
     "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=32,
               seq_len=1024), 32, (5, 10, 20, 50, 100, 200, 500, 900), 400_000, 256),
 }
@@ -121,7 +121,8 @@ def report(out: dict) -> None:
     import matplotlib.pyplot as plt
 
     bounds = out["boundaries"]
-    fig, axes = plt.subplots(1, len(PERTURBATIONS), figsize=(15, 3.6))  # own y-limits: effects differ in size
+    # each panel its own y-limits: the effects differ in size by an order of magnitude
+    fig, axes = plt.subplots(1, len(PERTURBATIONS), figsize=(15, 3.6))
     tables = []
     for family, runs in out["results"].items():
         rows = []

@@ -42,7 +42,7 @@ SCALES = {
     "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=16, batch_size=4, seq_len=16),
              4, 2_000),
     "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=400, batch_size=16,
-                seq_len=64), 60, 24_000),
+                seq_len=64), 60, 200_000),
     "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=64,
               seq_len=256), 400, 400_000),
 }

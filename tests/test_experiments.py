@@ -119,7 +119,7 @@ def test_rope_extension_tiny(results_dir):
 def test_context_usage_tiny(results_dir):
     from experiments import context_usage
 
-    context_usage.main(["--scale", "tiny"])
+    context_usage.main(["--scale", "tiny", "--seeds", "1"])
     out = json.loads((results_dir / "context_usage_tiny.json").read_text())
     assert set(out["results"]) == {"gpt", "lstm"}
     row = out["results"]["lstm"][0]
