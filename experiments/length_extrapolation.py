@@ -8,7 +8,9 @@ fast past L, rotary less, T5 bias less still, ALiBi stays flat; a learned table 
 L at all. Every table carries Kneser-Ney n-gram baselines fitted on the same training text,
 and each claim a paired 95% interval over seeds x held-out chunks (``experiments.stats``).
 
-    python -m experiments.length_extrapolation                  # default: 3 seeds, 4 schemes
+    python -m experiments.length_extrapolation                  # default: 3 seeds, 4 schemes,
+                                                                # 36 runs, ~4-7 h on 2 cores
+    python -m experiments.length_extrapolation --train-lens 64  # one training length, ~1/3
     python -m experiments.length_extrapolation --scale large    # a GPU/TPU-sized run
     python -m experiments.length_extrapolation --schemes alibi,rope,sinusoidal,none,xpos,kerple
     python -m experiments.length_extrapolation --data /path/tiny_shakespeare.txt --seeds 5
