@@ -66,6 +66,23 @@ def command_line() -> str:
     return f"python -m {module} {args}".strip()
 
 
+# Each scheme's settings in the experiments, from the training length L and the longest
+# evaluated length E (recorded in the JSON and the tables): T5's buckets reach only as far as
+# L (farther ones would never train), FIRE's threshold starts at L (above it its length
+# normalisation never acts), randomized positions draw from the longest evaluated length.
+SCHEME_SETTINGS = {
+    "t5": lambda L, E: {"max_distance": L, "num_buckets": min(32, L)},
+    "fire": lambda L, E: {"init_threshold": float(L)},
+    "randomized": lambda L, E: {"base": "rope", "max_position": E},
+}
+
+
+def position_for(scheme: str, train_len: int, max_eval: int) -> dict:
+    """The position config of ``scheme`` trained at ``train_len`` (``SCHEME_SETTINGS``)."""
+    settings = SCHEME_SETTINGS.get(scheme)
+    return {"name": scheme, **(settings(train_len, max_eval) if settings else {})}
+
+
 def train_and_load(model_cfg: ModelConfig, train_cfg: TrainConfig, run_dir: str | None = None):
     """Train (quietly) and return ``(model, params, tokenizer, final_metrics)``."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,6 +36,7 @@ from experiments.common import (
     heldout_split,
     markdown_table,
     plot_seeds,
+    position_for,
     position_losses,
     reference_lines,
     train_and_load,
@@ -46,20 +47,6 @@ from transformers_jax import ModelConfig, TrainConfig
 
 SCHEMES = ["alibi", "rope", "sinusoidal", "none"]  # the paper's core four, at default budget
 OPTIONAL = ["xpos", "kerple", "randomized", "t5", "fire", "learned"]
-
-
-def position_for(scheme: str, train_len: int, max_eval: int) -> dict:
-    """Each scheme's settings at training length L (recorded in the JSON and the table):
-    T5's buckets reach only as far as L (farther ones would never train), FIRE's threshold
-    starts at L (above it its length normalisation never acts), randomized positions draw
-    from the longest evaluated length."""
-    if scheme == "t5":
-        return {"name": "t5", "max_distance": train_len, "num_buckets": min(32, train_len)}
-    if scheme == "fire":
-        return {"name": "fire", "init_threshold": float(train_len)}
-    if scheme == "randomized":
-        return {"name": "randomized", "base": "rope", "max_position": max_eval}
-    return {"name": scheme}
 
 
 SCALES = {
