@@ -161,3 +161,11 @@ def test_bias_settings_beyond_the_training_length_warn(position, field):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_lengths(cfg, 512)  # the whole range trains
+
+
+def test_sinusoidal_saved_before_its_form_loads_as_it_was_trained():
+    old = ModelConfig(position="rope").to_dict() | {"position": {"name": "sinusoidal"}}
+    assert ModelConfig.from_dict(old).position.form == "rms"
+    new = ModelConfig(position="sinusoidal")
+    assert new.position.form == "vaswani"
+    assert ModelConfig.from_dict(new.to_dict()) == new  # round trip keeps the form

@@ -175,9 +175,14 @@ class ModelConfig:
     def migrate(data: dict[str, Any]) -> dict[str, Any]:
         """Read a config saved before the switches carried their settings (flat ``rope``,
         ``window``, ``t5_*``, ``fire_hidden``, ``attention_chunk`` fields): those fields move
-        into the switch they belong to. Only fields of the switch in use are kept, as the
-        model built from the old config never read the others."""
+        into the switch they belong to; only fields of the switch in use are kept, as the
+        model built from the old config never read the others. A saved sinusoidal position
+        without ``form`` predates the original-transformer form and reads as ``form="rms"``."""
         data = dict(data)
+        if data.get("position") == {"name": "sinusoidal"}:
+            # saved before sinusoidal had a form (every saved switch lists all its fields):
+            # that model added the table at the embeddings' init RMS, without token scaling
+            data["position"] = {"name": "sinusoidal", "form": "rms"}
         legacy = {k: data.pop(k) for k in ("rope", "window", "t5_num_buckets", "t5_max_distance",
                                           "fire_hidden", "attention_chunk") if k in data}
         if not legacy:
