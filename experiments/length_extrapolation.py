@@ -116,7 +116,7 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
     return row
 
 
-def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: bool,
+def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: bool = False,
         split_seed: int = 0, train_lens: tuple[int, ...] | None = None) -> dict:
     _, _, default_lens, multiples, n_eval = SCALES[scale]
     train_lens = tuple(train_lens or default_lens)
@@ -186,7 +186,14 @@ def _cell(values) -> str:
     return f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.3f}"
 
 
-def report(out: dict):
+def report(out: dict) -> dict[str, str]:
+    """Write the JSON (with the paired comparisons), the tables and the plot."""
+    out.setdefault("comparisons", comparisons(out))
+    text, fig = tables_and_figure(out)
+    return write_results(f"length_extrapolation_{out['scale']}", out, text, fig)
+
+
+def tables_and_figure(out: dict):
     """The markdown tables (with baselines, settings, claims) and the figure."""
     base = out["baselines"]
     modes = ["flat"] + (["sliding"] if out.get("sliding") else [])
@@ -307,9 +314,7 @@ def main(argv=None) -> None:
     lens = tuple(int(x) for x in args.train_lens.split(",")) if args.train_lens else None
     out = run(args.scale, args.seeds, args.schemes.split(","), args.data, args.sliding,
               args.split_seed, lens)
-    out["comparisons"] = comparisons(out)
-    text, fig = report(out)
-    write_results(f"length_extrapolation_{out['scale']}", out, text, fig)
+    report(out)
 
 
 if __name__ == "__main__":
