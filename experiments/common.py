@@ -93,6 +93,31 @@ def train_and_load(model_cfg: ModelConfig, train_cfg: TrainConfig, run_dir: str 
     return model, params, tokenizer, final
 
 
+def trained(experiment: str, model_cfg: ModelConfig, train_cfg: TrainConfig):
+    """``train_and_load`` once per (model, training) config: the finished run is kept under
+    ``results/.cache/<experiment>/runs/`` so a changed evaluation (another length, sliding
+    windows, more held-out text) re-scores it without training again. ``TJAX_FRESH=1``
+    retrains. Returns ``(model, params, tokenizer, final_metrics)``."""
+    key = cache_key(model=model_cfg, train=train_cfg)
+    run_dir = os.path.join(RESULTS, ".cache", experiment, "runs", key)
+    final_path = os.path.join(run_dir, "final.json")
+    if not FRESH and os.path.exists(final_path):
+        model, params, tokenizer, _ = load_run(run_dir)
+        with open(final_path) as f:
+            return model, params, tokenizer, json.load(f)
+    tmp = f"{run_dir}.tmp{os.getpid()}"
+    model, params, tokenizer, final = train_and_load(model_cfg, train_cfg, tmp)
+    if os.path.exists(run_dir):  # a fresh retrain replaces the old run
+        import shutil
+
+        shutil.rmtree(run_dir)
+    keep = {k: v for k, v in final.items() if isinstance(v, (int, float, str))}
+    with open(os.path.join(tmp, "final.json"), "w") as f:
+        json.dump(keep, f)
+    os.replace(tmp, run_dir)
+    return model, params, tokenizer, keep
+
+
 def text_tokens(tokenizer, data: str | None, max_tokens: int, role: str = "eval",
                 val_fraction: float = 0.05) -> np.ndarray:
     """One split ("eval": held out; "train") as a token stream (documents joined by eos)."""

@@ -15,8 +15,9 @@ and each claim a paired 95% interval over seeds x held-out chunks (``experiments
     python -m experiments.length_extrapolation --schemes alibi,rope,sinusoidal,none,xpos,kerple
     python -m experiments.length_extrapolation --data /path/tiny_shakespeare.txt --seeds 5
 
-Runs are cached by config under ``results/.cache/`` (an interrupted run resumes; ``--fresh``
-recomputes).
+Runs are cached by config under ``results/.cache/``: finished trainings (so a new evaluation
+setting such as ``--sliding`` re-scores without retraining) and their scores (so an
+interrupted run resumes); ``--fresh`` recomputes.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from experiments.common import (
     position_for,
     position_losses,
     reference_lines,
-    train_and_load,
+    trained,
     write_results,
 )
 from experiments.stats import block_means, paired_interval, verdict
@@ -93,7 +94,7 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
                     eval=[len(eval_tokens), int(eval_tokens.sum()), lengths, block, sliding])
 
     def compute():
-        model, params, _, final = train_and_load(model_cfg, train_cfg)
+        model, params, _, final = trained("length_extrapolation", model_cfg, train_cfg)
         row = {"train_loss": final["train_loss"], "position": position,
                "tokens_seen": steps * train_cfg.batch_size * train_len,
                "learned": learned_scalars(params), "flat": {}, "sliding": {},

@@ -43,12 +43,17 @@ def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch):
     assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
     assert "3-gram" in table and "init_threshold" in table
     assert (results_dir / "length_extrapolation_tiny.png").stat().st_size > 10_000
-    # a second invocation resumes from the per-run cache: nothing trains again
-    monkeypatch.setattr(length_extrapolation, "train_and_load",
+    # a second invocation resumes from the cache: nothing trains again, not even when the
+    # evaluation changes (no sliding windows: the kept runs are scored again)
+    monkeypatch.setattr(common, "train_and_load",
                         lambda *a, **k: pytest.fail("a cached run was trained again"))
     length_extrapolation.main(argv)
     again = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
     assert again["results"]["16"]["alibi"][0]["flat"] == alibi["flat"]
+    length_extrapolation.main(argv[:-1])
+    rescored = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
+    assert rescored["results"]["16"]["alibi"][0]["flat"] == pytest.approx(alibi["flat"])
+    assert rescored["results"]["16"]["alibi"][0]["sliding"] == {}
 
 
 def test_cached_run_resumes_by_key(results_dir, monkeypatch):
