@@ -34,12 +34,12 @@ import time
 import numpy as np
 
 from experiments.common import (
+    baselines_line,
     eval_loss,
+    heldout_split,
     markdown_table,
     mean_std,
-    text_tokens,
     train_and_load,
-    unigram_loss,
     write_results,
 )
 from transformers_jax import ModelConfig, TrainConfig
@@ -57,7 +57,7 @@ SCALES = {
     ),
     "default": dict(
         model=dict(d_model=128, n_layers=2, n_heads=8),
-        train=dict(steps=300, batch_size=16, seq_len=64), n_eval=24_000, seeds=2,
+        train=dict(steps=300, batch_size=16, seq_len=64), n_eval=200_000, seeds=3,
         kv_heads=(8, 2, 1), decode=dict(prompt_len=16, new_tokens=1008, batches=(1, 16)),
         windows=(4, 8, 16), lrs=(2e-3, 2e-2, 2e-1), softcap=50.0,
         variants=("baseline", "qk_norm", "softcap"),
@@ -76,27 +76,32 @@ SCALES = {
 }
 
 
-def _train_text(cfg: dict, seed: int, model_extra: dict, train_extra: dict | None = None):
-    """Train a GPT on the default corpus; return (model, params, tokenizer, final metrics)."""
-    steps = cfg["train"]["steps"]
-    model_cfg = ModelConfig(**{**cfg["model"], **model_extra})
-    train_cfg = TrainConfig(seed=seed, eval_every=steps, log_every=max(steps // 10, 1),
-                            **{**cfg["train"], **(train_extra or {})})
-    return train_and_load(model_cfg, train_cfg)
-
-
 class _Text:
-    """Held-out tokens and the unigram baseline, computed once per process."""
+    """The seed-drawn split of the corpus (``experiments.splits``), its held-out tokens and
+    baselines (unigram, Kneser-Ney n-grams), made once per process."""
 
-    def __init__(self, n_eval: int):
-        self.n_eval, self.tokens, self.unigram = n_eval, None, None
+    def __init__(self, n_eval: int, data: str | None = None):
+        self.split, self.tokens, self.baselines = heldout_split(data, n_eval)
+        self.unigram = self.baselines["unigram"]
 
     def get(self, tokenizer) -> tuple[np.ndarray, float]:
-        if self.tokens is None:
-            self.tokens = text_tokens(tokenizer, None, self.n_eval)
-            train_stream = text_tokens(tokenizer, None, 20 * self.n_eval, role="train")
-            self.unigram = unigram_loss(train_stream, self.tokens, tokenizer.vocab_size)
         return self.tokens, self.unigram
+
+    def meta(self) -> dict:
+        return {"data": self.split.meta(), "baselines": self.baselines,
+                "heldout_tokens": int(self.tokens.size)}
+
+
+def _train_text(cfg: dict, seed: int, model_extra: dict, train_extra: dict | None = None,
+                text: _Text | None = None):
+    """Train a GPT on the split's training text; return (model, params, tokenizer, final)."""
+    steps = cfg["train"]["steps"]
+    model_cfg = ModelConfig(**{**cfg["model"], **model_extra})
+    data = None if text is None else text.split.train_data
+    train_cfg = TrainConfig(seed=seed, eval_every=steps, log_every=max(steps // 10, 1),
+                            data=data, val_fraction=0.01,
+                            **{**cfg["train"], **(train_extra or {})})
+    return train_and_load(model_cfg, train_cfg)
 
 
 # ---------------------------------------------------------------------------------- parts
@@ -111,7 +116,8 @@ def run_heads(cfg: dict, seeds: int, text: _Text) -> dict:
         name = "MHA" if kv == n_heads else "MQA" if kv == 1 else f"GQA-{kv}"
         runs = []
         for seed in range(seeds):
-            model, params, tokenizer, final = _train_text(cfg, seed, {"n_kv_heads": kv})
+            model, params, tokenizer, final = _train_text(cfg, seed, {"n_kv_heads": kv},
+                                                          text=text)
             tokens, _ = text.get(tokenizer)
             loss = eval_loss(model, params, tokens, cfg["train"]["seq_len"])
             runs.append({"eval_loss": loss, "params": final["params"],
@@ -135,7 +141,7 @@ def run_window(cfg: dict, seeds: int, text: _Text) -> dict:
         extra = {"mask": {"name": "sliding_window", "window": window} if window else "causal"}
         runs = []
         for seed in range(seeds):
-            model, params, tokenizer, final = _train_text(cfg, seed, extra)
+            model, params, tokenizer, final = _train_text(cfg, seed, extra, text=text)
             tokens, unigram = text.get(tokenizer)
             runs.append({"eval_loss": eval_loss(model, params, tokens, seq_len),
                          "train_loss": final["train_loss"]})
@@ -197,7 +203,8 @@ def run_stability(cfg: dict, seeds: int, text: _Text) -> dict:
                 # soft-capping needs an implementation that exposes the logits: the same
                 # (reference) kernel for every variant keeps the comparison fair
                 model, params, tokenizer, final = _train_text(
-                    cfg, seed, {"attention": "reference", **extra}, {"learning_rate": lr})
+                    cfg, seed, {"attention": "reference", **extra}, {"learning_rate": lr},
+                    text)
                 tokens, unigram = text.get(tokenizer)
                 loss = eval_loss(model, params, tokens, seq_len)
                 curve = [(h["step"], h["loss"]) for h in final["history"]]
@@ -336,10 +343,11 @@ REPORTS = {"heads": report_heads, "window": report_window, "prefix": report_pref
            "stability": report_stability}
 
 
-def run(scale: str, parts=tuple(PARTS), seeds: int | None = None) -> dict:
+def run(scale: str, parts=tuple(PARTS), seeds: int | None = None,
+        data: str | None = None) -> dict:
     cfg = SCALES[scale]
     seeds = cfg["seeds"] if seeds is None else seeds
-    text = _Text(cfg["n_eval"])
+    text = _Text(cfg["n_eval"], data) if set(parts) - {"prefix"} else None
     outs = {}
     for part in parts:
         start = time.perf_counter()
@@ -357,6 +365,8 @@ def run(scale: str, parts=tuple(PARTS), seeds: int | None = None) -> dict:
             raise ValueError(f"unknown part {part!r}; valid: {', '.join(PARTS)}")
         out.update(scale=scale, seeds=seeds, part=part, model=cfg["model"], train=cfg["train"],
                    wall_s=time.perf_counter() - start)
+        if part != "prefix":
+            out.update(text.meta())
         outs[part] = out
         report(out)
     return outs
@@ -367,6 +377,8 @@ def report(out: dict) -> None:
     training = (f"task training: {out['task']}" if out["part"] == "prefix"
                 else f"text training: {out['train']}")
     table += f"\n\nModel: {out['model']}; {training}; wall time {out['wall_s'] / 60:.1f} min."
+    if out.get("baselines"):
+        table += "\n\n" + baselines_line(out["baselines"])
     write_results(f"attention_variants_{out['part']}_{out['scale']}", out, table, fig)
 
 
@@ -376,12 +388,14 @@ def main(argv=None) -> None:
     parser.add_argument("--part", default=",".join(PARTS),
                         help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--seeds", type=int, default=None, help="default: the scale's")
+    parser.add_argument("--data", default=None, help="text for the text parts: a file/folder/"
+                        "glob, lines:PATH or tfds:NAME (default: the embedded corpus)")
     args = parser.parse_args(argv)
     parts = args.part.split(",")
     for part in parts:
         if part not in PARTS:
             parser.error(f"--part {part!r}: valid choices: {', '.join(PARTS)}")
-    run(args.scale, parts, args.seeds)
+    run(args.scale, parts, args.seeds, args.data)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,15 @@ and writing results (JSON, a markdown table headed by the exact command, a PNG p
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,40 @@ from transformers_jax.loop import train
 from transformers_jax.runs import load_run
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
+FRESH = os.environ.get("TJAX_FRESH", "") not in ("", "0")  # ignore cached runs
+
+
+def cache_key(**parts) -> str:
+    """A stable hash of everything that decides a run's numbers (configs, data, eval)."""
+
+    def plain(x):
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return plain(x.to_dict() if hasattr(x, "to_dict") else dataclasses.asdict(x))
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in sorted(x.items(), key=lambda kv: str(kv[0]))}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    text = json.dumps(plain(parts), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def cached_run(experiment: str, key: str, compute: Callable[[], dict]) -> dict:
+    """``compute()`` once per ``key``: its JSON-able result is kept under
+    ``results/.cache/<experiment>/`` so an interrupted experiment (or ``run_all``) resumes at
+    the first run it had not finished. ``TJAX_FRESH=1`` (``--fresh``) recomputes."""
+    path = os.path.join(RESULTS, ".cache", experiment, f"{key}.json")
+    if not FRESH and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    result = compute()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(result, f, default=float)
+    os.replace(tmp, path)  # a run killed mid-write leaves no half file
+    return result
 
 
 def command_line() -> str:
@@ -28,6 +64,23 @@ def command_line() -> str:
     args = " ".join(shlex.quote(a) for a in sys.argv[1:])
     module = os.path.splitext(os.path.relpath(sys.argv[0]))[0].replace(os.sep, ".")
     return f"python -m {module} {args}".strip()
+
+
+# Each scheme's settings in the experiments, from the training length L and the longest
+# evaluated length E (recorded in the JSON and the tables): T5's buckets reach only as far as
+# L (farther ones would never train), FIRE's threshold starts at L (above it its length
+# normalisation never acts), randomized positions draw from the longest evaluated length.
+SCHEME_SETTINGS = {
+    "t5": lambda L, E: {"max_distance": L, "num_buckets": min(32, L)},
+    "fire": lambda L, E: {"init_threshold": float(L)},
+    "randomized": lambda L, E: {"base": "rope", "max_position": E},
+}
+
+
+def position_for(scheme: str, train_len: int, max_eval: int) -> dict:
+    """The position config of ``scheme`` trained at ``train_len`` (``SCHEME_SETTINGS``)."""
+    settings = SCHEME_SETTINGS.get(scheme)
+    return {"name": scheme, **(settings(train_len, max_eval) if settings else {})}
 
 
 def train_and_load(model_cfg: ModelConfig, train_cfg: TrainConfig, run_dir: str | None = None):
@@ -38,6 +91,31 @@ def train_and_load(model_cfg: ModelConfig, train_cfg: TrainConfig, run_dir: str 
         final = train(model_cfg, cfg, auto_vocab=True)
         model, params, tokenizer, _ = load_run(run_dir)
     return model, params, tokenizer, final
+
+
+def trained(experiment: str, model_cfg: ModelConfig, train_cfg: TrainConfig):
+    """``train_and_load`` once per (model, training) config: the finished run is kept under
+    ``results/.cache/<experiment>/runs/`` so a changed evaluation (another length, sliding
+    windows, more held-out text) re-scores it without training again. ``TJAX_FRESH=1``
+    retrains. Returns ``(model, params, tokenizer, final_metrics)``."""
+    key = cache_key(model=model_cfg, train=train_cfg)
+    run_dir = os.path.join(RESULTS, ".cache", experiment, "runs", key)
+    final_path = os.path.join(run_dir, "final.json")
+    if not FRESH and os.path.exists(final_path):
+        model, params, tokenizer, _ = load_run(run_dir)
+        with open(final_path) as f:
+            return model, params, tokenizer, json.load(f)
+    tmp = f"{run_dir}.tmp{os.getpid()}"
+    model, params, tokenizer, final = train_and_load(model_cfg, train_cfg, tmp)
+    if os.path.exists(run_dir):  # a fresh retrain replaces the old run
+        import shutil
+
+        shutil.rmtree(run_dir)
+    keep = {k: v for k, v in final.items() if isinstance(v, (int, float, str))}
+    with open(os.path.join(tmp, "final.json"), "w") as f:
+        json.dump(keep, f)
+    os.replace(tmp, run_dir)
+    return model, params, tokenizer, keep
 
 
 def text_tokens(tokenizer, data: str | None, max_tokens: int, role: str = "eval",
@@ -75,12 +153,20 @@ def eval_loss(model, params, tokens: np.ndarray, length: int, stride: int | None
     tokens are scored, so each scored token has at least ``length - S`` tokens of context
     (sliding-window evaluation, as in the ALiBi paper with S > 1).
     """
+    return float(np.nanmean(position_losses(model, params, tokens, length, stride, batch_size)))
+
+
+def position_losses(model, params, tokens: np.ndarray, length: int, stride: int | None = None,
+                    batch_size: int = 8) -> np.ndarray:
+    """Per-position losses ``[N]`` of the stream (``[i]``: the loss of predicting
+    ``tokens[i]``; NaN where no window scores it), with the windows of ``eval_loss``: the
+    same positions of every model and length can then be paired (``stats.block_means``)."""
     step = stride or length
     starts = list(range(0, len(tokens) - length - 1, step))
     if not starts:
         raise ValueError(f"held-out stream of {len(tokens)} tokens is too short for {length}")
     losses_fn = window_losses(model)
-    total, count = 0.0, 0
+    out = np.full(len(tokens), np.nan)
     for i in range(0, len(starts), batch_size):
         chunk = starts[i : i + batch_size]
         chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # fixed shape: one compile
@@ -88,10 +174,12 @@ def eval_loss(model, params, tokens: np.ndarray, length: int, stride: int | None
         loss_BT = np.asarray(losses_fn(params, windows[:, :-1], windows[:, 1:]))
         real = min(batch_size, len(starts) - i)
         for row in range(real):
-            scored = loss_BT[row] if stride is None or chunk[row] == 0 else loss_BT[row, -stride:]
-            total += float(scored.sum())
-            count += scored.size
-    return total / count
+            s = chunk[row]
+            if stride is None or s == 0:
+                out[s + 1 : s + length + 1] = loss_BT[row]
+            else:
+                out[s + length + 1 - stride : s + length + 1] = loss_BT[row, -stride:]
+    return out
 
 
 def unigram_loss(train_tokens: np.ndarray, eval_tokens: np.ndarray, vocab: int) -> float:
@@ -108,7 +196,9 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
     os.makedirs(RESULTS, exist_ok=True)
     paths = {"json": os.path.join(RESULTS, f"{name}.json"),
              "md": os.path.join(RESULTS, f"{name}.md")}
-    payload = {"command": command_line(), "jax": jax.__version__,
+    from experiments.splits import environment
+
+    payload = {"command": command_line(), **environment(),
                "device": jax.devices()[0].device_kind, **payload}
     with open(paths["json"], "w") as f:
         json.dump(payload, f, indent=1, default=float)
@@ -138,3 +228,109 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if arr.size == 0:
         return float("nan"), float("nan")
     return float(arr.mean()), float(arr.std())
+
+
+def stream(tokenizer, texts: Sequence[bytes], max_tokens: int | None = None) -> np.ndarray:
+    """Texts (bytes) encoded and joined by eos, as one token stream (at most ``max_tokens``)."""
+    parts, total = [], 0
+    for text in texts:
+        ids = tokenizer.encode(text.decode("utf-8", errors="replace"))
+        parts += [np.asarray(ids, np.int32), np.array([tokenizer.eos_id], np.int32)]
+        total += len(ids) + 1
+        if max_tokens is not None and total >= max_tokens:
+            break
+    out = np.concatenate(parts).astype(np.int32)
+    return out if max_tokens is None else out[:max_tokens]
+
+
+def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, float]:
+    """Unigram (add-one) and Kneser-Ney 2-5-gram held-out losses (nats/token), fitted on the
+    split's training text and scored on ``eval_tokens`` (cached like a run)."""
+    from experiments.ngram import KneserNey
+
+    vocab = tokenizer.vocab_size
+    key = cache_key(data=split.sha256, split=split.seed, unit=split.unit, vocab=vocab,
+                    eval=[len(eval_tokens), int(eval_tokens.sum())])
+
+    def compute():
+        train_tokens = stream(tokenizer, split.train_texts(max_bytes=20_000_000))
+        out = {"unigram": unigram_loss(train_tokens, eval_tokens, vocab),
+               "train_tokens": int(train_tokens.size)}
+        for k in (2, 3, 4, 5):
+            out[f"{k}-gram"] = KneserNey(k, vocab).fit(train_tokens).loss(eval_tokens)
+        return out
+
+    return cached_run("ngram", key, compute)
+
+
+def heldout_split(data: str | None, n_eval: int, split_seed: int = 0):
+    """``(split, held-out byte tokens [n_eval], baselines)``: the seed-drawn split of ``data``
+    (``experiments.splits``; train on ``split.train_data``), its held-out stream, and the
+    n-gram baselines on that stream. The experiments use TrainConfig's byte tokenizer."""
+    from experiments.splits import make_split
+    from transformers_jax.data.tokenizers import ByteTokenizer
+
+    split = make_split(data, seed=split_seed, heldout_bytes=n_eval)
+    tokenizer = ByteTokenizer()
+    tokens = stream(tokenizer, split.heldout, n_eval)
+    return split, tokens, ngram_baselines(split, tokenizer, tokens)
+
+
+def baselines_line(base: dict) -> str:
+    """The baselines as one table note."""
+    return ("Baselines on the same held-out tokens (nats/token; fitted on the training split, "
+            "Kneser-Ney with n-1 tokens of context): " + ", ".join(
+                f"{k} {base[k]:.3f}" for k in ("unigram", "2-gram", "3-gram", "4-gram", "5-gram")
+                if k in base) + ".")
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def plot_seeds(ax, xs: Sequence[float], ys_SX, label: str, **style) -> None:
+    """The mean over seeds as a line with markers, and the range over seeds as a band
+    (min to max: with 3-5 seeds every seed is shown rather than a standard error)."""
+    ys = np.asarray(ys_SX, np.float64).reshape(-1, len(xs))
+    keep = ~np.isnan(ys).all(axis=0)
+    if not keep.any():
+        return
+    x = np.asarray(xs, np.float64)[keep]
+    y = ys[:, keep]
+    (line,) = ax.plot(x, np.nanmean(y, axis=0), marker="o", markersize=3, label=label, **style)
+    if y.shape[0] > 1:
+        ax.fill_between(x, np.nanmin(y, axis=0), np.nanmax(y, axis=0), color=line.get_color(),
+                        alpha=0.2, linewidth=0)
+
+
+def fit_ylim(ax, values, pad: float = 0.08) -> tuple[float, float]:
+    """Y-limits that frame the data (not the baselines): its range plus ``pad`` each side."""
+    v = np.asarray([x for x in np.ravel(np.asarray(values, np.float64)) if np.isfinite(x)])
+    if v.size == 0:
+        return ax.get_ylim()
+    lo, hi = float(v.min()), float(v.max())
+    margin = pad * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1e-3)
+    ax.set_ylim(lo - margin, hi + margin)
+    return ax.get_ylim()
+
+
+def reference_lines(ax, refs: dict[str, float]) -> None:
+    """Baselines as dashed lines after the limits are set; those outside the limits are named
+    (with their values) in one note at the edge they lie beyond, not drawn by stretching the
+    axis."""
+    lo, hi = ax.get_ylim()
+    beyond: dict[str, list[str]] = {"above": [], "below": []}
+    for i, (name, value) in enumerate(refs.items()):
+        if value is None or not np.isfinite(value):
+            continue
+        if lo <= value <= hi:
+            ax.axhline(value, color="black", linestyle=(0, (4, 2 + 2 * i)), linewidth=0.8)
+            ax.annotate(f"{name} {value:.2f}", (0.01, value), xycoords=("axes fraction", "data"),
+                        fontsize=7, va="bottom")
+        else:
+            beyond["above" if value > hi else "below"].append(f"{name} {value:.2f}")
+    for side, names in beyond.items():
+        if names:
+            ax.annotate(f"{'↑' if side == 'above' else '↓'} {side}: " + ", ".join(names),
+                        (0.01, 0.98 if side == "above" else 0.02), xycoords="axes fraction",
+                        fontsize=7, va="top" if side == "above" else "bottom")
+    ax.set_ylim(lo, hi)

@@ -20,9 +20,11 @@ import argparse
 import numpy as np
 
 from experiments.common import (
+    baselines_line,
+    heldout_split,
     markdown_table,
     mean_std,
-    text_tokens,
+    plot_seeds,
     train_and_load,
     window_losses,
     write_results,
@@ -36,7 +38,7 @@ SCALES = {
     "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=16, batch_size=4, seq_len=48),
              16, (4, 16), 4_000, 8),
     "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=500, batch_size=16,
-                seq_len=256), 16, (5, 10, 20, 50, 100, 200), 60_000, 64),
+                seq_len=256), 16, (5, 10, 20, 50, 100, 200), 200_000, 64),
     "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=32,
               seq_len=1024), 32, (5, 10, 20, 50, 100, 200, 500, 900), 400_000, 256),
 }
@@ -89,25 +91,27 @@ def measure(model, params, tokens, seq_len, target, boundaries, n_windows, vocab
     return out
 
 
-def run(scale: str, seeds: int, data: str | None) -> dict:
+def run(scale: str, seeds: int, data: str | None, split_seed: int = 0) -> dict:
     model_fields, train_fields, target, boundaries, n_eval, n_windows = SCALES[scale]
     seq_len = train_fields["seq_len"]
     results: dict = {}
+    split, tokens, base = heldout_split(data, n_eval, split_seed)
     for family, extra in (("gpt", {"position": "rope"}), ("lstm", {})):
         for seed in range(seeds):
             model_cfg = ModelConfig(family=family, **model_fields, **extra)
-            train_cfg = TrainConfig(seed=seed, data=data, pack="none",
+            train_cfg = TrainConfig(seed=seed, data=split.train_data, pack="none",
+                                    val_fraction=0.01,
                                     eval_every=train_fields["steps"],
                                     log_every=max(train_fields["steps"] // 4, 1), **train_fields)
             model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
-            tokens = text_tokens(tokenizer, data, n_eval)
             row = measure(model, params, tokens, seq_len, target, boundaries, n_windows,
                           tokenizer.vocab_size, seed)
             results.setdefault(family, []).append(row)
             print(f"{family} seed {seed}: base {row['base']:.3f}; " + ", ".join(
                 f"{k}={v:+.3f}" for k, v in row.items() if k != "base"), flush=True)
     return {"scale": scale, "seeds": seeds, "seq_len": seq_len, "target": target,
-            "boundaries": list(boundaries), "results": results}
+            "boundaries": list(boundaries), "data": split.meta(),
+            "heldout_tokens": int(tokens.size), "baselines": base, "results": results}
 
 
 def report(out: dict) -> None:
@@ -117,7 +121,8 @@ def report(out: dict) -> None:
     import matplotlib.pyplot as plt
 
     bounds = out["boundaries"]
-    fig, axes = plt.subplots(1, len(PERTURBATIONS), figsize=(15, 3.6), sharey=True)
+    # each panel its own y-limits: the effects differ in size by an order of magnitude
+    fig, axes = plt.subplots(1, len(PERTURBATIONS), figsize=(15, 3.6))
     tables = []
     for family, runs in out["results"].items():
         rows = []
@@ -132,25 +137,29 @@ def report(out: dict) -> None:
                       + markdown_table(["perturbation", *[f"b={b}" for b in bounds]], rows))
     for ax, kind in zip(axes, PERTURBATIONS, strict=True):
         for family, runs in out["results"].items():
-            ys = [100 * mean_std([r.get(f"{kind}/{b}", float("nan")) for r in runs])[0]
-                  for b in bounds]
-            ax.plot(bounds, ys, marker="o", label=family)
+            ys = [[100 * r.get(f"{kind}/{b}", float("nan")) for b in bounds] for r in runs]
+            plot_seeds(ax, bounds, ys, family)
         ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_title(kind)
         ax.set_xscale("log")
         ax.set_xlabel("boundary b (tokens before the targets)")
-        ax.set_title(kind)
-    axes[0].set_ylabel("loss increase (%)")
+    axes[0].set_ylabel("loss increase (%): mean, band = range over seeds")
     axes[-1].legend()
+    if out.get("baselines"):
+        tables.append(baselines_line(out["baselines"]) + " The unperturbed losses above score "
+                      "only the last tokens of each window, so compare them loosely.")
     write_results(f"context_usage_{out['scale']}", out, "\n\n".join(tables), fig)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="default")
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--data", default=None)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--data", default=None, help="a file/folder/glob, lines:PATH or "
+                        "tfds:NAME (default: the embedded corpus)")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the held-out draw")
     args = parser.parse_args(argv)
-    report(run(args.scale, args.seeds, args.data))
+    report(run(args.scale, args.seeds, args.data, args.split_seed))
 
 
 if __name__ == "__main__":

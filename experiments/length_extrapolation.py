@@ -1,14 +1,23 @@
-"""Experiment 1: length extrapolation on text, for every position scheme.
+"""Experiment 1: length extrapolation ("train short, test long"), Press et al. 2022's protocol.
 
-Train a GPT at a short context, then measure held-out loss at 1x, 2x, 4x and 8x that length,
-with non-overlapping windows (every token scored) and sliding windows (stride L/4: each scored
-token sees at least 3L/4 tokens of context). The published result to echo (Press et al. 2022,
-ALiBi, WikiText-103): sinusoidal and rotary degrade quickly past the training length, T5 bias
-less, ALiBi stays flat; a learned table cannot go past its length at all.
+Train a GPT at each training length L of a sweep (default 32, 64, 128), then score the same
+held-out tokens with windows of L, 2L, ... 16L, non-overlapping (every token scored; the ALiBi
+paper's main protocol) and, with ``--sliding``, sliding (stride L/4: each scored token sees at
+least 3L/4 tokens). The published result (ALiBi paper, WikiText-103): sinusoidal degrades
+fast past L, rotary less, T5 bias less still, ALiBi stays flat; a learned table cannot go past
+L at all. Every table carries Kneser-Ney n-gram baselines fitted on the same training text,
+and each claim a paired 95% interval over seeds x held-out chunks (``experiments.stats``).
 
-    python -m experiments.length_extrapolation          # default: 2 seeds, ~6 min on 2 cores
-    python -m experiments.length_extrapolation --scale large   # a GPU/TPU-sized run
-    python -m experiments.length_extrapolation --data tfds:tiny_shakespeare --seeds 3
+    python -m experiments.length_extrapolation                  # default: 3 seeds, 4 schemes,
+                                                                # 36 runs, 3-10 h on 2 cores
+    python -m experiments.length_extrapolation --train-lens 64  # one training length, ~1/3
+    python -m experiments.length_extrapolation --scale large    # a GPU/TPU-sized run
+    python -m experiments.length_extrapolation --schemes alibi,rope,sinusoidal,none,xpos,kerple
+    python -m experiments.length_extrapolation --data /path/tiny_shakespeare.txt --seeds 5
+
+Runs are cached by config under ``results/.cache/``: finished trainings (so a new evaluation
+setting such as ``--sliding`` re-scores without retraining) and their scores (so an
+interrupted run resumes); ``--fresh`` recomputes.
 """
 
 from __future__ import annotations
@@ -16,118 +25,297 @@ from __future__ import annotations
 import argparse
 import math
 
+import jax
+import numpy as np
+
+from experiments import common
 from experiments.common import (
-    eval_loss,
+    baselines_line,
+    cache_key,
+    cached_run,
+    fit_ylim,
+    heldout_split,
     markdown_table,
-    mean_std,
-    text_tokens,
-    train_and_load,
-    unigram_loss,
+    plot_seeds,
+    position_for,
+    position_losses,
+    reference_lines,
+    trained,
     write_results,
 )
+from experiments.stats import block_means, paired_interval, verdict
 from transformers_jax import ModelConfig, TrainConfig
 
-SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
+SCHEMES = ["alibi", "rope", "sinusoidal", "none"]  # the paper's core four, at default budget
+OPTIONAL = ["xpos", "kerple", "randomized", "t5", "fire", "learned"]
+
 
 SCALES = {
-    # name: (model fields, train fields, eval multiples, held-out tokens)
-    "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=20, batch_size=4, seq_len=16),
-             (1, 2), 2_000),
-    "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=400, batch_size=16,
-                seq_len=64), (1, 2, 4, 8), 24_000),
-    "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=64,
-              seq_len=256), (1, 2, 4, 8, 16), 400_000),
+    # name: model fields, train fields (seq_len set per training length), training lengths,
+    # eval multiples, held-out tokens
+    "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=20, batch_size=4),
+             (16,), (1, 2), 2_000),
+    # 1024 tokens per step at every L (batch 32/16/8 at L 32/64/128), 3.1M tokens per run,
+    # measured with python -m experiments.budget on the default corpus (3-gram 1.856, 4-gram
+    # 1.426 held-out): the hardest case, NoPE at L=32, needs it (1.925 after 2.0M tokens,
+    # 1.735 after 3.1M); ALiBi and sinusoidal at L=64 reached 1.539 and 1.631 after 2.0M
+    "default": (dict(d_model=128, n_layers=4, n_heads=4), dict(steps=3000, tokens=1024),
+                (32, 64, 128), (1, 2, 4, 8, 16), 200_000),
+    # 11M parameters, 24.6M tokens per run (not measured here: no accelerator); use a corpus
+    # far larger than the default one (350k training bytes would be seen 70 times)
+    "large": (dict(d_model=384, n_layers=6, n_heads=6), dict(steps=3000, tokens=8192),
+              (32, 64, 128), (1, 2, 4, 8, 16), 400_000),
 }
 
 
-def run(scale: str, seeds: int, schemes: list[str], data: str | None) -> dict:
-    model_fields, train_fields, multiples, n_eval = SCALES[scale]
-    train_len = train_fields["seq_len"]
-    lengths = [m * train_len for m in multiples]
-    results = {}
-    eval_tokens = baseline = None
-    for scheme in schemes:
-        for seed in range(seeds):
-            model_cfg = ModelConfig(position=scheme, max_len=train_len, **model_fields)
-            train_cfg = TrainConfig(seed=seed, data=data, eval_every=train_fields["steps"],
-                                    log_every=max(train_fields["steps"] // 4, 1),
-                                    **train_fields)
-            model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
-            if eval_tokens is None:
-                eval_tokens = text_tokens(tokenizer, data, n_eval)
-                train_stream = text_tokens(tokenizer, data, 20 * n_eval, role="train")
-                baseline = unigram_loss(train_stream, eval_tokens, tokenizer.vocab_size)
-            row = {"train_loss": final["train_loss"], "flat": {}, "sliding": {}}
-            for length in lengths:
-                if scheme == "learned" and length > train_len:
-                    row["flat"][length] = row["sliding"][length] = math.nan  # no table rows
+def learned_scalars(params) -> dict[str, float]:
+    """Every single-number parameter of the position bias (FIRE's c and threshold), by path."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        if np.size(leaf) == 1 and "bias" in name and "relative" in name:
+            out[name] = float(np.abs(np.asarray(leaf)).reshape(()))
+    return out
+
+
+def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, sliding):
+    model_fields, train_fields, _, _, _ = SCALES[scale]
+    train_fields = dict(train_fields)
+    tokens_per_step = train_fields.pop("tokens", None)
+    if tokens_per_step is not None:
+        train_fields["batch_size"] = max(tokens_per_step // train_len, 1)
+    position = position_for(scheme, train_len, lengths[-1])
+    model_cfg = ModelConfig(position=position, max_len=train_len, **model_fields)
+    steps = train_fields["steps"]
+    train_cfg = TrainConfig(seed=seed, data=split.train_data, seq_len=train_len,
+                            eval_every=steps, log_every=max(steps // 4, 1), val_fraction=0.01,
+                            **train_fields)
+    key = cache_key(model=model_cfg, train=train_cfg, data=split.sha256, split=split.seed,
+                    eval=[len(eval_tokens), int(eval_tokens.sum()), lengths, block, sliding])
+
+    def compute():
+        model, params, _, final = trained("length_extrapolation", model_cfg, train_cfg)
+        row = {"train_loss": final["train_loss"], "position": position,
+               "tokens_seen": steps * train_cfg.batch_size * train_len,
+               "learned": learned_scalars(params), "flat": {}, "sliding": {},
+               "flat_blocks": {}, "sliding_blocks": {}}
+        modes = {"flat": None} | ({"sliding": max(train_len // 4, 1)} if sliding else {})
+        for n in lengths:
+            for mode, stride_of in modes.items():
+                if scheme == "learned" and n > train_len:
+                    row[mode][n], row[f"{mode}_blocks"][n] = math.nan, []  # no table rows
                     continue
-                row["flat"][length] = eval_loss(model, params, eval_tokens, length)
-                row["sliding"][length] = eval_loss(model, params, eval_tokens, length,
-                                                   stride=max(length // 4, 1))
-            results.setdefault(scheme, []).append(row)
-            print(f"{scheme} seed {seed}: " + ", ".join(
-                f"{n}={row['flat'][n]:.3f}/{row['sliding'][n]:.3f}" for n in lengths), flush=True)
-    return {"scale": scale, "seeds": seeds, "train_len": train_len, "lengths": lengths,
-            "unigram_loss": baseline, "results": results}
+                stride = None if stride_of is None else max(n // 4, 1)
+                losses = position_losses(model, params, eval_tokens, n, stride=stride)
+                row[mode][n] = float(np.nanmean(losses))
+                row[f"{mode}_blocks"][n] = block_means(losses, block).tolist()
+        return row
+
+    row = cached_run("length_extrapolation", key, compute)
+    print(f"L={train_len} {scheme} seed {seed}: " + ", ".join(
+        f"{n}={row['flat'][str(n)] if str(n) in row['flat'] else row['flat'][n]:.3f}"
+        for n in lengths), flush=True)
+    return row
 
 
-def report(out: dict) -> None:
-    lengths, results = out["lengths"], out["results"]
-    header = ["position"] + [f"{n} ({n // out['train_len']}x)" for n in lengths]
-    tables, summary = [], {}
-    for mode in ("flat", "sliding"):
-        rows = []
-        for scheme, runs in results.items():
-            cells = []
-            for n in lengths:
-                mean, std = mean_std([r[mode][n] for r in runs])
-                summary.setdefault(scheme, {}).setdefault(mode, {})[n] = mean
-                cells.append("n/a (beyond table)" if math.isnan(mean)
-                             else f"{mean:.3f} ± {std:.3f}")
-            rows.append([scheme, *cells])
-        title = ("Non-overlapping windows" if mode == "flat"
-                 else "Sliding windows (stride L/4)")
-        tables.append(f"**{title}**: held-out loss in nats/token (mean ± std over "
-                      f"{out['seeds']} seeds)\n\n" + markdown_table(header, rows))
-    tables.append(f"Unigram baseline: {out['unigram_loss']:.3f} nats/token; training length "
-                  f"{out['train_len']}.")
-    # sanity: every model must beat the unigram baseline at its training length
-    for scheme, modes in summary.items():
-        if not modes["flat"][lengths[0]] < out["unigram_loss"]:
-            tables.append(f"WARNING: {scheme} does not beat the unigram baseline: a bug or far "
-                          "too little training.")
+def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: bool = False,
+        split_seed: int = 0, train_lens: tuple[int, ...] | None = None) -> dict:
+    _, _, default_lens, multiples, n_eval = SCALES[scale]
+    train_lens = tuple(train_lens or default_lens)
+    max_eval = max(train_lens) * max(multiples)
+    block = max_eval  # one held-out chunk per longest window: every length pairs on it
+    results, eval_tokens, base, split = {}, None, None, None
+    for train_len in train_lens:
+        lengths = [m * train_len for m in multiples]
+        for scheme in schemes:
+            for seed in range(seeds):
+                if eval_tokens is None:
+                    split, eval_tokens, base = heldout_split(data, n_eval, split_seed)
+                row = one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths,
+                              block, sliding)
+                results.setdefault(str(train_len), {}).setdefault(scheme, []).append(row)
+    return {"scale": scale, "seeds": seeds, "train_lens": list(train_lens),
+            "multiples": list(multiples), "block": block, "sliding": sliding,
+            "data": split.meta(), "heldout_tokens": int(eval_tokens.size),
+            "baselines": base, "model": SCALES[scale][0], "train": SCALES[scale][1],
+            "positions": {str(L): {s: position_for(s, L, max_eval) for s in schemes}
+                          for L in train_lens},
+            "results": results}
 
+
+# ------------------------------------------------------------------------------ analysis
+
+# (scheme a, scheme b): the published sign of (a's degradation - b's degradation), ALiBi paper
+CLAIMS = [("alibi", "sinusoidal", -1), ("alibi", "rope", -1), ("rope", "sinusoidal", -1),
+          ("alibi", "t5", -1), ("t5", "sinusoidal", -1)]
+
+
+def _blocks(rows, mode, n) -> np.ndarray:
+    return np.array([r[f"{mode}_blocks"].get(str(n), r[f"{mode}_blocks"].get(n, []))
+                     for r in rows], np.float64)
+
+
+def comparisons(out: dict, mode: str = "flat") -> list[dict]:
+    """Paired intervals: each scheme's change from L to each longer length, and the paper's
+    claims as contrasts of those changes (seed i of one scheme paired with seed i of the other:
+    same data order, same held-out chunks)."""
+    found = []
+    for L_str, by_scheme in out["results"].items():
+        L = int(L_str)
+        for m in out["multiples"][1:]:
+            n = m * L
+            deg = {}
+            for scheme, rows in by_scheme.items():
+                far, near = _blocks(rows, mode, n), _blocks(rows, mode, L)
+                if far.size == 0 or far.shape != near.shape:
+                    continue
+                deg[scheme] = far - near
+                iv = paired_interval(deg[scheme])
+                found.append({"kind": "degradation", "L": L, "n": n, "a": scheme, "b": None,
+                              "interval": iv.as_dict(), "verdict": None})
+            for a, b, sign in CLAIMS:
+                if a in deg and b in deg and deg[a].shape == deg[b].shape:
+                    iv = paired_interval(deg[a] - deg[b])
+                    found.append({"kind": "claim", "L": L, "n": n, "a": a, "b": b,
+                                  "interval": iv.as_dict(), "verdict": verdict(iv, sign)})
+    return found
+
+
+def _cell(values) -> str:
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return "n/a (beyond table)"
+    return f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.3f}"
+
+
+def report(out: dict) -> dict[str, str]:
+    """Write the JSON (with the paired comparisons), the tables and the plot."""
+    out.setdefault("comparisons", comparisons(out))
+    text, fig = tables_and_figure(out)
+    return write_results(f"length_extrapolation_{out['scale']}", out, text, fig)
+
+
+def tables_and_figure(out: dict):
+    """The markdown tables (with baselines, settings, claims) and the figure."""
+    base = out["baselines"]
+    modes = ["flat"] + (["sliding"] if out.get("sliding") else [])
+    tables = [
+        f"Data: {out['data']['corpus']} (sha256 {out['data']['sha256'][:12]}), split by "
+        f"{out['data']['split_unit']} (seed {out['data']['split_seed']}): "
+        f"{out['heldout_tokens']} held-out tokens. Model {out['model']}, training "
+        f"{out['train']} ({out['seeds']} seeds). Positions: "
+        + "; ".join(f"L={L}: " + ", ".join(f"{p}" for p in by.values())
+                    for L, by in out["positions"].items()) + ".",
+        baselines_line(base),
+    ]
+    warnings = []
+    for L_str, by_scheme in out["results"].items():
+        L = int(L_str)
+        lengths = [m * L for m in out["multiples"]]
+        header = ["position"] + [f"{n} ({n // L}x)" for n in lengths] + ["tokens seen"]
+        for mode in modes:
+            rows = []
+            for scheme, runs in by_scheme.items():
+                cells = [_cell([r[mode].get(str(n), r[mode].get(n)) for r in runs])
+                         for n in lengths]
+                rows.append([scheme, *cells, f"{runs[0]['tokens_seen']:,}"])
+                at_L = np.mean([r["flat"].get(str(L), r["flat"].get(L)) for r in runs])
+                if mode == "flat" and not at_L < base["3-gram"]:
+                    warnings.append(f"WARNING: {scheme} at L={L} ({at_L:.3f}) does not beat the "
+                                    f"3-gram ({base['3-gram']:.3f}): too little training.")
+                learned = runs[0].get("learned")
+                if mode == "flat" and learned:
+                    vals = {k.rsplit("/", 1)[-1]: [r["learned"][k] for r in runs]
+                            for k in learned}
+                    warnings.append(f"{scheme} at L={L} learned " + ", ".join(
+                        f"{k} = " + "/".join(f"{x:.3g}" for x in v) for k, v in vals.items())
+                        + " (per seed).")
+            title = ("non-overlapping windows" if mode == "flat"
+                     else "sliding windows (stride n/4)")
+            tables.append(f"**Trained at L={L}, {title}**: held-out loss in nats/token (mean ± "
+                          f"sd over {out['seeds']} seeds)\n\n" + markdown_table(header, rows))
+    claim_rows = [[f"{c['a']} degrades less than {c['b']}", c["L"], f"{c['n'] // c['L']}x",
+                   _fmt(c["interval"]), c["verdict"]]
+                  for c in out.get("comparisons", []) if c["kind"] == "claim"]
+    if claim_rows:
+        tables.append("**Against Press et al. 2022** (non-overlapping): difference of the two "
+                      "schemes' loss changes from L to n, mean over seeds and held-out chunks "
+                      "[paired 95% interval]; negative means the first degrades less.\n\n"
+                      + markdown_table(["claim", "L", "n", "difference", "verdict"],
+                                       claim_rows))
+    tables += warnings
+    return "\n\n".join(tables), _plot(out, modes, base)
+
+
+def _fmt(iv: dict) -> str:
+    digits = 3 if max(abs(iv["low"]), abs(iv["high"])) >= 0.01 else 5
+    return f"{iv['mean']:+.{digits}f} [{iv['low']:+.{digits}f}, {iv['high']:+.{digits}f}]"
+
+
+def _plot(out: dict, modes: list[str], base: dict):
+    """Per training length: loss vs evaluation length (row 1), its change from L per seed
+    (row 2: the paired quantity the claims test), and sliding-window loss if scored."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, mode in zip(axes, ("flat", "sliding"), strict=True):
-        for scheme, modes in summary.items():
-            ys = [modes[mode][n] for n in lengths]
-            ax.plot(lengths, ys, marker="o", label=scheme)
-        ax.axvline(out["train_len"], color="grey", linestyle=":", linewidth=1)
-        ax.axhline(out["unigram_loss"], color="black", linestyle="--", linewidth=0.8,
-                   label="unigram")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_title("non-overlapping" if mode == "flat" else "sliding window")
-    axes[0].set_ylabel("held-out loss (nats/token)")
-    axes[1].legend(fontsize=8)
-    fig.suptitle(f"Length extrapolation (trained at {out['train_len']} tokens)")
-    write_results(f"length_extrapolation_{out['scale']}", out, "\n\n".join(tables), fig)
+    lens = out["results"]
+    panels = [("flat", False), ("flat", True)] + [(m, False) for m in modes if m != "flat"]
+    fig, axes = plt.subplots(len(panels), len(lens), squeeze=False,
+                             figsize=(4.2 * len(lens), 3.4 * len(panels)))
+    for j, (L_str, by_scheme) in enumerate(lens.items()):
+        L = int(L_str)
+        lengths = [m * L for m in out["multiples"]]
+        for i, (mode, change) in enumerate(panels):
+            ax, values = axes[i][j], []
+            for scheme, runs in by_scheme.items():
+                ys = np.array([[r[mode].get(str(n), r[mode].get(n)) for n in lengths]
+                               for r in runs], np.float64)
+                if change:
+                    ys = ys - ys[:, :1]
+                plot_seeds(ax, lengths, ys, scheme)
+                values.append(ys.ravel())
+            fit_ylim(ax, np.concatenate(values) if values else [])
+            if change:
+                reference_lines(ax, {"no change": 0.0})
+            else:
+                reference_lines(ax, {k: base[k] for k in ("3-gram", "4-gram", "5-gram")})
+            ax.axvline(L, color="grey", linestyle=":", linewidth=1)
+            ax.set_xscale("log", base=2)
+            what = "non-overlapping" if mode == "flat" else "sliding (stride n/4)"
+            ax.set_title(f"trained at {L}, {what}" + (": change from L" if change else ""),
+                         fontsize=9)
+            ax.set_xlabel("evaluation length (tokens)")
+            if j == 0:
+                ax.set_ylabel("loss change (nats/token)" if change else "held-out loss (nats)")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("Length extrapolation: mean over seeds, band = range over seeds", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="default")
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--schemes", default=",".join(SCHEMES))
-    parser.add_argument("--data", default=None, help="text to train on (default corpus)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--schemes", default=",".join(SCHEMES),
+                        help=f"comma list; also available: {','.join(OPTIONAL)}")
+    parser.add_argument("--data", default=None,
+                        help="text to train on: a file/folder/glob, lines:PATH or tfds:NAME "
+                             "(default: the embedded corpus)")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the held-out draw")
+    parser.add_argument("--train-lens", default=None,
+                        help="comma list of training lengths (default: the scale's sweep)")
+    parser.add_argument("--sliding", action="store_true",
+                        help="also score sliding windows (stride n/4; about 4x the eval time)")
+    parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
     args = parser.parse_args(argv)
-    out = run(args.scale, args.seeds, args.schemes.split(","), args.data)
+    if args.fresh:
+        common.FRESH = True
+    lens = tuple(int(x) for x in args.train_lens.split(",")) if args.train_lens else None
+    out = run(args.scale, args.seeds, args.schemes.split(","), args.data, args.sliding,
+              args.split_seed, lens)
     report(out)
 
 

@@ -7,7 +7,7 @@ interpolation (PI), NTK-aware, dynamic NTK and YaRN (factor 4, original length L
 recover; NTK/dynamic NTK/YaRN do better zero-shot; after a short fine-tune all scalings are
 close, YaRN best.
 
-    python -m experiments.rope_extension                  # default scale, about 3-5 min on 2 cores
+    python -m experiments.rope_extension      # default: 3 seeds, 20-60 min on 2 cores
     python -m experiments.rope_extension --scale large
 """
 
@@ -17,14 +17,21 @@ import argparse
 import os
 import tempfile
 
+import numpy as np
+
 from experiments.common import (
+    baselines_line,
     eval_loss,
+    fit_ylim,
+    heldout_split,
     markdown_table,
     mean_std,
-    text_tokens,
+    position_losses,
+    reference_lines,
     train_and_load,
     write_results,
 )
+from experiments.stats import block_means, paired_interval
 from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.models import build_model
 
@@ -34,8 +41,10 @@ FACTOR = 4
 SCALES = {
     "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=16, batch_size=4, seq_len=16),
              4, 2_000),
-    "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=400, batch_size=16,
-                seq_len=64), 60, 24_000),
+    # the length experiment's budget at L=64 (3.1M tokens; ALiBi there beat the 3-gram from
+    # about 1.3M on), then a 200-step fine-tune at 4L
+    "default": (dict(d_model=128, n_layers=4, n_heads=4), dict(steps=3000, batch_size=16,
+                seq_len=64), 200, 200_000),
     "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=64,
               seq_len=256), 400, 400_000),
 }
@@ -49,39 +58,64 @@ def rope_for(scaling: str, train_len: int) -> Rope:
                          "original_max_len": train_len})
 
 
-def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS)) -> dict:
+def _scored(model, params, tokens, length) -> tuple[float, list[float]]:
+    """Mean held-out loss and its per-chunk means (chunks of ``length``: pairs seeds/schemes)."""
+    losses = position_losses(model, params, tokens, length)
+    return float(np.nanmean(losses)), block_means(losses, length).tolist()
+
+
+def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
+        split_seed: int = 0) -> dict:
     model_fields, train_fields, tune_steps, n_eval = SCALES[scale]
     L = train_fields["seq_len"]
     results: dict = {}
     baseline_1x = []
+    split, tokens, base = heldout_split(data, n_eval, split_seed)
     for seed in range(seeds):
         with tempfile.TemporaryDirectory() as tmp:
             base_dir = os.path.join(tmp, "base")
             base_cfg = ModelConfig(position="rope", **model_fields)
-            train_cfg = TrainConfig(seed=seed, data=data, eval_every=train_fields["steps"],
+            train_cfg = TrainConfig(seed=seed, data=split.train_data, val_fraction=0.01,
+                                    eval_every=train_fields["steps"],
                                     log_every=max(train_fields["steps"] // 4, 1), **train_fields)
             _, params, tokenizer, _ = train_and_load(base_cfg, train_cfg, base_dir)
-            tokens = text_tokens(tokenizer, data, n_eval)
             base_model = build_model(base_cfg.replace(vocab_size=tokenizer.vocab_size))
             baseline_1x.append(eval_loss(base_model, params, tokens, L))
             for scaling in scalings:
                 cfg = base_cfg.replace(position=rope_for(scaling, L),
                                        vocab_size=tokenizer.vocab_size)
-                zero_shot = eval_loss(build_model(cfg), params, tokens, FACTOR * L)
+                zero_shot, zs_blocks = _scored(build_model(cfg), params, tokens, FACTOR * L)
                 tune = train_cfg.replace(steps=tune_steps, seq_len=FACTOR * L,
                                          batch_size=max(train_fields["batch_size"] // FACTOR, 1),
                                          init_from=base_dir, warmup_steps=0,
                                          learning_rate=train_cfg.learning_rate / 4,
                                          eval_every=tune_steps)
                 model, tuned, _, _ = train_and_load(cfg, tune)
-                tuned_loss = eval_loss(model, tuned, tokens, FACTOR * L)
-                results.setdefault(scaling, []).append({"zero_shot": zero_shot,
-                                                        "fine_tuned": tuned_loss})
+                tuned_loss, ft_blocks = _scored(model, tuned, tokens, FACTOR * L)
+                results.setdefault(scaling, []).append({
+                    "zero_shot": zero_shot, "fine_tuned": tuned_loss,
+                    "zero_shot_blocks": zs_blocks, "fine_tuned_blocks": ft_blocks})
                 print(f"seed {seed} {scaling}: zero-shot {zero_shot:.3f}, fine-tuned "
                       f"{tuned_loss:.3f}", flush=True)
     return {"scale": scale, "seeds": seeds, "train_len": L, "eval_len": FACTOR * L,
             "factor": FACTOR, "fine_tune_steps": tune_steps, "loss_at_train_len": baseline_1x,
-            "results": results}
+            "data": split.meta(), "heldout_tokens": int(tokens.size), "baselines": base,
+            "results": results, "comparisons": comparisons(results)}
+
+
+def comparisons(results: dict) -> dict:
+    """Paired 95% intervals (``experiments.stats``) of each scaling against no scaling
+    (zero-shot) and against PI (after the fine-tune), seed i paired with seed i."""
+    out = {}
+    for when, reference in (("zero_shot", "none"), ("fine_tuned", "linear")):
+        if reference not in results:
+            continue
+        ref = np.array([r[f"{when}_blocks"] for r in results[reference]])
+        for scaling, runs in results.items():
+            if scaling != reference:
+                diff = np.array([r[f"{when}_blocks"] for r in runs]) - ref
+                out[f"{when}: {scaling} - {reference}"] = paired_interval(diff).as_dict()
+    return out
 
 
 def report(out: dict) -> None:
@@ -97,6 +131,14 @@ def report(out: dict) -> None:
              f"{out['fine_tune_steps']} steps at {out['eval_len']}; mean ± std over "
              f"{out['seeds']} seeds.\n\n"
              + markdown_table(["scaling", "zero-shot", "after fine-tune"], rows))
+    if out.get("baselines"):
+        table += "\n\n" + baselines_line(out["baselines"])
+    if out.get("comparisons"):
+        table += ("\n\nPaired differences in nats/token (mean over seeds and held-out chunks, "
+                  "[95% interval], negative: the first is better):\n\n" + markdown_table(
+                      ["comparison", "difference"],
+                      [[k, f"{v['mean']:+.3f} [{v['low']:+.3f}, {v['high']:+.3f}]"]
+                       for k, v in out["comparisons"].items()]))
 
     import matplotlib
 
@@ -105,12 +147,22 @@ def report(out: dict) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     names = list(means)
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [means[n][0] for n in names], width=0.4, label="zero-shot")
-    ax.bar([x + 0.2 for x in xs], [means[n][1] for n in names], width=0.4, label="fine-tuned")
-    ax.axhline(base[0], color="black", linestyle="--", linewidth=0.8,
-               label=f"at training length {out['train_len']}")
-    ax.set_xticks(list(xs), names)
+    values = []
+    for offset, (key, label) in zip((-0.12, 0.12), (("zero_shot", "zero-shot"),
+                                                   ("fine_tuned", "fine-tuned")), strict=True):
+        ys = [[r[key] for r in out["results"][n]] for n in names]
+        values += [v for y in ys for v in y]
+        mid = [float(np.mean(y)) for y in ys]
+        err = [[m - min(y) for m, y in zip(mid, ys, strict=True)],
+               [max(y) - m for m, y in zip(mid, ys, strict=True)]]
+        ax.errorbar([i + offset for i in range(len(names))], mid, yerr=err, fmt="o", capsize=3,
+                    label=f"{label} (mean, range over seeds)")
+    fit_ylim(ax, values + [base[0]])
+    refs = {f"RoPE at {out['train_len']}": base[0]}
+    if out.get("baselines"):
+        refs |= {k: out["baselines"][k] for k in ("3-gram", "4-gram")}
+    reference_lines(ax, refs)
+    ax.set_xticks(list(range(len(names))), names)
     ax.set_ylabel(f"held-out loss at {out['eval_len']} tokens")
     ax.legend(fontsize=8)
     write_results(f"rope_extension_{out['scale']}", out, table, fig)
@@ -119,11 +171,13 @@ def report(out: dict) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="default")
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--data", default=None)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--data", default=None, help="a file/folder/glob, lines:PATH or "
+                        "tfds:NAME (default: the embedded corpus)")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the held-out draw")
     parser.add_argument("--scalings", default=",".join(SCALINGS))
     args = parser.parse_args(argv)
-    report(run(args.scale, args.seeds, args.data, args.scalings.split(",")))
+    report(run(args.scale, args.seeds, args.data, args.scalings.split(","), args.split_seed))
 
 
 if __name__ == "__main__":

@@ -150,3 +150,25 @@ def test_configs_written_before_the_switches_carried_settings_migrate():
     assert cfg.mask.window == 16 and cfg.attention.chunk_size == 64
     t5 = ModelConfig.from_dict({**old, "position": "t5", "t5_num_buckets": 16, "mask": "causal"})
     assert (t5.position.num_buckets, t5.position.max_distance, t5.mask.name) == (16, 128, "causal")
+
+
+@pytest.mark.parametrize(("position", "field"), [
+    ({"name": "t5", "max_distance": 128}, "position.max_distance=128"),
+    ({"name": "fire", "init_threshold": 512.0}, "position.init_threshold=512")])
+def test_bias_settings_beyond_the_training_length_warn(position, field):
+    cfg = ModelConfig(position=position)
+    with pytest.warns(UserWarning, match=field):
+        check_lengths(cfg, 64)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_lengths(cfg, 512)  # the whole range trains
+
+
+def test_sinusoidal_saved_before_its_form_loads_as_it_was_trained():
+    old = ModelConfig(position="rope").to_dict() | {"position": {"name": "sinusoidal"}}
+    assert ModelConfig.from_dict(old).position.form == "rms"
+    new = ModelConfig(position="sinusoidal")
+    assert new.position.form == "vaswani"
+    assert ModelConfig.from_dict(new.to_dict()) == new  # round trip keeps the form

@@ -14,19 +14,98 @@ def results_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def split_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
+
+
 @pytest.mark.slow
-def test_length_extrapolation_tiny(results_dir):
+def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch):
     from experiments import length_extrapolation
 
-    length_extrapolation.main(["--scale", "tiny", "--seeds", "1", "--schemes", "alibi,learned"])
+    argv = ["--scale", "tiny", "--seeds", "2", "--schemes", "alibi,learned,fire", "--sliding"]
+    length_extrapolation.main(argv)
     out = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
-    assert out["lengths"] == [16, 32]
-    learned, alibi = out["results"]["learned"][0], out["results"]["alibi"][0]
+    assert out["train_lens"] == [16] and out["multiples"] == [1, 2]
+    assert out["python"].count(".") == 2 and out["data"]["corpus"] == "default"
+    assert len(out["data"]["sha256"]) == 64 and out["heldout_tokens"] == 2000
+    base = out["baselines"]
+    assert base["unigram"] > base["2-gram"] > base["3-gram"] > base["4-gram"]
+    runs = out["results"]["16"]
+    learned, alibi = runs["learned"][0], runs["alibi"][0]
     assert math.isnan(learned["flat"]["32"]) and not math.isnan(alibi["flat"]["32"])
-    assert 0 < alibi["sliding"]["16"] < 10
+    assert 0 < alibi["sliding"]["16"] < 10 and len(alibi["flat_blocks"]["16"]) == 2000 // 32
+    assert runs["fire"][0]["position"] == {"name": "fire", "init_threshold": 16.0}
+    assert [k.rsplit("/", 1)[-1] for k in runs["fire"][0]["learned"]] == ["c", "threshold"]
+    claims = [c for c in out["comparisons"] if c["kind"] == "degradation"]
+    assert {c["a"] for c in claims} == {"alibi", "fire"}  # learned has no 2x
     table = (results_dir / "length_extrapolation_tiny.md").read_text()
     assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
+    assert "3-gram" in table and "init_threshold" in table
     assert (results_dir / "length_extrapolation_tiny.png").stat().st_size > 10_000
+    # a second invocation resumes from the cache: nothing trains again, not even when the
+    # evaluation changes (no sliding windows: the kept runs are scored again)
+    monkeypatch.setattr(common, "train_and_load",
+                        lambda *a, **k: pytest.fail("a cached run was trained again"))
+    length_extrapolation.main(argv)
+    again = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
+    assert again["results"]["16"]["alibi"][0]["flat"] == alibi["flat"]
+    length_extrapolation.main(argv[:-1])
+    rescored = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
+    assert rescored["results"]["16"]["alibi"][0]["flat"] == pytest.approx(alibi["flat"])
+    assert rescored["results"]["16"]["alibi"][0]["sliding"] == {}
+
+
+def test_cached_run_resumes_by_key(results_dir, monkeypatch):
+    calls = []
+    key = common.cache_key(model={"d": 1}, seed=0)
+    assert key != common.cache_key(model={"d": 2}, seed=0)
+    assert common.cached_run("x", key, lambda: calls.append(1) or {"loss": 1.5}) == {"loss": 1.5}
+    assert common.cached_run("x", key, lambda: calls.append(1) or {"loss": 9.0}) == {"loss": 1.5}
+    assert calls == [1]
+    monkeypatch.setattr(common, "FRESH", True)
+    assert common.cached_run("x", key, lambda: {"loss": 2.0}) == {"loss": 2.0}
+
+
+def test_position_losses_pair_the_same_positions(monkeypatch):
+    import numpy as np
+
+    # a "model" whose loss for each target is the target's id: [i] must hold tokens[i]
+    monkeypatch.setattr(common, "window_losses",
+                        lambda model: lambda params, inputs, targets: targets.astype(float))
+    tokens = np.arange(40)
+    flat = common.position_losses(None, None, tokens, 8)
+    sliding = common.position_losses(None, None, tokens, 8, stride=2)
+    for losses in (flat, sliding):
+        scored = ~np.isnan(losses)
+        assert np.array_equal(losses[scored], tokens[scored]) and not scored[0]
+    assert (~np.isnan(flat))[1:33].all() and np.isnan(flat[33:]).all()  # 4 whole windows
+    assert (~np.isnan(sliding))[1:39].all()  # windows every 2 tokens score up to the end
+
+
+def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
+    from experiments.splits import make_split
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(150):
+        (corpus / f"{i:03d}.txt").write_text(f"document {i} " + "word " * (20 + i % 7) + "\n")
+    a, b = make_split(str(corpus), seed=0, heldout_bytes=2000), make_split(str(corpus), seed=0,
+                                                                          heldout_bytes=2000)
+    other = make_split(str(corpus), seed=1, heldout_bytes=2000)
+    assert a.unit == "document" and a.heldout == b.heldout and a.heldout != other.heldout
+    held = {int(t.split()[1]) for t in a.heldout}
+    assert 1900 <= a.meta()["heldout_bytes"] <= 2000
+    assert min(held) < 100  # drawn from everywhere, not the alphabetical tail
+    train = {int(t.split()[1]) for t in a.train_texts()}
+    assert train.isdisjoint(held) and train | held == set(range(150))
+    assert a.meta()["train_units"] == 150 - len(held)
+    # a one-file corpus splits by chunks, capped at max_fraction of the text
+    one = tmp_path / "one.txt"
+    one.write_text("".join(f"line {i} of a long single document\n" for i in range(4000)))
+    c = make_split(str(one), seed=0, heldout_bytes=10**6, max_fraction=0.2)
+    assert c.unit == "chunk" and 0.1 < c.meta()["heldout_bytes"] / one.stat().st_size <= 0.2
+    assert sum(map(len, c.train_texts())) + c.meta()["heldout_bytes"] == one.stat().st_size
 
 
 @pytest.mark.slow
@@ -45,7 +124,7 @@ def test_rope_extension_tiny(results_dir):
 def test_context_usage_tiny(results_dir):
     from experiments import context_usage
 
-    context_usage.main(["--scale", "tiny"])
+    context_usage.main(["--scale", "tiny", "--seeds", "1"])
     out = json.loads((results_dir / "context_usage_tiny.json").read_text())
     assert set(out["results"]) == {"gpt", "lstm"}
     row = out["results"]["lstm"][0]
@@ -178,11 +257,17 @@ def _fake_results(folder):
     nan = float("nan")
     payloads = {
         "length_extrapolation_default": {
-            "train_len": 4, "lengths": [4, 8], "unigram_loss": 3.0, "results": {
-                "alibi": [{"flat": {"4": 2.0, "8": 2.1}, "sliding": {"4": 2.0, "8": 1.9}}],
-                "rope": [{"flat": {"4": 2.0, "8": 3.0}, "sliding": {"4": 2.0, "8": 2.8}}],
-                "sinusoidal": [{"flat": {"4": 2.0, "8": 2.2}, "sliding": {"4": 2.0, "8": 2.2}}],
-                "learned": [{"flat": {"4": 2.0, "8": nan}, "sliding": {"4": 2.0, "8": nan}}]}},
+            "train_lens": [4], "multiples": [1, 2], "baselines": {
+                "unigram": 3.0, "2-gram": 2.5, "3-gram": 2.2, "4-gram": 2.05, "5-gram": 2.0},
+            "results": {"4": {s: [{"flat": {"4": at_l, "8": at_l + 0.1}}] for s, at_l in (
+                ("alibi", 2.0), ("rope", 2.1), ("none", 2.3))}},
+            "comparisons": [
+                {"kind": "degradation", "L": 4, "n": 8, "a": s, "b": None, "verdict": None,
+                 "interval": {"mean": m, "low": m - 0.01, "high": m + 0.01}}
+                for s, m in (("alibi", 0.01), ("rope", 0.5), ("none", 0.2))] + [
+                {"kind": "claim", "L": 4, "n": 8, "a": "alibi", "b": "rope",
+                 "verdict": "as published", "interval": {"mean": -0.49, "low": -0.6,
+                                                         "high": -0.4}}]},
         "rope_extension_default": {
             "train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
             "results": {k: [{"zero_shot": z, "fine_tuned": f}] for k, z, f in (
@@ -242,8 +327,10 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
         in text
     # the findings are computed from the JSON
     assert "none 0.25" in text  # mean exact match over lengths 3-4
-    assert "ALiBi degrades less than rope (as published)" in text
-    assert "rotary degrades more than sinusoidal (unlike the published: at 2x" in text
+    assert ("Trained at 4: at 8 tokens (2x) the loss changes by alibi +0.010 [+0.000, +0.020]"
+            ", none +0.200") in text
+    assert "alibi degrades less than rope: as published" in text
+    assert "Warning: none do not beat the 3-gram (2.200)" in text
     assert "YaRN zero-shot beats PI (as published)" in text
     assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
     assert "gpt: it still uses context beyond b=16" in text
@@ -277,3 +364,20 @@ def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_RESULTS_DIR"] == str(tmp_path) for _, env in calls)
     assert readme.exists()
+
+
+def test_run_all_skips_experiments_it_finished(tmp_path, monkeypatch):
+    from experiments import run_all
+
+    calls, rcs = [], {"experiments.context_usage": 0, "experiments.attention_variants": 1}
+    monkeypatch.setattr(run_all.subprocess, "call",
+                        lambda cmd, cwd, env: calls.append(cmd[2]) or rcs[cmd[2]])
+    argv = ["--only", "attention_variants,context_usage", "--scale", "tiny",
+            "--results", str(tmp_path), "--readme", str(tmp_path / "README.md")]
+    assert run_all.main(argv) == 1  # attention_variants failed
+    assert run_all.main(argv) == 1  # an interrupted/failed run_all continues where it stopped
+    assert calls == ["experiments.context_usage", "experiments.attention_variants",
+                     "experiments.attention_variants"]
+    calls.clear()
+    run_all.main([*argv, "--fresh"])
+    assert calls == ["experiments.context_usage", "experiments.attention_variants"]

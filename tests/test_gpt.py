@@ -7,6 +7,7 @@ import pytest
 from model_helpers import POSITIONS, attention, init, tiny
 
 from transformers_jax import ModelConfig, Rope
+from transformers_jax.config import ConfigError
 from transformers_jax.nn.layers import Attention
 
 
@@ -166,18 +167,36 @@ def test_t5_bias_is_shared_across_layers():
     assert all("relative_bias" not in params[f"layer_{i}"] for i in range(3))
 
 
-def test_sinusoidal_table_matches_the_token_embedding_scale():
-    # Each component of the added table has RMS init_std, like the token embeddings: a larger
-    # fixed table drowns the tokens (held-out loss 2.77 vs 2.19 in the length experiment).
+def _sinusoidal_parts(position):
+    """(token embedding as the table stores it, the embedder's output) for a sinusoidal config."""
     from transformers_jax.models.gpt import Embedder
 
-    cfg = tiny(position="sinusoidal", d_model=64, init_std=0.05, max_len=512)
+    cfg = tiny(position=position, d_model=64, init_std=0.05, max_len=512)
     embedder = Embedder(cfg)
-    tokens = jnp.zeros((1, 512), jnp.int32)
+    tokens = jax.random.randint(jax.random.key(1), (1, 512), 0, cfg.vocab_size)
     positions = jnp.arange(512, dtype=jnp.int32)[None]
     variables = embedder.init(jax.random.key(0), tokens, positions)
     token_part = embedder.apply(variables, tokens, method=lambda m, t: m.tokens(t))
-    table = embedder.apply(variables, tokens, positions) - token_part
+    return token_part, embedder.apply(variables, tokens, positions), positions
+
+
+def test_sinusoidal_rms_form_matches_the_token_embedding_scale():
+    # form="rms": each component of the added table has RMS init_std, like the token
+    # embeddings, and the tokens are not scaled
+    token_part, out, _ = _sinusoidal_parts({"name": "sinusoidal", "form": "rms"})
+    table = out - token_part
     rms = float(jnp.sqrt(jnp.mean(table**2)))
     assert abs(rms - 0.05) < 0.005, rms
     np.testing.assert_allclose(table[0, 0, 1::2], 0.05 * np.sqrt(2), rtol=1e-5)  # cos(0)
+
+
+def test_sinusoidal_default_is_the_original_transformers_form():
+    # Vaswani et al. 3.4: embeddings times sqrt(d_model), plus the table at amplitude 1
+    from transformers_jax.nn.positions import sinusoidal_embedding
+
+    token_part, out, positions = _sinusoidal_parts("sinusoidal")
+    want = 8.0 * token_part + sinusoidal_embedding(positions, 64)  # sqrt(64) = 8
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose((out - 8.0 * token_part)[0, 0, 1::2], 1.0, rtol=1e-5)  # cos(0)
+    with pytest.raises(ConfigError, match="position.form"):
+        tiny(position={"name": "sinusoidal", "form": "bert"})

@@ -12,6 +12,7 @@ import difflib
 import json
 import types
 import typing
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,9 +183,14 @@ class ModelConfig:
     def migrate(data: dict[str, Any]) -> dict[str, Any]:
         """Read a config saved before the switches carried their settings (flat ``rope``,
         ``window``, ``t5_*``, ``fire_hidden``, ``attention_chunk`` fields): those fields move
-        into the switch they belong to. Only fields of the switch in use are kept, as the
-        model built from the old config never read the others."""
+        into the switch they belong to; only fields of the switch in use are kept, as the
+        model built from the old config never read the others. A saved sinusoidal position
+        without ``form`` predates the original-transformer form and reads as ``form="rms"``."""
         data = dict(data)
+        if data.get("position") == {"name": "sinusoidal"}:
+            # saved before sinusoidal had a form (every saved switch lists all its fields):
+            # that model added the table at the embeddings' init RMS, without token scaling
+            data["position"] = {"name": "sinusoidal", "form": "rms"}
         legacy = {k: data.pop(k) for k in ("rope", "window", "t5_num_buckets", "t5_max_distance",
                                           "fire_hidden", "attention_chunk") if k in data}
         if not legacy:
@@ -332,7 +338,10 @@ class TrainConfig:
 
 
 def check_lengths(model: ModelConfig, seq_len: int) -> None:
-    """Fail early when a run's sequence length cannot fit the model's position table."""
+    """Fail early when a run's sequence length cannot fit the model's position table; warn
+    when the scheme's settings leave part of it untrained at this length."""
+    for message in model.position.length_warnings(model, seq_len):
+        warnings.warn(message, stacklevel=2)
     limit = model.position.max_length(model)
     if limit is not None and seq_len > limit:
         _fail(

@@ -294,9 +294,12 @@ class Embedder(nn.Module):
         cfg = self.config
         self.tokens = make_embed(cfg, cfg.vocab_size, ("vocab", "embed"))
         self.table = cfg.position.embedding(cfg)
+        self.token_scale = cfg.position.token_scale(cfg)
 
     def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
         x_BTC = self.tokens(tokens_BT)
+        if self.token_scale != 1.0:
+            x_BTC = x_BTC * jnp.asarray(self.token_scale, x_BTC.dtype)
         if self.table is not None:
             x_BTC = x_BTC + self.table(positions_BT).astype(x_BTC.dtype)
         return x_BTC

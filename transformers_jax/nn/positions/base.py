@@ -12,6 +12,8 @@ hook                     called by                                             f
 =======================  ====================================================  ================
 ``embedding(cfg)``       the embedder: a module ``positions [B, T] ->          learned,
                          [B, T, C]`` added to the token embeddings             sinusoidal
+``token_scale(cfg)``     the embedder: a factor on the token embeddings        sinusoidal
+                                                                               (vaswani form)
 ``rotate(cfg, x, pos,    self-attention, on queries (``role="query"``) and     rope, xpos
 role)``                  keys (``role="key"``) before the dot product
 ``bias(cfg, bidir.)``    the layer stack, once per forward pass (every layer   alibi, t5, fire,
@@ -23,6 +25,8 @@ pos)``                   hooks see (masks keep the real ones)
 ``cacheable``            whether KV-cache decoding can reproduce a forward     (all but
                          pass (checked when a cache is made)                   sampled eval)
 ``max_length(cfg)``      config checks, sampling, data: longest input or None  learned
+``length_warnings(cfg,   the training loop: settings that will not train at    t5, fire
+seq_len)``               this length (buckets past it, an inactive threshold)
 =======================  ====================================================  ================
 
 Cross-attention (queries and keys from different sequences) calls none of them.
@@ -51,9 +55,19 @@ class PositionScheme(Switch):
         """The longest sequence the scheme can encode, or None for no limit."""
         return None
 
+    def length_warnings(self, config: Any, seq_len: int) -> list[str]:
+        """Why training at ``seq_len`` leaves part of the scheme untrained or inactive (each a
+        sentence naming the field to change); empty when nothing is wrong."""
+        return []
+
     def embedding(self, config: Any) -> nn.Module | None:
         """A module ``positions [B, T] -> [B, T, C]`` added to the token embeddings."""
         return None
+
+    def token_scale(self, config: Any) -> float:
+        """A factor the embedder multiplies the token embeddings by (before adding the
+        position embedding); 1 for every scheme but the original transformer's sinusoidal."""
+        return 1.0
 
     def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
                role: Role) -> jax.Array:

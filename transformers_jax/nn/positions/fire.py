@@ -62,5 +62,12 @@ class Fire(PositionScheme):
             raise ConfigError(f"position={self}: fire needs positive hidden, init_c and "
                               "init_threshold")
 
+    def length_warnings(self, config: Any, seq_len: int) -> list[str]:
+        if self.init_threshold <= seq_len:
+            return []
+        return [f"position.init_threshold={self.init_threshold:g} exceeds the training length "
+                f"{seq_len}: psi(max(L, i)) starts constant over every training position, so "
+                f"the length normalisation does not act; set it to at most {seq_len}"]
+
     def bias(self, config: Any, bidirectional: bool) -> nn.Module:
         return FireBias(config.n_heads, self.hidden, self.init_c, self.init_threshold)

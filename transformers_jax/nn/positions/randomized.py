@@ -110,6 +110,9 @@ class Randomized(PositionScheme):
     def embedding(self, config: Any) -> nn.Module | None:
         return self.base.embedding(config)
 
+    def token_scale(self, config: Any) -> float:
+        return self.base.token_scale(config)
+
     def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
                role: Role) -> jax.Array:
         return self.base.rotate(config, x_BTHD, positions_BT, role)

@@ -89,6 +89,13 @@ class T5(PositionScheme):
                 f"position.num_buckets={self.num_buckets!r}: t5 needs >= 4 buckets and "
                 f"position.max_distance (now {self.max_distance}) above half of them")
 
+    def length_warnings(self, config: Any, seq_len: int) -> list[str]:
+        if self.max_distance <= seq_len:
+            return []
+        return [f"position.max_distance={self.max_distance} exceeds the training length "
+                f"{seq_len}: the buckets for distances {seq_len}-{self.max_distance} never "
+                f"train; set position.max_distance to at most {seq_len}"]
+
     def bias(self, config: Any, bidirectional: bool) -> nn.Module:
         return T5RelativeBias(config.n_heads, self.num_buckets, self.max_distance,
                               bidirectional)
