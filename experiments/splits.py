@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 
@@ -127,7 +128,12 @@ def make_split(spec: str | None, seed: int = 0, heldout_bytes: int = 200_000,
         for k, text in enumerate(files):
             with open(os.path.join(tmp, f"{k:06d}.txt"), "wb") as f:
                 f.write(text)
-        os.replace(tmp, folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process wrote the same split first: same contents, keep it
+            if not os.path.isdir(folder):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     return Split(name, sha, seed, unit, folder, heldout, len(files), sum(map(len, files)))
 
 
