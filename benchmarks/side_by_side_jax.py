@@ -32,11 +32,13 @@ from side_by_side_shared import (
     HF_DIR,
     PLAN_FILE,
     SHAPES,
+    add_run_options,
     emit,
     forbidden_imports,
     median,
     process_facts,
     read_plan,
+    time_decoding,
 )
 
 from transformers_jax.config import TrainConfig
@@ -205,18 +207,8 @@ def decode(config, params, plan: dict, arrays: dict, repeats: int, timed: bool) 
             return jax.block_until_ready(generate_tokens(model, params, prompts, lengths,
                                                          jax.random.key(0), cfg=greedy))
 
-        start = time.perf_counter()
-        tokens = np.asarray(run())  # compiles
-        entry = {"tokens": tokens.tolist()}
-        if timed:
-            entry["first_call_s"] = time.perf_counter() - start
-            seconds = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                seconds.append(time.perf_counter() - start)
-            entry.update(tokens_per_s=b * new / median(seconds), run_s=seconds)
-        out[f"batch_{b}"] = entry
+        out[f"batch_{b}"] = time_decoding(run, lambda t: np.asarray(t).tolist(), b * new,
+                                          repeats, timed)
     return out
 
 
@@ -269,12 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     r.add_argument("--attention", default="chunked")
     r.add_argument("--chunk", type=int, default=64)
-    r.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
-    r.add_argument("--decode-repeats", type=int, default=3)
-    r.add_argument("--no-train", action="store_true")
-    r.add_argument("--no-decode", action="store_true")
-    r.add_argument("--check", action="store_true", help="losses and tokens only, no timing")
-    r.add_argument("--out")
+    add_run_options(r)
     args = parser.parse_args(argv)
     return prepare(args) if args.command == "prepare" else run(args)
 

@@ -82,3 +82,29 @@ def emit(result: dict, path: str | None) -> None:
 
 def median(values: list[float]) -> float:
     return float(np.median(values))
+
+
+def time_decoding(run, to_list, tokens_per_call: int, repeats: int, timed: bool) -> dict:
+    """One decoding entry: the tokens of a first (warm-up) call, and with ``timed`` its time,
+    ``repeats`` timed calls and tokens/s from their median."""
+    start = time.perf_counter()
+    entry = {"tokens": to_list(run())}  # the first call builds state and compiles
+    if timed:
+        entry["first_call_s"] = time.perf_counter() - start
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - start)
+        entry.update(tokens_per_s=tokens_per_call / median(seconds), run_s=seconds)
+    return entry
+
+
+def add_run_options(parser) -> None:
+    """The options every worker takes for one run (argparse)."""
+    parser.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
+    parser.add_argument("--decode-repeats", type=int, default=3)
+    parser.add_argument("--no-train", action="store_true")
+    parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--check", action="store_true", help="losses and tokens only, no timing")
+    parser.add_argument("--out")

@@ -21,7 +21,16 @@ import time
 
 import numpy as np
 import torch
-from side_by_side_shared import HF_DIR, emit, forbidden_imports, median, process_facts, read_plan
+from side_by_side_shared import (
+    HF_DIR,
+    add_run_options,
+    emit,
+    forbidden_imports,
+    median,
+    process_facts,
+    read_plan,
+    time_decoding,
+)
 
 
 def load_model(directory: str, impl: str, shape: dict) -> torch.nn.Module:
@@ -119,18 +128,8 @@ def decode(model, impl: str, compile_: bool, plan: dict, arrays: dict, repeats: 
     out = {}
     for b in plan["shape"]["decode_batches"]:
         run = greedy(model, impl, compile_, arrays[f"prompts_b{b}"], new)
-        start = time.perf_counter()
-        tokens = run().numpy()  # warm-up (first calls build state, compile)
-        entry = {"tokens": tokens.tolist()}
-        if timed:
-            entry["first_call_s"] = time.perf_counter() - start
-            seconds = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                seconds.append(time.perf_counter() - start)
-            entry.update(tokens_per_s=b * new / median(seconds), run_s=seconds)
-        out[f"batch_{b}"] = entry
+        out[f"batch_{b}"] = time_decoding(run, lambda t: t.numpy().tolist(), b * new,
+                                          repeats, timed)
     return out
 
 
@@ -149,12 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile the model for training and the decoding step "
                         "(plain GPT only)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
-    parser.add_argument("--decode-repeats", type=int, default=3)
-    parser.add_argument("--no-train", action="store_true")
-    parser.add_argument("--no-decode", action="store_true")
-    parser.add_argument("--check", action="store_true", help="losses and tokens only, no timing")
-    parser.add_argument("--out")
+    add_run_options(parser)
     args = parser.parse_args(argv)
     if args.compile and args.impl != "torch":
         parser.error("--compile is for the plain PyTorch GPT (--impl torch)")

@@ -392,6 +392,22 @@ def tiny_run(tmp_path_factory):
     return str(run_dir)
 
 
+def run_cli(argv: list[str]):
+    """``tjax ARGV`` in this process: (exit code, captured stdout, captured stderr)."""
+    import contextlib
+    import io
+
+    from transformers_jax.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exit_:  # argparse: a value of the wrong type
+            rc = exit_.code
+    return rc, out, err
+
+
 CLI_VALUE = st.one_of(st.integers(-3, 40).map(str), st.floats().map(repr), GARBAGE)
 CLI_OPTIONS = {"--max-new-tokens": mostly(st.integers(1, 8).map(str), CLI_VALUE),
                "--temperature": mostly(st.floats(0, 2).map(repr), CLI_VALUE),
@@ -409,21 +425,13 @@ CLI_OPTIONS = {"--max-new-tokens": mostly(st.integers(1, 8).map(str), CLI_VALUE)
 @example({"--num-samples": "0"})
 @example({"--temperature": "nan"})
 def test_cli_sample_bad_options_exit_2_with_a_message(tiny_run, options):
-    import contextlib
-    import io
 
-    from transformers_jax.cli import main
 
     TRIED["sample: `tjax sample` command lines on a trained run"] += 1
     argv = ["sample", "--run", tiny_run, "--max-new-tokens", "4"]
     for key, value in options.items():
         argv += [f"{key}={value}"]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exit_:  # argparse: a value of the wrong type
-            rc = exit_.code
+    rc, out, err = run_cli(argv)
     assert rc in (0, 2), (rc, err.getvalue())
     if rc == 2:
         assert "error:" in err.getvalue() and "Traceback" not in err.getvalue(), err.getvalue()
@@ -467,21 +475,13 @@ def eval_files(tmp_path_factory):
 def test_cli_eval_bad_options_exit_2_with_a_message(tiny_run, eval_files, options):
     """`tjax eval` on a trained run: every option combination evaluates (one JSON object on
     stdout, finite figures) or exits 2 with a one-line error, never a traceback."""
-    import contextlib
-    import io
 
-    from transformers_jax.cli import main
 
     TRIED["eval: `tjax eval` command lines on a trained run"] += 1
     argv = ["eval", "--run", tiny_run, "--batches", "1"]
     for key, value in options.items():
         argv += [key] if value is None else [f"{key}={value.format(**eval_files)}"]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exit_:  # argparse: a value of the wrong type
-            rc = exit_.code
+    rc, out, err = run_cli(argv)
     assert rc in (0, 2), (argv, rc, err.getvalue()[-2000:])
     if rc == 2:
         message = err.getvalue()

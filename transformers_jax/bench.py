@@ -26,7 +26,6 @@ Options besides ``--model.*``/``--train.*`` (``--steps`` = ``--train.steps``): `
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import resource
@@ -43,7 +42,7 @@ from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
-from transformers_jax.overrides import CommandParser, Once, int_list
+from transformers_jax.overrides import CommandParser, Once, int_list, print_json
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -207,11 +206,7 @@ def cpu_model() -> str:
 
 def emit_json(result: dict, path: str | None) -> None:
     """Print ``result`` as indented JSON and, given a path, write the same text there."""
-    text = json.dumps(result, indent=1, default=float)
-    if path:
-        with open(path, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    print_json(result, path, indent=1)
 
 
 def environment() -> dict:

@@ -29,6 +29,7 @@ from transformers_jax.overrides import (
     describe_default,
     field_help,
     int_list,
+    print_json,
 )
 from transformers_jax.registry import FAMILIES, UnknownNameError
 from transformers_jax.train.errors import RunFailedError
@@ -221,11 +222,7 @@ def cmd_eval(argv: list[str]) -> int:
         passkey=args.passkey, passkey_lengths=args.passkey_lengths,
         passkey_trials=args.passkey_trials, step=args.step,
         plot=args.plot or os.path.join(args.run, "eval_loss_by_position.png"))
-    text = json.dumps(result)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_json(result, args.out)
     return 0
 
 

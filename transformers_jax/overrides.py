@@ -26,6 +26,8 @@ import difflib
 import functools
 import inspect
 import io
+import json
+import os
 import sys
 import textwrap
 import tokenize
@@ -207,6 +209,17 @@ def field_help(cls: type) -> dict[str, str]:
         if tok.type == tokenize.COMMENT and tok.start[0] in line_field:
             found[line_field[tok.start[0]]] = tok.string.lstrip("#").strip()
     return found
+
+
+def print_json(result: dict, path: str | None = None, indent: int | None = None) -> None:
+    """A command's result: printed as JSON (one line unless ``indent``) and, given a path,
+    written there too (its folder made first)."""
+    text = json.dumps(result, indent=indent, default=float)
+    print(text)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text + "\n")
 
 
 def describe_default(value: Any) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +12,7 @@ import jax
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
 from transformers_jax.models import family_of
 from transformers_jax.nn.stack import REMAT_POLICIES
-from transformers_jax.overrides import CommandParser, Once
+from transformers_jax.overrides import CommandParser, Once, print_json
 from transformers_jax.parallel.mesh import parse_mesh
 from transformers_jax.plan.steps import DEFAULT_REMATS, compile_decode, compile_train, search
 from transformers_jax.plan.targets import Target, make_target
@@ -125,9 +124,5 @@ def main(argv: list[str], build_configs: Callable[[list[str]], tuple[ModelConfig
     result = plan(model_cfg, cfg, target, do_search=args.search, remats=remats,
                   decode=not args.no_decode, decode_batch=args.decode_batch,
                   log=lambda text: print(text, file=sys.stderr))
-    text = json.dumps(result)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_json(result, args.out)
     return 0
