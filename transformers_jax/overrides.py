@@ -95,14 +95,17 @@ def parse_overrides(argv: list[str], options: list[str] = ()) -> tuple[dict[str,
             continue
         name = ALIASES.get(key, key[2:])
         if not name.startswith(tuple(f"{s}." for s in SECTIONS)):
-            near = closest(key, [*options, *override_names()])
-            hint = f"did you mean {near}? " if near else ""
-            raise ConfigError(
-                f"unknown option {key}; {hint}use --model.FIELD or --train.FIELD (or one of "
-                f"{', '.join([*options, *ALIASES, *FLAGS, '--config'])})"
-            )
+            raise unknown_option(key, options)
         overrides[name] = value
     return overrides, config_file
+
+
+def unknown_option(key: str, options: list[str] = ()) -> ConfigError:
+    """The error for an option that is neither the command's own nor a config override."""
+    near = closest(key, [*options, *override_names()])
+    hint = f"did you mean {near}? " if near else ""
+    return ConfigError(f"unknown option {key}; {hint}use --model.FIELD or --train.FIELD (or one "
+                       f"of {', '.join([*options, *ALIASES, *FLAGS, '--config'])})")
 
 
 def int_list(text: str) -> list[int]:
@@ -166,6 +169,8 @@ class CommandParser(argparse.ArgumentParser):
             known |= {*ALIASES, *FLAGS, "--config"}
         unknown = [a for a in argv if a.startswith("--") and a.partition("=")[0] not in known
                    and not (self.takes_overrides and a.startswith(("--model.", "--train.")))]
+        if unknown and self.takes_overrides:
+            raise unknown_option(unknown[0].partition("=")[0], self.options())
         if unknown:
             self.error("unrecognized arguments: " + " ".join(unknown))
         if not self.takes_overrides:
