@@ -486,8 +486,10 @@ def test_cli_eval_bad_options_exit_2_with_a_message(tiny_run, eval_files, option
     if rc == 2:
         message = err.getvalue()
         assert "error:" in message and "Traceback" not in message, message
-        # the message names the option at fault (argparse says "argument --x")
-        assert any(key.lstrip("-") in message for key in [*options, "--batches"]), message
+        # the message names the option at fault (argparse says "argument --x") or its value
+        named = [key.lstrip("-") for key in [*options, "--batches"]]
+        named += [v.format(**eval_files) for v in options.values() if v]
+        assert any(name in message for name in named), message
         TRIED["eval: `tjax eval` refused (exit 2, message)"] += 1
         return
     result = json.loads(out.getvalue().strip().splitlines()[-1])
