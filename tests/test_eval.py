@@ -72,6 +72,17 @@ def test_loss_equals_the_last_eval_of_the_training_loop(gpt_run, tmp_path):
     json.dumps(result)  # JSON-ready
 
 
+def test_data_given_as_local_text_is_evaluated_whole(gpt_run, tmp_path):
+    """--data FILE is not the run's training text: all of it is read, even one short document
+    (the held-out 5% of it would be one piece or none)."""
+    text = tmp_path / "one.txt"
+    text.write_bytes(b"a small file of text to evaluate on, in one piece. " * 3)
+    result = evaluate_run(str(gpt_run), data=str(text), lengths=[16], batches=1, plot=None)
+    assert result["split"] == "all of --data" and math.isfinite(result["loss"])
+    own = evaluate_run(str(gpt_run), lengths=[16], batches=1, plot=None)
+    assert own["split"] == "held-out" and own["loss"] != result["loss"]
+
+
 def test_passkey_prompt_hides_the_key_at_the_depth():
     from transformers_jax.data.tokenizers import ByteTokenizer
 

@@ -188,7 +188,8 @@ def cmd_eval(argv: list[str]) -> int:
     parser.add_argument("--run", required=True, help="run directory (tjax train --run-dir, or "
                         "tjax convert --out)")
     parser.add_argument("--data", default=None, help="text to evaluate on (PATH, lines:PATH, "
-                        "tfds:NAME); default: the run's own held-out split")
+                        "tfds:NAME; local text is read whole); default: the run's own held-out "
+                        "split")
     parser.add_argument("--split", default=None, help="a tfds split to read instead of the "
                         "held-out one (e.g. validation)")
     parser.add_argument("--lengths", type=int_list, default=None,

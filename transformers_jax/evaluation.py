@@ -100,8 +100,9 @@ def evaluate_run(
 ) -> dict:
     """Evaluate ``run_dir`` (see the module docstring); returns one JSON-ready dict.
 
-    ``data``/``split``: text to read instead of the run's own held-out split (a tfds split
-    name for ``tfds:NAME`` data). ``lengths``: window lengths (default the run's ``seq_len``).
+    ``data``/``split``: text to read instead of the run's own held-out split (local text is
+    read whole; a tfds dataset: its validation or test split, or the ``split`` named).
+    ``lengths``: window lengths (default the run's ``seq_len``).
     ``batches``: batches per length (default the run's ``eval_batches``). ``passkey_lengths``:
     prompt-plus-answer lengths of the passkey test (default ``lengths``). ``plot``: the PNG of
     the loss by position (None: no file). ``step``: the checkpoint (default the latest).
@@ -125,6 +126,11 @@ def evaluate_run(
         raise ValueError(f"--split {split}: splits are read from tfds datasets (--data "
                          f"tfds:NAME); {cfg.data or 'the default corpus'} is local text whose "
                          "held-out part is read by default: drop --split")
+    # Local text given with --data is evaluated whole (it is not the run's training text, so
+    # nothing of it needs holding out); the run's own data, its held-out part.
+    read = split
+    if data is not None and split is None and parse_spec(data).kind != "tfds":
+        read = "train"  # local text has one split: all of it
     lengths = [int(n) for n in (lengths or [train_cfg.seq_len])]
     passkey_lengths = [int(n) for n in (passkey_lengths or lengths)]
     for length in {*lengths, *(passkey_lengths if passkey else ())}:
@@ -142,7 +148,8 @@ def evaluate_run(
     result: dict = {
         "run": run_dir, "step": int(meta["step"]), "family": config.family,
         "data": cfg.task and f"task:{cfg.task}" or cfg.data or "the default corpus",
-        "split": split or "held-out", "tokenizer": tokenizer.name, "unit": unit,
+        "split": split or ("all of --data" if read else "held-out"),
+        "tokenizer": tokenizer.name, "unit": unit,
         "batches": cfg.eval_batches, "batch_size": cfg.batch_size,
     }
     notes = []
@@ -150,7 +157,7 @@ def evaluate_run(
         notes.append("bits_per_byte counts the bos/eos ids among the bytes")
     by_length, curves = [], {}
     for length in sorted(set(lengths) | {train_cfg.seq_len}):
-        eval_batches = make_eval_batches(config, cfg.replace(seq_len=length), tokenizer, split)
+        eval_batches = make_eval_batches(config, cfg.replace(seq_len=length), tokenizer, read)
         rows = jax.device_get([eval_step(params, b) for b in eval_batches])
         loss = float(np.mean([float(r["loss"]) for r in rows]))
         entry = {"length": length, **_figures(loss, unit)}
