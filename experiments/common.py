@@ -20,6 +20,7 @@ import numpy as np
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.sources import open_documents
 from transformers_jax.loop import train
+from transformers_jax.registry import POSITIONS
 from transformers_jax.runs import load_run
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
@@ -66,21 +67,12 @@ def command_line() -> str:
     return f"python -m {module} {args}".strip()
 
 
-# Each scheme's settings in the experiments, from the training length L and the longest
-# evaluated length E (recorded in the JSON and the tables): T5's buckets reach only as far as
-# L (farther ones would never train), FIRE's threshold starts at L (above it its length
-# normalisation never acts), randomized positions draw from the longest evaluated length.
-SCHEME_SETTINGS = {
-    "t5": lambda L, E: {"max_distance": L, "num_buckets": min(32, L)},
-    "fire": lambda L, E: {"init_threshold": float(L)},
-    "randomized": lambda L, E: {"base": "rope", "max_position": E},
-}
-
-
 def position_for(scheme: str, train_len: int, max_eval: int) -> dict:
-    """The position config of ``scheme`` trained at ``train_len`` (``SCHEME_SETTINGS``)."""
-    settings = SCHEME_SETTINGS.get(scheme)
-    return {"name": scheme, **(settings(train_len, max_eval) if settings else {})}
+    """The position config of ``scheme`` trained at ``train_len`` and evaluated up to
+    ``max_eval`` (recorded in the JSON and the tables): the entry's own ``length_settings``
+    (T5's buckets reach only as far as the training length, FIRE's threshold starts there,
+    randomized positions draw from the longest evaluated length)."""
+    return {"name": scheme, **POSITIONS.get(scheme).length_settings(train_len, max_eval)}
 
 
 def train_and_load(model_cfg: ModelConfig, train_cfg: TrainConfig, run_dir: str | None = None):

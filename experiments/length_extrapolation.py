@@ -100,9 +100,10 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
                "learned": learned_scalars(params), "flat": {}, "sliding": {},
                "flat_blocks": {}, "sliding_blocks": {}}
         modes = {"flat": None} | ({"sliding": max(train_len // 4, 1)} if sliding else {})
+        limit = model_cfg.position.max_length(model_cfg)  # a learned table: its rows
         for n in lengths:
             for mode, stride_of in modes.items():
-                if scheme == "learned" and n > train_len:
+                if limit is not None and n > limit:
                     row[mode][n], row[f"{mode}_blocks"][n] = math.nan, []  # no table rows
                     continue
                 stride = None if stride_of is None else max(n // 4, 1)

@@ -359,3 +359,16 @@ def test_a_sequences_draw_does_not_depend_on_what_is_appended():
     np.testing.assert_array_equal(padded[:, :5], short)
     longer = sample_positions(jax.random.key(3), jnp.arange(9)[None], 64)
     assert (np.asarray(longer[:, :5]) != np.asarray(short)).any()  # one run: all 9 are sorted
+
+
+@pytest.mark.parametrize("name", POSITION_REGISTRY.names())
+def test_length_settings_leave_nothing_to_warn_about(name):
+    """What an experiment gives a scheme for training at L (its ``length_settings``) builds a
+    valid config with no length warning at L: the two hooks state the same rule."""
+    from transformers_jax import ModelConfig
+
+    for train_len, max_eval in ((16, 256), (64, 1024), (128, 2048)):
+        settings = POSITION_REGISTRY.get(name).length_settings(train_len, max_eval)
+        position = {"name": name, **settings}
+        cfg = ModelConfig(position=position, max_len=train_len)
+        assert cfg.position.length_warnings(cfg, train_len) == [], (name, train_len)

@@ -55,6 +55,13 @@ class PositionScheme(Switch):
         """The longest sequence the scheme can encode, or None for no limit."""
         return None
 
+    @classmethod
+    def length_settings(cls, train_len: int, max_eval: int) -> dict[str, Any]:
+        """The settings an experiment that trains at ``train_len`` and evaluates up to
+        ``max_eval`` gives this scheme (the fields ``length_warnings`` checks), as overrides of
+        the defaults; empty when the defaults fit any length."""
+        return {}
+
     def length_warnings(self, config: Any, seq_len: int) -> list[str]:
         """Why training at ``seq_len`` leaves part of the scheme untrained or inactive (each a
         sentence naming the field to change); empty when nothing is wrong."""

@@ -62,6 +62,10 @@ class Fire(PositionScheme):
             raise ConfigError(f"position={self}: fire needs positive hidden, init_c and "
                               "init_threshold")
 
+    @classmethod
+    def length_settings(cls, train_len: int, max_eval: int) -> dict[str, Any]:
+        return {"init_threshold": float(train_len)}  # the length normalisation acts from the start
+
     def length_warnings(self, config: Any, seq_len: int) -> list[str]:
         if self.init_threshold <= seq_len:
             return []

@@ -76,6 +76,10 @@ class Randomized(PositionScheme):
     evaluate: str = "sample"  # "sample" (the paper) or "real" (0..T-1; decodes with a cache)
     eval_seed: int = 0
 
+    @classmethod
+    def length_settings(cls, train_len: int, max_eval: int) -> dict[str, Any]:
+        return {"base": "rope", "max_position": max_eval}  # every evaluated position is drawn
+
     def check(self, config: Any) -> None:
         if self.evaluate not in ("sample", "real"):
             raise ConfigError(f"position.evaluate={self.evaluate!r}: valid choices: sample (draw "

@@ -89,6 +89,10 @@ class T5(PositionScheme):
                 f"position.num_buckets={self.num_buckets!r}: t5 needs >= 4 buckets and "
                 f"position.max_distance (now {self.max_distance}) above half of them")
 
+    @classmethod
+    def length_settings(cls, train_len: int, max_eval: int) -> dict[str, Any]:
+        return {"max_distance": train_len, "num_buckets": min(32, train_len)}  # all buckets train
+
     def length_warnings(self, config: Any, seq_len: int) -> list[str]:
         if self.max_distance <= seq_len:
             return []
