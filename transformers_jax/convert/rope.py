@@ -2,20 +2,20 @@
 
 Each of our RoPE scalings (``nn/positions/rope_scaling.py``) names its Hugging Face
 ``rope_type`` and maps its fields both ways; a scaling without one (``ntk``) does not export.
-Checked in ``tests/test_convert.py`` against the Hugging Face model's logits. YaRN maps only
-with the default attention factor ``0.1 ln(factor) + 1`` and ``truncate``; anything else
-(``longrope``, a YaRN ``attention_factor`` or ``mscale`` that changes the attention factor,
-per-layer rope) is an error naming the field.
+Checked in ``tests/test_convert.py`` against the Hugging Face model's logits. What a rule
+cannot express (a YaRN ``attention_factor`` or ``mscale`` that changes the attention factor,
+say) it raises as ``UnmappableHF``; an unknown ``rope_type`` (``longrope``) or per-layer rope
+is an error naming the field here.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.convert.common import HFConfig, unsupported
 from transformers_jax.convert.hf_files import ConversionError
+from transformers_jax.nn.positions.rope_scaling import Extension, UnmappableHF
 from transformers_jax.registry import ROPE_SCALINGS
 
 
@@ -40,19 +40,6 @@ def hf_rope_parameters(hf: HFConfig) -> dict[str, Any]:
     return params
 
 
-def _yarn_attention_factor(factor: float, params: dict[str, Any]) -> float:
-    """The cos/sin multiplier ``transformers`` uses for YaRN."""
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    if params.get("attention_factor") is not None:
-        return float(params["attention_factor"])
-    if params.get("mscale") and params.get("mscale_all_dim"):
-        return mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
-    return mscale(factor)
-
-
 def rope_from_hf(hf: HFConfig, head_dim: int, *, partial_ok: bool = False) -> dict[str, Any]:
     """Our ``position`` (a rope switch as JSON) for a Hugging Face config, or a
     ``ConversionError`` naming the field."""
@@ -72,37 +59,17 @@ def rope_from_hf(hf: HFConfig, head_dim: int, *, partial_ok: bool = False) -> di
     mpe = hf["max_position_embeddings"]
     original = hf.raw.get("original_max_position_embeddings") or params.get(
         "original_max_position_embeddings") or mpe
-    factor = params.get("factor")
-    if kind != "default":
-        if factor is None and kind == "yarn":
-            factor = mpe / original
-        if factor is None:
-            raise unsupported(hf.model_type, f"{field}.factor", None,
-                              f"rope_type={kind!r} needs it")
-        params["factor"] = factor = float(factor)
-    if kind == "yarn":
-        _check_yarn(hf, params, factor)
-    if kind != "default" and factor != 1.0:
-        rope["scaling"] = by_type[kind].from_hf(params, int(mpe), int(original)).to_dict()
+    try:
+        scaling = by_type[kind].from_hf(params, int(mpe), int(original))
+    except UnmappableHF as err:
+        raise unsupported(hf.model_type, f"{field}.{err.field}", err.value, err.why) from err
+    if isinstance(scaling, Extension):  # factor 1 came back as plain RoPE
+        rope["scaling"] = scaling.to_dict()
     try:  # check it as a model would
         ModelConfig(head_dim=head_dim, n_heads=1, d_model=head_dim, position=rope)
     except ConfigError as err:
         raise unsupported(hf.model_type, field, params, str(err)) from err
     return rope
-
-
-def _check_yarn(hf: HFConfig, params: dict[str, Any], factor: float) -> None:
-    field = "rope_parameters"
-    attention_factor = _yarn_attention_factor(factor, params)
-    ours = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    if abs(attention_factor - ours) > 1e-12:
-        which = "attention_factor" if params.get("attention_factor") is not None else "mscale"
-        raise unsupported(hf.model_type, f"{field}.{which}", params.get(which),
-                          f"gives a YaRN attention factor of {attention_factor}; this project's "
-                          f"YaRN uses 0.1 ln(factor) + 1 = {ours}")
-    if params.get("truncate", True) is False:
-        raise unsupported(hf.model_type, f"{field}.truncate", False,
-                          "this project's YaRN rounds the correction range (truncate=True)")
 
 
 def rope_to_hf(rope: Any, model_type: str) -> tuple[dict[str, Any], int | None]:
@@ -123,6 +90,5 @@ def rope_to_hf(rope: Any, model_type: str) -> tuple[dict[str, Any], int | None]:
             f"no Hugging Face rope_type (mapped: {mapped})"
         )
     extra, pinned_len = scaling.hf_parameters()
-    if scaling.hf_rope_type != "default":
-        params["rope_type"] = scaling.hf_rope_type
+    params["rope_type"] = scaling.hf_rope_type
     return {**params, **extra}, pinned_len

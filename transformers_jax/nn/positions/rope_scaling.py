@@ -21,6 +21,15 @@ from transformers_jax.config import ConfigError
 from transformers_jax.registry import ROPE_SCALINGS, Switch
 
 
+class UnmappableHF(ValueError):
+    """A Hugging Face ``rope_parameters`` field this rule cannot express (``convert/`` names
+    the model type around it)."""
+
+    def __init__(self, field: str, value: Any, why: str):
+        super().__init__(f"{field}={value!r}: {why}")
+        self.field, self.value, self.why = field, value, why
+
+
 def default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
     """``1 / base**(2i/R)`` for i in [0, R/2), float64 (rounded to float32 by the caller)."""
     return 1.0 / base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
@@ -43,7 +52,8 @@ class RopeScaling(Switch):
 
     @classmethod
     def from_hf(cls, params: dict[str, Any], max_positions: int, original: int) -> RopeScaling:
-        """The rule for Hugging Face ``rope_parameters`` of this ``rope_type``."""
+        """The rule for Hugging Face ``rope_parameters`` of this ``rope_type``; raises
+        ``UnmappableHF`` naming a field it cannot express."""
         return cls()
 
 
@@ -73,8 +83,21 @@ class Extension(RopeScaling):
         return {"factor": self.factor}, None
 
     @classmethod
+    def hf_factor(cls, params: dict[str, Any], max_positions: int, original: int) -> float:
+        if params.get("factor") is None:
+            raise UnmappableHF("factor", None, f"rope_type={cls.hf_rope_type!r} needs it")
+        return float(params["factor"])
+
+    @classmethod
     def from_hf(cls, params: dict[str, Any], max_positions: int, original: int) -> RopeScaling:
-        return cls(factor=float(params["factor"]), original_max_len=int(original))
+        factor = cls.hf_factor(params, max_positions, original)
+        if factor == 1.0:  # no extension: plain RoPE
+            return NoScaling()
+        return cls._from_hf(params, factor, max_positions, original)
+
+    @classmethod
+    def _from_hf(cls, params, factor, max_positions, original) -> RopeScaling:
+        return cls(factor=factor, original_max_len=int(original))
 
 
 @ROPE_SCALINGS.register("linear")
@@ -125,8 +148,8 @@ class DynamicNtk(Extension):
         return {"factor": self.factor}, self.original_max_len
 
     @classmethod
-    def from_hf(cls, params, max_positions, original):
-        return cls(factor=float(params["factor"]), original_max_len=int(max_positions))
+    def _from_hf(cls, params, factor, max_positions, original):
+        return cls(factor=factor, original_max_len=int(max_positions))
 
 
 @ROPE_SCALINGS.register("yarn")
@@ -161,10 +184,39 @@ class Yarn(Extension):
                 "beta_fast": self.beta_fast, "beta_slow": self.beta_slow}, None
 
     @classmethod
-    def from_hf(cls, params, max_positions, original):
-        return cls(factor=float(params["factor"]), original_max_len=int(original),
+    def hf_factor(cls, params, max_positions, original):
+        if params.get("factor") is None:  # transformers infers it from the two lengths
+            return max_positions / original
+        return float(params["factor"])
+
+    @classmethod
+    def _from_hf(cls, params, factor, max_positions, original):
+        ours = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        theirs = _hf_yarn_attention_factor(factor, params)
+        if abs(theirs - ours) > 1e-12:
+            which = "attention_factor" if params.get("attention_factor") is not None else "mscale"
+            raise UnmappableHF(which, params.get(which),
+                               f"gives a YaRN attention factor of {theirs}; this project's "
+                               f"YaRN uses 0.1 ln(factor) + 1 = {ours}")
+        if params.get("truncate", True) is False:
+            raise UnmappableHF("truncate", False,
+                               "this project's YaRN rounds the correction range (truncate=True)")
+        return cls(factor=factor, original_max_len=int(original),
                    beta_fast=float(params.get("beta_fast") or 32.0),
                    beta_slow=float(params.get("beta_slow") or 1.0))
+
+
+def _hf_yarn_attention_factor(factor: float, params: dict[str, Any]) -> float:
+    """The cos/sin multiplier ``transformers`` uses for YaRN."""
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        return mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
+    return mscale(factor)
 
 
 @ROPE_SCALINGS.register("llama3")
@@ -194,7 +246,7 @@ class Llama3(Extension):
                 "high_freq_factor": self.high_freq_factor}, None
 
     @classmethod
-    def from_hf(cls, params, max_positions, original):
-        return cls(factor=float(params["factor"]), original_max_len=int(original),
+    def _from_hf(cls, params, factor, max_positions, original):
+        return cls(factor=factor, original_max_len=int(original),
                    low_freq_factor=float(params["low_freq_factor"]),
                    high_freq_factor=float(params["high_freq_factor"]))
