@@ -57,6 +57,111 @@ def test_collectives_counts_and_ring_bytes():
     assert got["reduce-scatter"]["ici_bytes"] == pytest.approx(768)
 
 
+LOOP_HLO = """
+%body (p: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %p = (s32[], f32[8,16]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8,16] get-tuple-element(%p), index=1
+  %w = f32[16,16] constant({...})
+  %y = f32[8,16] dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %s = f32[8,16] all-reduce(%y), replica_groups=[1,4]<=[4], to_apply=%add
+  ROOT %t = (s32[], f32[8,16]) tuple(%i, %s)
+}
+
+%cond (c: (s32[], f32[8,16])) -> pred[] {
+  %c = (s32[], f32[8,16]) parameter(0)
+  %k = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%k, %n), direction=LT
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %r = f32[] add(%a, %b)
+}
+
+ENTRY %main (x0: f32[8,16]) -> f32[8,16] {
+  %x0 = f32[8,16] parameter(0)
+  %w0 = f32[16,16] constant({...})
+  %y0 = f32[8,16] dot(%x0, %w0), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,16]) tuple(%zero, %y0)
+  %loop = (s32[], f32[8,16]) while(%init), condition=%cond, body=%body
+  %twice = (s32[], f32[8,16]) while(%loop), condition=%cond, body=%body,\
+ backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[8,16] get-tuple-element(%twice), index=1
+}
+"""
+
+
+def test_loops_count_as_often_as_they_run():
+    module = planning.Module.parse(LOOP_HLO)
+    runs, unknown = module.multiplicities()
+    # the body runs 5 times (its condition's constant) plus 3 (the known trip count)
+    assert module.entry == "main" and unknown == []
+    assert runs["body"] == 8 and runs["main"] == 1 and runs["add"] == 8
+    matmul = 2 * 8 * 16 * 16  # one [8,16] x [16,16] dot
+    assert planning.matmul_flops(module, runs) == 9 * matmul
+    got = planning.collectives(LOOP_HLO, n_devices=4)["all-reduce"]
+    assert got["count"] == 8 and got["result_bytes"] == 8 * 512
+    assert got["ici_bytes"] == pytest.approx(8 * 512 * 2 * 3 / 4)
+    # a condition that is not `counter < constant`: counted once, and said so
+    odd = planning.Module.parse(LOOP_HLO.replace("direction=LT", "direction=NE"))
+    runs, unknown = odd.multiplicities()
+    assert unknown == ["loop"] and runs["body"] == 1 + 3
+
+
+def test_convolution_flops_count_only_real_taps():
+    """TPU programs write a batched matmul as a convolution whose batch dims are dilated
+    spatial dims: attention scores of batch 2, 12 heads, 1024 x 1024 keys, head width 64."""
+    module = planning.Module.parse(
+        "%q = bf16[2,1024,12,64]{3,2,1,0} parameter(0)\n"
+        "%k = bf16[2,1024,12,64]{3,2,1,0} parameter(1)\n"
+        "%s = f32[2,12,1024,1024]{3,2,1,0} convolution(%q, %k), window={size=2x12 stride=1x11 "
+        "lhs_dilate=2x12}, dim_labels=0b1f_0o1i->01bf\n"
+        # an FSDP projection: 2048 tokens, two 192-wide input chunks as a 2-tap window
+        "%x = bf16[2048,2,192]{2,1,0} parameter(2)\n"
+        "%w = bf16[2,192,768]{2,1,0} parameter(3)\n"
+        "%y = f32[2048,768,1]{1,0,2} convolution(%x, %w), window={size=2}, "
+        "dim_labels=b0f_0io->bf0\n")
+    runs, _ = module.multiplicities()
+    assert planning.matmul_flops(module, runs) == (2 * 2 * 12 * 1024 * 1024 * 64
+                                                  + 2 * 2048 * 768 * 384)
+
+
+def test_scanned_stack_costs_what_the_unrolled_one_does():
+    """On CPU: a 4-layer GPT's training step with scan_layers counts its loop's matmuls as the
+    unrolled program does, and the byte model matches XLA's count with each loop once."""
+    from transformers_jax.models import build_model
+    from transformers_jax.parallel.strategies import make_trainer
+    from transformers_jax.train.objectives import objective_for
+    from transformers_jax.train.optim import make_optimizer
+
+    got = {}
+    for scan in (False, True):
+        config = ModelConfig.preset("gpt2-cpu", dropout=0.0, scan_layers=scan)
+        cfg = TrainConfig(batch_size=2, seq_len=64, strategy="single")
+        batch = planning.example_batch(config, cfg.batch_size, cfg.seq_len)
+        trainer = make_trainer("single", build_model(config), make_optimizer(cfg),
+                               {k: jax.numpy.zeros(v.shape, v.dtype) for k, v in batch.items()},
+                               objective=objective_for(config.family))
+        compiled = trainer.lower(trainer.abstract_state(), trainer.abstract_batch(batch)).compile()
+        module = planning.Module.parse(compiled.as_text())
+        got[scan] = planning.cost(compiled, module), module
+    unrolled, scanned = got[False][0], got[True][0]
+    trips = sorted(loop["trips"] for loop in scanned["loops"])
+    for loop in unrolled["loops"]:  # e.g. the optimizer's; the scanned step has them too
+        trips.remove(loop["trips"])
+    assert trips == [4, 4]  # the layer stack, forward and backward
+    assert scanned["xla_flops"] < 0.5 * unrolled["xla_flops"]  # XLA counts the body once
+    assert scanned["flops"] == pytest.approx(unrolled["flops"], rel=0.05)
+    module = got[False][1]
+    ones = {name: 1.0 for name in module.multiplicities()[0]}
+    assert planning.hbm_bytes(module, ones) == pytest.approx(unrolled["xla_bytes_accessed"],
+                                                             rel=0.02)
+
+
 def test_roofline_adds_collectives_and_counts_model_flops():
     chip = planning.CHIPS["v5e"]
     target = planning.Target("v5e:2x2", chip, tuple(range(4)), chips=4, slices=1, hosts=1)
@@ -118,6 +223,23 @@ def test_train_step_compiles_for_tpu(attention, strategy):
         assert "all-reduce" in got["collectives"]
     else:  # fsdp gathers parameters
         assert got["collectives"]["all-gather"]["ici_bytes"] > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_scanned_stack_plans_like_the_unrolled_one_on_tpu():
+    """XLA counts a loop body once; the plan counts the scanned layers' collectives and matmuls
+    as often as they run, so both programs of a 4-layer model give the same figures."""
+    target = planning.tpu_target(TOPOLOGY)
+    cfg = TINY_TRAIN.replace(mesh="data=1,fsdp=4,tensor=1")
+    got = {scan: planning.compile_train(TINY.replace(n_layers=4, scan_layers=scan), cfg, target)
+           for scan in (False, True)}
+    assert got[True]["loops"] and not got[False]["loops"]
+    assert got[True]["xla_flops_per_device"] < 0.5 * got[False]["flops_per_device"]
+    assert got[True]["flops_per_device"] == pytest.approx(got[False]["flops_per_device"],
+                                                          rel=0.15)
+    assert got[True]["ici_bytes_per_device"] == pytest.approx(
+        got[False]["ici_bytes_per_device"], rel=0.1)
 
 
 @needs_libtpu

@@ -13,11 +13,15 @@ bytes per device per step) and the collectives it contains. A roofline from the 
 datasheet (``CHIPS``) turns these into a step-time and MFU estimate. These are compiler figures
 and estimates, not measurements.
 
-Limits of the estimate: XLA's cost analysis counts a loop body once (``--model.scan_layers``
-hides all but one layer's FLOPs, so the compute term uses the larger of XLA's count and the
-model's own count, ``train.flops``) and counts nothing inside a Pallas kernel; collective
-bytes are per device for ring algorithms, moved at the datasheet's ICI bandwidth without
-overlap with compute (pessimistic) -- ``step_s_overlapped`` assumes perfect overlap.
+Loops: XLA's cost analysis counts a loop body once (``--model.scan_layers``, gradient
+accumulation). ``plan.hlo`` reads the call graph of the compiled module and counts each loop's
+collectives and matmul FLOPs as often as it runs (trip counts from XLA or the loop condition;
+the JSON lists the loops, and any whose count it could not read); HBM bytes in loops are
+scaled by a per-instruction byte model, an estimate (``xla_*`` keep XLA's loop-once figures).
+Limits: nothing inside a Pallas kernel is counted, so the compute term uses the larger of the
+counted FLOPs and the model's own count (``train.flops``); collective bytes are per device for
+ring algorithms, moved at the datasheet's ICI bandwidth without overlap with compute
+(pessimistic) -- ``step_s_overlapped`` assumes perfect overlap.
 
 GPUs (``--target h100:8``, ``h200:2x8``: GPUs per host, hosts): with the CUDA plugin installed
 (``pip install -e ".[gpu-plan]"``: ``jax-cuda12-plugin`` without the CUDA libraries, ~180 MB),
@@ -29,6 +33,7 @@ model's own FLOPs and the HBM term is absent; the interconnect is NVLink.
 
 from transformers_jax.plan.command import main, plan, plan_parser
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
+from transformers_jax.plan.hlo import Module, hbm_bytes, matmul_flops
 from transformers_jax.plan.steps import (
     DEFAULT_REMATS,
     candidate_meshes,
@@ -49,8 +54,9 @@ from transformers_jax.plan.targets import (
 )
 
 __all__ = [
-    "CHIPS", "DEFAULT_REMATS", "GPU_SPECS", "Chip", "Target", "candidate_meshes",
+    "CHIPS", "DEFAULT_REMATS", "GPU_SPECS", "Chip", "Module", "Target", "candidate_meshes",
     "collectives", "compile_decode", "compile_train", "cost", "example_batch", "gpu_target",
-    "gpu_target_config", "main", "make_target", "memory", "plan", "roofline", "search",
+    "gpu_target_config", "hbm_bytes", "main", "make_target", "matmul_flops", "memory", "plan",
+    "roofline", "search",
     "plan_parser", "tpu_target",
 ]

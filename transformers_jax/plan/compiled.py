@@ -7,23 +7,10 @@ import math
 import re
 from typing import Any
 
+from transformers_jax.plan.hlo import Module, array_bytes, hbm_bytes, matmul_flops
 from transformers_jax.plan.targets import Target
 
-# "%name = SHAPE op(" where SHAPE is an array or a tuple of them (layouts hold parentheses)
-_COLLECTIVE = re.compile(
-    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(?P<shape>.*?)\s"
-    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
-    r"(?P<start>-start)?\(")
-_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128)"
-                    r"\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-
-
-def _array_bytes(text: str) -> list[int]:
-    return [_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-            for dtype, dims in _ARRAY.findall(text)]
-
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 def _group_size(line: str, n_devices: int) -> int:
     """Devices per replica group of a collective (its ring length)."""
@@ -41,32 +28,35 @@ def _group_size(line: str, n_devices: int) -> int:
     return 2 if pairs else n_devices
 
 
-def collectives(hlo_text: str, n_devices: int) -> dict[str, dict[str, float]]:
-    """Per kind of collective in a compiled HLO module: how many, the bytes of their results,
-    and the bytes each device sends over ICI by ring algorithms (n = devices per group):
-    all-gather and all-to-all ``(n-1)/n x result``, reduce-scatter ``(n-1) x result``,
-    all-reduce ``2 (n-1)/n x result``, collective-permute ``result``. A loop body's collectives
-    count once (like XLA's cost analysis)."""
+def collectives(hlo_text: str | Module, n_devices: int) -> dict[str, dict[str, float]]:
+    """Per kind of collective in a compiled HLO module: how many run per step, the bytes of
+    their results, and the bytes each device sends over ICI by ring algorithms (n = devices
+    per group): all-gather and all-to-all ``(n-1)/n x result``, reduce-scatter ``(n-1) x
+    result``, all-reduce ``2 (n-1)/n x result``, collective-permute ``result``. A collective
+    in a loop body counts as often as the loop runs (``hlo.Module.multiplicities``)."""
+    module = hlo_text if isinstance(hlo_text, Module) else Module.parse(hlo_text)
+    runs, _ = module.multiplicities()
     out: dict[str, dict[str, float]] = {}
-    for line in hlo_text.splitlines():
-        match = _COLLECTIVE.search(line)
-        if not match:
+    for inst in module.instructions():
+        op = inst.op.removesuffix("-start")
+        times = runs.get(inst.computation, 0.0)
+        if op not in _COLLECTIVES or not times:
             continue
-        op, sizes = match["op"], _array_bytes(match["shape"])
+        sizes = array_bytes(inst.shape)
         if not sizes:
             continue
-        if match["start"] and op in ("all-gather", "collective-permute"):
+        if inst.op.endswith("-start") and op in ("all-gather", "collective-permute"):
             size = max(sizes) if op == "all-gather" else sizes[0]  # (operand, result, ...)
         else:
             size = sum(sizes)
-        n = max(1, _group_size(line, n_devices))
+        n = max(1, _group_size(inst.rest, n_devices))
         factor = {"all-gather": (n - 1) / n, "all-to-all": (n - 1) / n,
                   "reduce-scatter": n - 1, "all-reduce": 2 * (n - 1) / n,
                   "collective-permute": 1.0}[op]
         entry = out.setdefault(op, {"count": 0, "result_bytes": 0.0, "ici_bytes": 0.0})
-        entry["count"] += 1
-        entry["result_bytes"] += size
-        entry["ici_bytes"] += factor * size
+        entry["count"] += int(times)
+        entry["result_bytes"] += size * times
+        entry["ici_bytes"] += factor * size * times
     return out
 
 
@@ -85,13 +75,37 @@ def memory(compiled: Any, hbm_bytes: float) -> dict[str, Any]:
     return out
 
 
-def cost(compiled: Any) -> dict[str, float]:
+def cost(compiled: Any, module: Module | None = None) -> dict[str, Any]:
+    """XLA's cost analysis, with its loops counted as often as they run.
+
+    XLA counts a ``while`` body once. FLOPs: XLA's figure plus the matmul FLOPs of the loops'
+    other runs (``hlo.matmul_flops``; for a scanned stack this matches the unrolled program's
+    XLA figure within 1% for GPT-2 small on TPU, 9% for a width-64 toy where elementwise work
+    weighs more). HBM bytes: XLA's figure times the loop-aware / once
+    ratio of a per-instruction byte model (``hlo.hbm_bytes``; it matches XLA on loop-free CPU
+    programs, overcounts TPU ones about 1.2x): an estimate, exact only without loops. The
+    loop-once figures stay beside them (``xla_*``)."""
     analysis = compiled.cost_analysis()
     if isinstance(analysis, list):  # older JAX: one dict per program
         analysis = analysis[0] if analysis else {}
     analysis = analysis or {}  # none for a compile-only GPU
-    return {"flops": float(analysis.get("flops", 0.0)),
-            "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
+    flops = float(analysis.get("flops", 0.0))
+    moved = float(analysis.get("bytes accessed", 0.0))
+    out = {"flops": flops, "bytes_accessed": moved, "xla_flops": flops,
+           "xla_bytes_accessed": moved, "loops": [], "unknown_trip_counts": []}
+    module = module or Module.parse(compiled.as_text())
+    runs, unknown = module.multiplicities()
+    loops = [{"loop": inst.name, "trips": module.trip_count(inst),
+              "runs_per_step": runs.get(inst.computation, 0.0) * (module.trip_count(inst) or 1)}
+             for inst in module.instructions() if inst.op == "while" and runs.get(inst.computation)]
+    if loops:
+        once = {name: 1.0 for name in runs}
+        out["flops"] = flops + matmul_flops(module, runs) - matmul_flops(module, once)
+        bytes_once = hbm_bytes(module, once)
+        if bytes_once:
+            out["bytes_accessed"] = moved * hbm_bytes(module, runs) / bytes_once
+    out["loops"], out["unknown_trip_counts"] = loops, unknown
+    return out
 
 
 def roofline(per_device_flops: float, model_flops: float, bytes_accessed: float,

@@ -21,6 +21,7 @@ from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh
 from transformers_jax.parallel.strategies import make_trainer, mesh_rules
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
+from transformers_jax.plan.hlo import Module
 from transformers_jax.plan.targets import Target
 from transformers_jax.sample import decode_step
 from transformers_jax.train.flops import flops_per_token
@@ -57,8 +58,9 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
     compiled = trainer.lower(state, trainer.abstract_batch(batch)).compile()
     compile_s = time.perf_counter() - wall
     n = trainer.mesh.size
-    comms = collectives(compiled.as_text(), n)
-    costs = cost(compiled)
+    module = Module.parse(compiled.as_text())
+    comms = collectives(module, n)
+    costs = cost(compiled, module)
     model_flops = flops_per_token(model_cfg, cfg.seq_len) * cfg.batch_size * cfg.seq_len / n
     ici = sum(c["ici_bytes"] for c in comms.values())
     line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target)
@@ -73,11 +75,19 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
         "flops_per_device": costs["flops"],
         "model_flops_per_device": model_flops,
         "bytes_accessed_per_device": costs["bytes_accessed"],
+        **_loop_fields(costs),
         "collectives": comms,
         "ici_bytes_per_device": ici,
         "roofline": line,
         "tokens_per_s": cfg.batch_size * cfg.seq_len / line["step_s"],
     }
+
+
+def _loop_fields(costs: dict[str, Any]) -> dict[str, Any]:
+    """XLA's loop-once figures and the loops behind the difference (``compiled.cost``)."""
+    return {"xla_flops_per_device": costs["xla_flops"],
+            "xla_bytes_accessed_per_device": costs["xla_bytes_accessed"],
+            "loops": costs["loops"], "unknown_trip_counts": costs["unknown_trip_counts"]}
 
 
 def compile_decode(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
@@ -109,15 +119,17 @@ def compile_decode(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
     with mesh_rules(mesh, trainer.rules):
         compiled = step.lower(params, tokens, cache).compile()
     compile_s = time.perf_counter() - wall
-    comms = collectives(compiled.as_text(), mesh.size)
-    costs = cost(compiled)
+    module = Module.parse(compiled.as_text())
+    comms = collectives(module, mesh.size)
+    costs = cost(compiled, module)
     ici = sum(c["ici_bytes"] for c in comms.values())
     model_flops = flops_per_token(model_cfg, cache_len, training=False) * batch_size / mesh.size
     line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target)
     return {"batch": batch_size, "cache_len": cache_len, "compile_s": compile_s,
             "memory": memory(compiled, target.chip.hbm_bytes / target.devices_per_chip),
             "flops_per_device": costs["flops"],
-            "bytes_accessed_per_device": costs["bytes_accessed"], "collectives": comms,
+            "bytes_accessed_per_device": costs["bytes_accessed"], **_loop_fields(costs),
+            "collectives": comms,
             "ici_bytes_per_device": ici, "roofline": line,
             "tokens_per_s": batch_size / line["step_s"]}
 
