@@ -1,16 +1,17 @@
 """Plans of named model shapes on TPU targets: the rows of the README's "what fits where" table.
 
-    python benchmarks/plan_presets.py                      # every config x target below
-    python benchmarks/plan_presets.py --only gpt2-small --targets v5e:2x4 --out plans.jsonl
+    python benchmarks/plan_presets.py --out benchmarks/results/plan_presets.jsonl
+    python benchmarks/plan_presets.py --only gpt2 --targets v5e:2x4      # one row
 
-For each config and target it runs ``tjax plan --search`` (every mesh, and remat policies until
-one fits) and prints one JSON line per row: fits?, best mesh and remat, per-chip memory,
-predicted step time and MFU, and the command that reproduces it. These are compiler figures
-(XLA memory and cost analysis of the TPU program) and a datasheet roofline, not measured runs.
-Large models take minutes per compile on a CPU host; run it alone.
-
-The configs are written out as ``--model.*`` overrides below. Once ``--preset NAME`` exists
-(``ModelConfig.preset``), replace each override list by ``["--preset", NAME]``.
+For each preset and target it runs ``tjax plan --search --search-meshes fsdp`` (pure data
+parallelism, and FSDP over every chip times tensor parallelism within a host; remat policies
+none, dots_with_no_batch_dims_saveable, full until one fits) and prints one JSON line per row:
+fits?, the fastest mesh and remat that fit, per-chip memory, predicted step time and MFU, and
+the command that reproduces it. The batch is a fixed number of sequences per chip (as
+MaxText's per_device_batch_size), so every target trains the same tokens per chip. These are
+compiler figures (XLA memory and cost analysis of the TPU program, loops counted as often as
+they run) and a datasheet roofline, not measured runs. Each compile takes seconds to a
+minute on a CPU host; run it alone (or at low priority: ``nice -n 19``).
 """
 
 from __future__ import annotations
@@ -23,57 +24,45 @@ import time
 from transformers_jax.cli import build_configs
 from transformers_jax.plan import DEFAULT_REMATS, plan, tpu_target
 
-GPT = ["--model.position=learned", "--model.dtype=bfloat16", "--model.dropout=0.0",
-       "--model.vocab_size=50304", "--model.max_len=1024"]
-BERT = ["--family", "bert", "--model.dtype=bfloat16", "--model.dropout=0.0",
-        "--model.vocab_size=30528", "--model.max_len=512"]
-LLAMA = ["--model.position=rope", "--model.norm=rmsnorm", "--model.mlp=swiglu",
-         "--model.dtype=bfloat16", "--model.dropout=0.0", "--model.vocab_size=128256",
-         "--model.max_len=8192", "--model.scan_layers=true"]
+COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true"]
 
-
-def shape(layers: int, width: int, heads: int, **more: int) -> list[str]:
-    extra = [f"--model.{k}={v}" for k, v in more.items()]
-    return [f"--model.n_layers={layers}", f"--model.d_model={width}",
-            f"--model.n_heads={heads}", *extra]
-
-
-# name -> (overrides, global batch, sequence length); standard published shapes
-CONFIGS: dict[str, tuple[list[str], int, int]] = {
-    "gpt2-small": (GPT + shape(12, 768, 12), 32, 1024),
-    "gpt2-medium": (GPT + shape(24, 1024, 16), 32, 1024),
-    "gpt2-large": (GPT + shape(36, 1280, 20), 32, 1024),
-    "gpt2-xl": (GPT + shape(48, 1600, 25), 32, 1024),
-    "bert-base": (BERT + shape(12, 768, 12), 64, 512),
-    "bert-large": (BERT + shape(24, 1024, 16), 64, 512),
-    "t5-base": (["--family", "encdec", "--model.dtype=bfloat16", "--model.dropout=0.0",
-                 "--model.vocab_size=32128", "--model.position=t5"]
-                + shape(12, 768, 12, d_ff=3072), 64, 512),
-    "llama3-1b": (LLAMA + shape(16, 2048, 32, n_kv_heads=8, d_ff=8192), 32, 2048),
-    "llama3-8b": (LLAMA + shape(32, 4096, 32, n_kv_heads=8, d_ff=14336), 32, 2048),
+# preset -> (sequences per chip, sequence length)
+CONFIGS: dict[str, tuple[int, int]] = {
+    "gpt2": (8, 1024), "gpt2-medium": (8, 1024), "gpt2-large": (8, 1024), "gpt2-xl": (8, 1024),
+    "bert-base": (16, 512), "bert-large": (16, 512), "t5-base": (16, 512),
+    "llama-3.2-1b": (4, 2048), "llama-3.1-8b": (4, 2048),
 }
-TARGETS = ("v5e:2x4", "v5p:2x2x1", "v5p:4x4x4")  # v5e-8, v5p-8, v5p-64 (16 hosts)
+# Google names v5e slices by chips and v5p slices by TensorCores (two per chip)
+TARGETS = {"v5e:2x4": "v5e-8", "v5p:2x2x1": "v5p-8", "v5p:2x4x4": "v5p-64"}
 
 
 def row(name: str, target_name: str, attention: str) -> dict:
-    overrides, batch, seq_len = CONFIGS[name]
-    argv = [*overrides, f"--model.attention={attention}", "--train.strategy=jit",
-            f"--train.batch_size={batch}", f"--train.seq_len={seq_len}"]
-    model_cfg, cfg = build_configs(argv)
+    per_chip, seq_len = CONFIGS[name]
     target = tpu_target(target_name)
+    batch = per_chip * target.chips
+    argv = ["--preset", name, *COMMON, f"--model.attention={attention}",
+            "--train.strategy=jit", f"--train.batch_size={batch}", f"--train.seq_len={seq_len}"]
+    model_cfg, cfg = build_configs(argv)
     wall = time.perf_counter()
     result = plan(model_cfg, cfg, target, do_search=True, remats=DEFAULT_REMATS, decode=False,
+                  meshes="fsdp",
                   log=lambda text: print(f"  {name} {target_name}: {text}", file=sys.stderr))
     best = result["train"]
-    command = " ".join(["tjax plan --target", target_name, "--search --no-decode", *argv])
-    out = {"config": name, "target": target_name, "batch": batch, "seq_len": seq_len,
-           "attention": attention, "fits": best is not None, "command": command,
+    command = " ".join(["tjax plan --target", target_name, "--search --search-meshes fsdp",
+                        "--no-decode", *argv])
+    out = {"config": name, "target": target_name, "slice": TARGETS.get(target_name),
+           "batch": batch, "seq_len": seq_len, "attention": attention, "fits": best is not None,
+           "tried": result["search"], "command": command,
            "plan_s": time.perf_counter() - wall}
     if best is not None:
         out.update(mesh=best["mesh"], remat=best["remat"], params=best["params"],
                    bytes_per_chip=best["memory"]["total_bytes"] * target.devices_per_chip,
+                   hbm_per_chip=target.chip.hbm_bytes,
                    step_s=best["roofline"]["step_s"], mfu=best["roofline"]["mfu"],
-                   bound=best["roofline"]["bound"])
+                   step_s_overlapped=best["roofline"]["step_s_overlapped"],
+                   mfu_overlapped=best["roofline"]["mfu_overlapped"],
+                   bound=best["roofline"]["bound"], tokens_per_s=best["tokens_per_s"],
+                   ici_bytes_per_device=best["ici_bytes_per_device"])
     return out
 
 
@@ -81,12 +70,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated config names")
     parser.add_argument("--targets", default=",".join(TARGETS))
-    parser.add_argument("--attention", default="chunked", help="xla, chunked or pallas")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="skip rows already in --out (to continue an interrupted run)")
+    parser.add_argument("--attention", default="pallas",
+                        help="pallas (the TPU flash kernel), chunked or xla")
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(CONFIGS)
-    for name in names:
-        for target in args.targets.split(","):
+    done = set()
+    if args.skip_done and args.out:
+        try:
+            with open(args.out) as f:
+                done = {(r["config"], r["target"]) for r in map(json.loads, f) if r}
+        except FileNotFoundError:
+            pass
+    for target in args.targets.split(","):  # every preset on the small slices first
+        for name in names:
+            if (name, target) in done:
+                continue
             text = json.dumps(row(name, target, args.attention))
             print(text, flush=True)
             if args.out:

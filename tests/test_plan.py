@@ -180,6 +180,12 @@ def test_candidate_meshes_cover_every_split():
     assert meshes[0] == "data=8,fsdp=1,tensor=1"
     assert len(meshes) == len(set(meshes)) == 10  # ordered factorisations of 8 into 3 parts
     assert "data=1,fsdp=2,tensor=4" in meshes
+    # the short list: data parallel, then FSDP x tensor with tensor within a host of 4
+    assert planning.candidate_meshes(32, "fsdp", per_host=4) == [
+        "data=32,fsdp=1,tensor=1", "data=1,fsdp=32,tensor=1", "data=1,fsdp=16,tensor=2",
+        "data=1,fsdp=8,tensor=4"]
+    with pytest.raises(ConfigError, match="--search-meshes='every'"):
+        planning.candidate_meshes(8, "every")
 
 
 def test_bad_target_is_a_clear_error():

@@ -14,7 +14,13 @@ from transformers_jax.models import family_of
 from transformers_jax.nn.stack import REMAT_POLICIES
 from transformers_jax.overrides import CommandParser, Once, print_json
 from transformers_jax.parallel.mesh import parse_mesh
-from transformers_jax.plan.steps import DEFAULT_REMATS, compile_decode, compile_train, search
+from transformers_jax.plan.steps import (
+    DEFAULT_REMATS,
+    MESH_SETS,
+    compile_decode,
+    compile_train,
+    search,
+)
 from transformers_jax.plan.targets import Target, make_target
 
 # short forms of config fields, as in the issue: --mesh, --batch, --seq-len, --remat
@@ -46,6 +52,9 @@ def plan_parser() -> CommandParser:
                         help="--train.strategy (default jit)")
     parser.add_argument("--search", action="store_true", help="try every mesh (and remat "
                         "policy until one fits); report the fastest fit")
+    parser.add_argument("--search-meshes", default="all", choices=MESH_SETS,
+                        help="the meshes --search tries: all (every data x fsdp x tensor "
+                        "split) or fsdp (pure data parallel, and FSDP x tensor within a host)")
     parser.add_argument("--remats", default=",".join(DEFAULT_REMATS), metavar="A,B",
                         help="remat policies --search tries, cheapest first")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding step")
@@ -57,8 +66,8 @@ def plan_parser() -> CommandParser:
 
 def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search: bool = False,
          remats: tuple[str, ...] = DEFAULT_REMATS, decode: bool = True,
-         decode_batch: int | None = None, log: Callable[[str], None] = lambda _: None
-         ) -> dict[str, Any]:
+         decode_batch: int | None = None, log: Callable[[str], None] = lambda _: None,
+         meshes: str = "all") -> dict[str, Any]:
     """The JSON object of ``tjax plan`` (see the module docstring)."""
     if cfg.strategy == "pmap":
         raise ConfigError("train.strategy='pmap' runs on this host's devices only; plan "
@@ -87,7 +96,7 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
                 "the target) and a datasheet roofline: estimates, not measured runs",
     }
     if do_search:
-        found = search(model_cfg, cfg, target, remats, log)
+        found = search(model_cfg, cfg, target, remats, log, meshes)
         result["search"] = found["tried"]
         result["train"] = found["best"]
         if found["best"] is None:
@@ -123,6 +132,6 @@ def main(argv: list[str], build_configs: Callable[[list[str]], tuple[ModelConfig
     remats = tuple(r for r in args.remats.split(",") if r)
     result = plan(model_cfg, cfg, target, do_search=args.search, remats=remats,
                   decode=not args.no_decode, decode_batch=args.decode_batch,
-                  log=lambda text: print(text, file=sys.stderr))
+                  log=lambda text: print(text, file=sys.stderr), meshes=args.search_meshes)
     print_json(result, args.out)
     return 0

@@ -137,23 +137,39 @@ def compile_decode(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
 DEFAULT_REMATS = ("none", "dots_with_no_batch_dims_saveable", "full")  # cheapest first
 
 
-def candidate_meshes(n_devices: int) -> list[str]:
-    """Every ``data x fsdp x tensor`` split of ``n_devices``: pure data parallel first, then
-    more FSDP, then more tensor parallelism."""
+MESH_SETS = ("all", "fsdp")
+
+
+def candidate_meshes(n_devices: int, which: str = "all", per_host: int | None = None
+                     ) -> list[str]:
+    """The meshes ``--search`` compiles. ``all``: every ``data x fsdp x tensor`` split of
+    ``n_devices`` (pure data parallel first, then more FSDP, then more tensor parallelism).
+    ``fsdp``: pure data parallelism, and FSDP over every device times tensor parallelism within
+    one host (``per_host`` devices): the layouts MaxText's configs use, a fraction of the
+    compiles on a big slice."""
     divisors = [d for d in range(1, n_devices + 1) if n_devices % d == 0]
-    shapes = [(n_devices // (f * t), f, t) for t, f in itertools.product(divisors, divisors)
-              if n_devices % (f * t) == 0]
-    return [format_mesh(dict(zip(MESH_AXES, s, strict=True))) for s in shapes]
+    if which == "fsdp":
+        host = per_host or n_devices
+        shapes = [(n_devices, 1, 1)] + [(1, n_devices // t, t) for t in divisors if t <= host]
+    elif which == "all":
+        shapes = [(n_devices // (f * t), f, t) for t, f in itertools.product(divisors, divisors)
+                  if n_devices % (f * t) == 0]
+    else:
+        raise ConfigError(f"--search-meshes={which!r}: one of {', '.join(MESH_SETS)}")
+    unique = list(dict.fromkeys(shapes))
+    return [format_mesh(dict(zip(MESH_AXES, s, strict=True))) for s in unique]
 
 
 def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
-           remats: tuple[str, ...], log: Callable[[str], None]) -> dict[str, Any]:
+           remats: tuple[str, ...], log: Callable[[str], None], meshes: str = "all"
+           ) -> dict[str, Any]:
     """Compile every mesh (and, until one fits, each remat policy in turn) and keep the
     fastest plan that fits. A mesh that cannot split the model or the batch is skipped with
     its reason."""
     tried: list[dict[str, Any]] = []
     best = None
-    for mesh in candidate_meshes(len(target.devices)):
+    n = len(target.devices)
+    for mesh in candidate_meshes(n, meshes, per_host=n // max(target.hosts, 1)):
         for remat in remats:
             trial_model = dataclasses.replace(model_cfg, remat=remat)
             trial_cfg = dataclasses.replace(cfg, mesh=mesh)
