@@ -88,7 +88,11 @@ def main() -> int:
         for name in names:
             if (name, target) in done:
                 continue
-            text = json.dumps(row(name, target, args.attention))
+            try:
+                text = json.dumps(row(name, target, args.attention))
+            except Exception as err:  # noqa: BLE001 - one failed row must not lose the others
+                text = json.dumps({"config": name, "target": target, "slice": TARGETS.get(target),
+                                   "error": f"{type(err).__name__}: {err}"[:500]})
             print(text, flush=True)
             if args.out:
                 with open(args.out, "a") as f:

@@ -259,6 +259,17 @@ def test_encoder_matches_one_device_under_fsdp_and_tensor_parallel():
     )
 
 
+def test_shard_map_without_vma_types_matches_one_device(monkeypatch):
+    """An attention kernel without varying-axis types (Pallas) makes the shard_map strategy
+    run unchecked (check_vma=False) and sum its local gradients itself: the same training as
+    one device. Pallas needs a TPU or GPU, so the reference kernel plays its part here."""
+    from transformers_jax.nn.attention import Reference
+
+    monkeypatch.setattr(Reference, "typed_under_shard_map", False)
+    cfg = GPT.replace(attention="reference")
+    assert_matches_reference(cfg, *run("shard_map", cfg, "data=8"))
+
+
 # shard_map: average the loss, not the gradients ---------------------------------------------
 def test_shard_map_gradient_of_replicated_params_is_already_summed():
     """Under check_vma=True the pmap idiom (grad of the local mean, then pmean) gives N times

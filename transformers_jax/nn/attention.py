@@ -372,10 +372,12 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
     the query heads. The path follows the devices compiled for (``target_platform``), and the
     kernel runs per shard inside ``shard_map`` over the batch and head mesh axes of the logical
     rules in context (XLA cannot partition a Mosaic/Triton call itself), so it works under
-    the single and jit strategies with any data/FSDP/tensor mesh, and under pmap. Not inside
-    the shard_map strategy: JAX's kernels give their outputs no varying-axis types, which
-    ``check_vma`` requires (a clear error says so). ``tjax plan`` compiles it for TPU; CI
-    has no TPU or GPU to run it on (BENCHMARKS.md says how to check it).
+    the single and jit strategies with any data/FSDP/tensor mesh, and under pmap. Inside a
+    ``shard_map`` the kernel runs on the local shard as it is, but only with
+    ``check_vma=False``: JAX's kernels give their outputs no varying-axis types (a clear error
+    says so); the shard_map strategy turns the check off for it (``typed_under_shard_map``).
+    ``tjax plan`` compiles it for TPU; CI has no TPU or GPU to run it on (BENCHMARKS.md says
+    how to check it).
     """
     del chunk_size
     _refuse_softcap("pallas", logit_softcap)
@@ -445,10 +447,10 @@ def _per_shard(kernel, q, k, v, ab, segments):
     directly. An axis that does not divide its dimension (a small eval batch) is left whole."""
     if _vma(q, k, v, ab, segments):
         raise ValueError(
-            "attention implementation 'pallas' cannot run inside train.strategy=shard_map: "
-            "JAX's Pallas kernels declare their outputs without the varying-axis types that "
-            "shard_map's check_vma needs; use train.strategy=jit (the same data parallelism "
-            "over a mesh, and the kernel is then mapped per shard here) or attention=chunked")
+            "attention implementation 'pallas' cannot run inside shard_map(check_vma=True): "
+            "JAX's Pallas kernels declare their outputs without the varying-axis types the "
+            "check needs; pass check_vma=False to your shard_map (train.strategy=shard_map "
+            "does), use train.strategy=jit, or attention=chunked")
     mesh = jax.sharding.get_abstract_mesh()
     rules = nn.get_logical_axis_rules()
     if mesh.empty or not rules:
@@ -794,13 +796,16 @@ class AttentionImpl(Switch):
     """Base of every ``registry.ATTENTION`` entry: its ``kernel`` (one of the functions above)
     and what it supports. ``softcap``: can apply ``attn_logit_softcap``. ``dense_masks``:
     takes any boolean mask (otherwise only causal and segment masks: no window, no prefix-LM).
-    ``backends``: the JAX platforms it runs on. Settings of the kernel are dataclass fields
+    ``backends``: the JAX platforms it runs on. ``typed_under_shard_map``: its outputs carry
+    the varying-axis types ``shard_map(check_vma=True)`` needs (the shard_map strategy turns
+    the check off for a kernel without them). Settings of the kernel are dataclass fields
     (passed on by ``kernel_options``)."""
 
     kernel: ClassVar[Any] = None
     softcap: ClassVar[bool] = True
     dense_masks: ClassVar[bool] = True
     backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
+    typed_under_shard_map: ClassVar[bool] = True
 
     def kernel_options(self) -> dict:
         return {}
@@ -849,6 +854,7 @@ class Pallas(AttentionImpl):
     softcap: ClassVar[bool] = False
     dense_masks: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("gpu", "tpu")
+    typed_under_shard_map: ClassVar[bool] = False  # pallas_call outputs have no vma
 
 
 @ATTENTION.register("chunked")

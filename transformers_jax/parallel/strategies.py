@@ -13,7 +13,9 @@ optimizer update. What differs is who holds what:
 - ``shard_map``: the same data parallelism written over a mesh axis. With ``check_vma=True``
   (the default) a replicated (``P()``) input's gradient is already summed over the mapped axis,
   so the pmap idiom ``pmean(grads)`` would give N times the gradient. We differentiate the
-  global loss ``psum(local sum)`` instead and let JAX insert the one all-reduce.
+  global loss ``psum(local sum)`` instead and let JAX insert the one all-reduce. An attention
+  implementation whose kernel has no varying-axis types (``typed_under_shard_map=False``:
+  Pallas) runs with ``check_vma=False`` and the pmap idiom (local gradient sums, one psum).
 - ``jit``: global arrays on a ``data x fsdp x tensor`` mesh. Parameters and optimizer state are
   placed by the logical-axis rules (``rules.LOGICAL_RULES``): FSDP shards them over ``fsdp``,
   tensor parallelism splits heads, MLP width and vocabulary over ``tensor``; activations follow
@@ -521,13 +523,18 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
     mesh = c.mesh
     replicated, data = NamedSharding(mesh, P()), P(DATA_AXIS)
 
+    # A kernel whose outputs carry no varying-axis types (Pallas) cannot run under
+    # check_vma=True; without the check nothing is summed implicitly, so the step sums its
+    # local gradients itself (the accumulation path below), as pmap does.
+    checked = c.model.config.attention.typed_under_shard_map
+
     def vary(x):  # mark a value as differing across 'data'
-        return lax.pcast(x, DATA_AXIS, to="varying")
+        return lax.pcast(x, DATA_AXIS, to="varying") if checked else x
 
     def train_step(state, batch):
         rng, dropout_rng = split_rng(state.rng)
         dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(DATA_AXIS))
-        if c.grad_accum == 1:
+        if c.grad_accum == 1 and checked:
             # Differentiate the *global* loss sum. The parameters are replicated (P()), so with
             # check_vma=True the transpose of their implicit broadcast already sums the
             # gradient over 'data': no pmean/psum of gradients (that would count N times).
@@ -555,8 +562,10 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
         sums = weighted_sums(c.model, params, batch, deterministic=True, objective=c.objective)
         return finish_metrics(*lax.psum(sums, DATA_AXIS))
 
-    sm_step = jax.shard_map(train_step, mesh=mesh, in_specs=(P(), data), out_specs=(P(), P()))
-    sm_eval = jax.shard_map(eval_step, mesh=mesh, in_specs=(P(), data), out_specs=P())
+    sm_step = jax.shard_map(train_step, mesh=mesh, in_specs=(P(), data), out_specs=(P(), P()),
+                            check_vma=checked)
+    sm_eval = jax.shard_map(eval_step, mesh=mesh, in_specs=(P(), data), out_specs=P(),
+                            check_vma=checked)
 
     def place_batch(batch: dict, local: bool = False) -> dict:
         return multihost.global_batch(batch, {k: NamedSharding(mesh, data) for k in batch},

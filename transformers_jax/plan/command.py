@@ -104,7 +104,7 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
     else:
         result["train"] = compile_train(model_cfg, cfg, target)
     decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes
-    if decode and decodes and result["train"] is not None:
+    if decode and decodes and result["train"] is not None and result["train"]["roofline"]:
         result["decode"] = compile_decode(
             dataclasses.replace(model_cfg, remat="none"), cfg, target,
             decode_batch or cfg.batch_size, cfg.seq_len, result["train"]["mesh"])

@@ -55,9 +55,22 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
                            objective=objective_for(model_cfg.family))
     wall = time.perf_counter()
     state = trainer.abstract_state()
-    compiled = trainer.lower(state, trainer.abstract_batch(batch)).compile()
-    compile_s = time.perf_counter() - wall
     n = trainer.mesh.size
+    head = {"strategy": cfg.strategy,
+            "mesh": format_mesh(dict(zip(MESH_AXES, trainer.mesh.devices.shape, strict=True))),
+            "devices": n, "remat": model_cfg.remat, "params": count_params(state.params)}
+    hbm = target.chip.hbm_bytes / target.devices_per_chip
+    try:
+        compiled = trainer.lower(state, trainer.abstract_batch(batch)).compile()
+    except jax.errors.JaxRuntimeError as err:
+        if "RESOURCE_EXHAUSTED" not in str(err):
+            raise
+        # the TPU compiler refuses a program that cannot fit: that is the answer, not a crash
+        return {**head, "compile_s": time.perf_counter() - wall,
+                "memory": {"fits": False, "hbm_bytes": int(hbm),
+                           "compiler": str(err).splitlines()[0][:300]},
+                "roofline": None}
+    compile_s = time.perf_counter() - wall
     module = Module.parse(compiled.as_text())
     comms = collectives(module, n)
     costs = cost(compiled, module)
@@ -65,13 +78,9 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
     ici = sum(c["ici_bytes"] for c in comms.values())
     line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target)
     return {
-        "strategy": cfg.strategy,
-        "mesh": format_mesh(dict(zip(MESH_AXES, trainer.mesh.devices.shape, strict=True))),
-        "devices": n,
-        "remat": model_cfg.remat,
-        "params": count_params(state.params),
+        **head,
         "compile_s": compile_s,
-        "memory": memory(compiled, target.chip.hbm_bytes / target.devices_per_chip),
+        "memory": memory(compiled, hbm),
         "flops_per_device": costs["flops"],
         "model_flops_per_device": model_flops,
         "bytes_accessed_per_device": costs["bytes_accessed"],
@@ -178,9 +187,12 @@ def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
             except ConfigError as err:  # indivisible heads/width/batch: not a candidate
                 tried.append({"mesh": mesh, "remat": remat, "skipped": str(err)})
                 break
-            row = {"mesh": mesh, "remat": remat, "fits": plan["memory"]["fits"],
-                   "total_bytes": plan["memory"]["total_bytes"],
-                   "step_s": plan["roofline"]["step_s"], "mfu": plan["roofline"]["mfu"]}
+            row = {"mesh": mesh, "remat": remat, "fits": plan["memory"]["fits"]}
+            if plan["roofline"] is None:  # the compiler refused it: out of memory
+                row["compiler"] = plan["memory"]["compiler"]
+            else:
+                row.update(total_bytes=plan["memory"]["total_bytes"],
+                           step_s=plan["roofline"]["step_s"], mfu=plan["roofline"]["mfu"])
             tried.append(row)
             log(json.dumps(row))
             if plan["memory"]["fits"]:
