@@ -66,6 +66,36 @@ def row(name: str, target_name: str, attention: str) -> dict:
     return out
 
 
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def table(path: str) -> str:
+    """The README table (markdown) from the JSON lines of a run."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    order = {name: i for i, name in enumerate(CONFIGS)}
+    rows.sort(key=lambda r: (list(TARGETS).index(r["target"]) if r["target"] in TARGETS else 9,
+                             order.get(r["config"], 99)))
+    out = ["| preset | slice (topology) | batch x length | fits | best mesh | remat | "
+           "GiB per chip (of HBM) | step s | MFU | bound | tokens/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        where = f"{r.get('slice')} (`{r['target']}`)"
+        if "error" in r:
+            out.append(f"| {r['config']} | {where} | | error: {r['error'][:80]} |||||||")
+            continue
+        shape = f"{r['batch']} x {r['seq_len']}"
+        if not r["fits"]:
+            out.append(f"| {r['config']} | {where} | {shape} | **no** (any mesh tried, any "
+                       "remat) |||||||")
+            continue
+        out.append(
+            f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | {r['remat']} | "
+            f"{_gib(r['bytes_per_chip'])} ({_gib(r['hbm_per_chip'])}) | {r['step_s']:.3f} | "
+            f"{100 * r['mfu']:.0f}% | {r['bound']} | {r['tokens_per_s']:,.0f} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated config names")
@@ -75,7 +105,12 @@ def main() -> int:
     parser.add_argument("--attention", default="pallas",
                         help="pallas (the TPU flash kernel), chunked or xla")
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
+    parser.add_argument("--table", metavar="JSONL", help="print the README table of a run's "
+                        "JSON lines, and nothing else")
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return 0
     names = args.only.split(",") if args.only else list(CONFIGS)
     done = set()
     if args.skip_done and args.out:

@@ -112,6 +112,44 @@ def test_loops_count_as_often_as_they_run():
     assert unknown == ["loop"] and runs["body"] == 1 + 3
 
 
+NESTED_SLICE_HLO = """
+%inner (a: f32[12,256], i: s32[]) -> f32[256] {
+  %a = f32[12,256] parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = f32[1,256] dynamic-slice(%a, %i, %z), dynamic_slice_sizes={1,256}
+  ROOT %b = f32[256] bitcast(%ds)
+}
+
+%outer (w: f32[12,256], j: s32[], x: f32[256]) -> f32[256] {
+  %w = f32[12,256] parameter(0)
+  %j = s32[] parameter(1)
+  %x = f32[256] parameter(2)
+  %row = f32[256] fusion(%w, %j), kind=kLoop, calls=%inner
+  ROOT %y = f32[256] add(%row, %x)
+}
+
+ENTRY %main (w0: f32[12,256], j0: s32[], x0: f32[256]) -> f32[256] {
+  %w0 = f32[12,256] parameter(0)
+  %j0 = s32[] parameter(1)
+  %x0 = f32[256] parameter(2)
+  ROOT %f = f32[256] fusion(%w0, %j0, %x0), kind=kOutput, calls=%outer
+}
+"""
+
+
+def test_byte_model_reads_only_the_slice_of_a_stacked_operand():
+    """A scanned layer reads its row of the stacked [L, ...] weights through a nested fusion:
+    1 KiB of the 12 KiB operand, plus the other operand and the output (1 KiB each)."""
+    module = planning.Module.parse(NESTED_SLICE_HLO)
+    runs, _ = module.multiplicities()
+    assert planning.hbm_bytes(module, runs) == 1024 + 4 + 1024 + 1024
+    whole = planning.Module.parse(NESTED_SLICE_HLO.replace(
+        "ROOT %b = f32[256] bitcast(%ds)", "%b = f32[256] bitcast(%ds)\n"
+        "  ROOT %e = f32[256] reduce(%a, %z), dimensions={0}"))  # now it reads all of %a
+    assert planning.hbm_bytes(whole, whole.multiplicities()[0]) == 12 * 1024 + 4 + 1024 + 1024
+
+
 def test_convolution_flops_count_only_real_taps():
     """TPU programs write a batched matmul as a convolution whose batch dims are dilated
     spatial dims: attention scores of batch 2, 12 heads, 1024 x 1024 keys, head width 64."""

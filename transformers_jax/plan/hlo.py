@@ -201,24 +201,61 @@ _NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant",
 _SLICES = {"dynamic-slice", "slice", "gather"}
 
 
+def _params(body: list[Instruction]) -> dict[int, str]:
+    """A computation's parameter names by number."""
+    out = {}
+    for inst in body:
+        number = re.match(r"\s*(\d+)", inst.rest) if inst.op == "parameter" else None
+        if number:
+            out[int(number.group(1))] = inst.name
+    return out
+
+
+def _sliced_bytes(module: Module, computation: str, name: str, depth: int = 0) -> float | None:
+    """Bytes read of ``name`` in ``computation`` if it is only sliced (directly, through a
+    bitcast, or inside a nested fusion), else None (read whole)."""
+    body = module.computations.get(computation, [])
+    uses = [i for i in body if name in i.operands()]
+    if not uses or depth > 8:
+        return None
+    total = 0.0
+    for use in uses:
+        operands = use.operands()
+        if use.op in _SLICES and operands[0] == name and operands.count(name) == 1:
+            total += sum(array_bytes(use.shape))
+        elif use.op == "bitcast":
+            inner = _sliced_bytes(module, computation, use.name, depth + 1)
+            if inner is None:
+                return None
+            total += inner
+        elif use.op == "fusion" and use.callees():
+            callee = use.callees()[0]
+            params = _params(module.computations.get(callee, []))
+            for k, operand in enumerate(operands):
+                if operand != name:
+                    continue
+                inner = _sliced_bytes(module, callee, params.get(k, ""), depth + 1)
+                if inner is None:
+                    return None
+                total += inner
+        else:
+            return None
+    return total
+
+
 def _fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, str]) -> float:
     """HBM bytes of one fusion: each operand read whole, unless the fused computation only
     slices it (then the slices); each output written whole, unless it is an in-place
     ``dynamic-update-slice`` of an operand (then the update, and that operand is not read)."""
-    callee = next(iter(inst.callees()), None)
-    body = module.computations.get(callee or "", [])
-    params = {i.name: int(re.match(r"\s*(\d+)", i.rest).group(1))
-              for i in body if i.op == "parameter" and re.match(r"\s*(\d+)", i.rest)}
-    users: dict[str, list[Instruction]] = {}
-    for i in body:
-        for name in i.operands():
-            users.setdefault(name, []).append(i)
+    callee = next(iter(inst.callees()), "")
+    body = module.computations.get(callee, [])
+    params = {name: k for k, name in _params(body).items()}
     operands = inst.operands()
     read = {k: sum(array_bytes(shapes.get(name, ""))) for k, name in enumerate(operands)}
     for name, index in params.items():
-        uses = users.get(name, [])
-        if uses and all(u.op in _SLICES and u.operands()[:1] == [name] for u in uses):
-            read[index] = sum(sum(array_bytes(u.shape)) for u in uses)
+        sliced = _sliced_bytes(module, callee, name)
+        if sliced is not None and index in read:
+            read[index] = min(read[index], sliced)
     written = sum(array_bytes(inst.shape))
     for i in body:
         ops = i.operands()
