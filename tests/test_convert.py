@@ -649,3 +649,21 @@ def test_t5_inexpressible_fields_are_named():
     if "n_decoder_layers" not in {f.name for f in dataclasses.fields(ModelConfig)}:
         with pytest.raises(ConversionError, match="num_decoder_layers=3"):
             t5_convert.config_from_hf({**base, "num_decoder_layers": 3})
+
+
+def test_dynamic_ntk_by_position_does_not_export():
+    """Hugging Face's dynamic NTK uses one base per forward pass: the per-position form
+    (``length='position'``) has no export, and says which setting has."""
+    from transformers_jax.convert.hf_files import ConversionError
+    from transformers_jax.convert.rope import rope_to_hf
+
+    position = ModelConfig(position={"name": "rope", "scaling": {
+        "name": "dynamic_ntk", "factor": 2.0, "original_max_len": 8,
+        "length": "position"}}).position
+    with pytest.raises(ConversionError, match="llama.*length='position'.*length='sequence'"):
+        rope_to_hf(position, "llama")
+    import dataclasses
+
+    by_window = dataclasses.replace(position, scaling=dataclasses.replace(position.scaling,
+                                                                          length="sequence"))
+    assert rope_to_hf(by_window, "llama")[0]["rope_type"] == "dynamic"

@@ -81,6 +81,24 @@ def test_rope_scaling_and_gqa_in_cache():
     np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("length", ["position", "sequence"])
+def test_dynamic_ntk_per_position_decodes_as_the_full_forward_pass(length):
+    """Dynamic NTK's base grows with the current length. With ``length='position'`` every
+    query and key at position t uses t + 1, in a forward pass as in decoding, so the two agree
+    past the original length; with ``sequence`` (one base per window, as Hugging Face) a
+    window of 12 differs from decoding it token by token (the test is not vacuous)."""
+    cfg = tiny(position={"name": "rope", "scaling": {
+                   "name": "dynamic_ntk", "factor": 4.0, "original_max_len": 4,
+                   "length": length}}, init_std=0.3)
+    model, params, tokens = init(cfg, T=12)
+    full = np.asarray(model.apply({"params": params}, tokens))
+    cached = cached_logits(model, params, cfg, tokens, [1, 1], cache_size=12)
+    if length == "position":
+        np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
+    else:
+        assert np.abs(cached - full).max() > 1e-3
+
+
 def test_plan_write_ring_order():
     # a ring of 4 slots, 6 new tokens starting at index 0: tokens 4, 5 overwrite slots 0, 1
     plan = plan_write(jnp.array([0, 2]), jnp.array([6, 1]), size=4, n_new=6)

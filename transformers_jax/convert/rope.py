@@ -89,6 +89,9 @@ def rope_to_hf(rope: Any, model_type: str) -> tuple[dict[str, Any], int | None]:
             f"cannot export to Hugging Face {model_type}: position.scaling={scaling.name!r} has "
             f"no Hugging Face rope_type (mapped: {mapped})"
         )
-    extra, pinned_len = scaling.hf_parameters()
+    try:
+        extra, pinned_len = scaling.hf_parameters()
+    except ValueError as err:
+        raise ConversionError(f"cannot export to Hugging Face {model_type}: {err}") from err
     params["rope_type"] = scaling.hf_rope_type
     return {**params, **extra}, pinned_len

@@ -84,8 +84,8 @@ def apply_rope(
     x ``[B, T, H, D]``, positions int ``[B, T]``; returns the shape and dtype of x. The maths
     runs in float32 and is cast back once. Only the first ``rotary_dim`` dims of each head
     rotate (default ``int(D * rope.fraction)``). For a scaling that uses the current length
-    (dynamic NTK) it is ``max(positions) + 1`` over the batch (traced) unless ``seq_len`` pins
-    it, e.g. so queries and keys use the same base.
+    (dynamic NTK) the scaling says what it is (``current_length``: the longest position plus
+    one, or each position's own) unless ``seq_len`` pins it.
     """
     head_dim = x.shape[-1]
     r = int(head_dim * rope.fraction) if rotary_dim is None else rotary_dim
@@ -94,8 +94,8 @@ def apply_rope(
             f"rotary_dim={r} must be even, positive and at most the head width {head_dim}"
         )
     if rope.scaling.uses_length and seq_len is None:
-        seq_len = jnp.max(positions) + 1
-    inv_freq, attention_factor = rope_frequencies(rope, r, seq_len)
+        seq_len = rope.scaling.current_length(positions)
+    inv_freq, attention_factor = rope_frequencies(rope, r, seq_len)  # [R/2] or [B, T, R/2]
 
     angle_BTI = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, R/2]
     # YaRN's attention factor scales cos and sin, i.e. both q and k, as Hugging Face does.

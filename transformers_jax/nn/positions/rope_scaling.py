@@ -44,7 +44,13 @@ class RopeScaling(Switch):
 
     def inv_freq(self, base: float, rotary_dim: int,
                  seq_len: int | jax.Array | None = None) -> tuple[jax.Array, float]:
+        """Inverse frequencies ``[..., R/2]`` (a leading shape only for a ``seq_len`` array of
+        one length per position) and the attention factor."""
         return jnp.asarray(default_inv_freq(base, rotary_dim), jnp.float32), 1.0
+
+    def current_length(self, positions: jax.Array) -> jax.Array:
+        """The length a rule that ``uses_length`` sees for ``positions`` ``[B, T]``."""
+        return jnp.max(positions) + 1
 
     def hf_parameters(self) -> tuple[dict[str, Any], int | None]:
         """``(rope_parameters beyond rope_type/theta, pinned max_position_embeddings)``."""
@@ -127,25 +133,47 @@ class Ntk(Extension):
 class DynamicNtk(Extension):
     """Dynamic NTK: base ``base * (s*L/L0 - (s-1))**(R/(R-2))`` only when the current length
     L exceeds L0 (L may be traced; None means L0, no change). Hugging Face measures L against
-    ``max_position_embeddings``, so a conversion pins that to L0."""
+    ``max_position_embeddings``, so a conversion pins that to L0.
+
+    ``length``: what "the current length" is. ``sequence`` (Hugging Face's forward pass): the
+    longest position in the batch plus one, one base for the whole window. ``position``: each
+    query and key at position t uses t + 1, as a model that decodes token by token sees it;
+    then a full forward pass equals cached decoding, and evaluating a window measures the
+    model as it would generate."""
 
     hf_rope_type: ClassVar[str | None] = "dynamic"
     uses_length: ClassVar[bool] = True
+    length: str = "sequence"
+
+    def check(self, config: Any) -> None:
+        super().check(config)
+        if self.length not in ("sequence", "position"):
+            raise ConfigError(f"position.scaling.length={self.length!r}: sequence (one base "
+                              "per window, as Hugging Face) or position (as it decodes)")
+
+    def current_length(self, positions: jax.Array) -> jax.Array:
+        if self.length == "position":
+            return positions + 1
+        return jnp.max(positions) + 1
+
+    def hf_parameters(self):
+        if self.length != "sequence":
+            raise ValueError("position.scaling.length='position' has no Hugging Face form "
+                             "(its forward pass uses one base per window): export with "
+                             "length='sequence'")
+        return {"factor": self.factor}, self.original_max_len
 
     def inv_freq(self, base, rotary_dim, seq_len=None):
         plain = jnp.asarray(default_inv_freq(base, rotary_dim), jnp.float32)
         if seq_len is None:
             return plain, 1.0
         d, s, l0 = rotary_dim, self.factor, self.original_max_len
-        length = jnp.asarray(seq_len, jnp.float32)
+        length = jnp.asarray(seq_len, jnp.float32)[..., None]  # [..., 1]: one per position
         # Up to L0 the model runs exactly as trained (the formula would shrink the base there).
         stretch = s * jnp.maximum(length, l0) / l0 - (s - 1)
         new_base = base * stretch ** (d / (d - 2))
         scaled = 1.0 / new_base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)
         return jnp.where(length > l0, scaled, plain), 1.0
-
-    def hf_parameters(self):
-        return {"factor": self.factor}, self.original_max_len
 
     @classmethod
     def _from_hf(cls, params, factor, max_positions, original):
