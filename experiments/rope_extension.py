@@ -1,8 +1,10 @@
 """Experiment 2: RoPE context extension.
 
-A RoPE model trained at L tokens is evaluated at 4L with no scaling, linear position
-interpolation (PI), NTK-aware, dynamic NTK and YaRN (factor 4, original length L), first as is
-(zero-shot) and then after a short fine-tune at 4L. The published picture to echo (Chen et al.
+A RoPE model trained at L tokens is evaluated from L to 16L with no scaling, linear position
+interpolation (PI), NTK-aware, dynamic NTK, YaRN and Llama 3's rule (factor 4, original length
+L), first as is (zero-shot) and then after a short fine-tune at 4L. Dynamic NTK is evaluated as
+it decodes: each position uses its own length for the base (``length='position'``), which
+equals token-by-token decoding with the KV cache. The published picture to echo (Chen et al.
 2023; Peng et al. 2023): without scaling the loss blows up past L; PI needs fine-tuning to
 recover; NTK/dynamic NTK/YaRN do better zero-shot; after a short fine-tune all scalings are
 close, YaRN best.
@@ -26,6 +28,7 @@ from experiments.common import (
     heldout_split,
     markdown_table,
     mean_std,
+    plot_seeds,
     position_losses,
     reference_lines,
     train_and_load,
@@ -35,8 +38,9 @@ from experiments.stats import block_means, paired_interval
 from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.models import build_model
 
-SCALINGS = ["none", "linear", "ntk", "dynamic_ntk", "yarn"]
+SCALINGS = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3"]
 FACTOR = 4
+MULTIPLES = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths
 
 SCALES = {
     "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=16, batch_size=4, seq_len=16),
@@ -54,8 +58,10 @@ def rope_for(scaling: str, train_len: int) -> Rope:
     """RoPE with the scaling rule ``scaling`` extending ``train_len`` by FACTOR."""
     if scaling == "none":
         return Rope()
-    return Rope(scaling={"name": scaling, "factor": float(FACTOR),
-                         "original_max_len": train_len})
+    rule = {"name": scaling, "factor": float(FACTOR), "original_max_len": train_len}
+    if scaling == "dynamic_ntk":  # as it decodes: the base grows with each token's position
+        rule["length"] = "position"
+    return Rope(scaling=rule)
 
 
 def _scored(model, params, tokens, length) -> tuple[float, list[float]]:
@@ -84,7 +90,9 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
             for scaling in scalings:
                 cfg = base_cfg.replace(position=rope_for(scaling, L),
                                        vocab_size=tokenizer.vocab_size)
-                zero_shot, zs_blocks = _scored(build_model(cfg), params, tokens, FACTOR * L)
+                zs_model = build_model(cfg)
+                zero_shot, zs_blocks = _scored(zs_model, params, tokens, FACTOR * L)
+                zs_curve = {m: eval_loss(zs_model, params, tokens, m * L) for m in MULTIPLES}
                 tune = train_cfg.replace(steps=tune_steps, seq_len=FACTOR * L,
                                          batch_size=max(train_fields["batch_size"] // FACTOR, 1),
                                          init_from=base_dir, warmup_steps=0,
@@ -92,13 +100,16 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
                                          eval_every=tune_steps)
                 model, tuned, _, _ = train_and_load(cfg, tune)
                 tuned_loss, ft_blocks = _scored(model, tuned, tokens, FACTOR * L)
+                ft_curve = {m: eval_loss(model, tuned, tokens, m * L) for m in MULTIPLES}
                 results.setdefault(scaling, []).append({
                     "zero_shot": zero_shot, "fine_tuned": tuned_loss,
-                    "zero_shot_blocks": zs_blocks, "fine_tuned_blocks": ft_blocks})
+                    "zero_shot_blocks": zs_blocks, "fine_tuned_blocks": ft_blocks,
+                    "zero_shot_by_length": zs_curve, "fine_tuned_by_length": ft_curve})
                 print(f"seed {seed} {scaling}: zero-shot {zero_shot:.3f}, fine-tuned "
                       f"{tuned_loss:.3f}", flush=True)
     return {"scale": scale, "seeds": seeds, "train_len": L, "eval_len": FACTOR * L,
-            "factor": FACTOR, "fine_tune_steps": tune_steps, "loss_at_train_len": baseline_1x,
+            "factor": FACTOR, "multiples": list(MULTIPLES), "fine_tune_steps": tune_steps,
+            "loss_at_train_len": baseline_1x,
             "data": split.meta(), "heldout_tokens": int(tokens.size), "baselines": base,
             "results": results, "comparisons": comparisons(results)}
 
@@ -145,26 +156,35 @@ def report(out: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = list(means)
-    values = []
-    for offset, (key, label) in zip((-0.12, 0.12), (("zero_shot", "zero-shot"),
-                                                   ("fine_tuned", "fine-tuned")), strict=True):
-        ys = [[r[key] for r in out["results"][n]] for n in names]
-        values += [v for y in ys for v in y]
-        mid = [float(np.mean(y)) for y in ys]
-        err = [[m - min(y) for m, y in zip(mid, ys, strict=True)],
-               [max(y) - m for m, y in zip(mid, ys, strict=True)]]
-        ax.errorbar([i + offset for i in range(len(names))], mid, yerr=err, fmt="o", capsize=3,
-                    label=f"{label} (mean, range over seeds)")
-    fit_ylim(ax, values + [base[0]])
+    multiples = out.get("multiples") or [out["factor"]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    values = [base[0]]
+    for ax, (key, title) in zip(axes, (("zero_shot", "zero-shot"),
+                                       ("fine_tuned", f"after {out['fine_tune_steps']} steps "
+                                                      f"at {out['eval_len']}")), strict=True):
+        for name in means:
+            runs = out["results"][name]
+            if f"{key}_by_length" in runs[0]:
+                ys = [[r[f"{key}_by_length"][str(m)] if str(m) in r[f"{key}_by_length"]
+                       else r[f"{key}_by_length"][m] for m in multiples] for r in runs]
+                xs = [m * out["train_len"] for m in multiples]
+            else:  # results written before the length sweep: the one length
+                ys, xs = [[r[key]] for r in runs], [out["eval_len"]]
+            values += [v for y in ys for v in y if np.isfinite(v)]
+            plot_seeds(ax, xs, ys, name)
+        ax.set_xscale("log", base=2)
+        ax.axvline(out["eval_len"], color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xlabel("evaluation length (tokens); dotted: the scaling's target")
+        ax.set_title(title)
+    low, high = fit_ylim(axes[0], values)
+    axes[1].set_ylim(low, high)
     refs = {f"RoPE at {out['train_len']}": base[0]}
     if out.get("baselines"):
         refs |= {k: out["baselines"][k] for k in ("3-gram", "4-gram")}
-    reference_lines(ax, refs)
-    ax.set_xticks(list(range(len(names))), names)
-    ax.set_ylabel(f"held-out loss at {out['eval_len']} tokens")
-    ax.legend(fontsize=8)
+    for ax in axes:
+        reference_lines(ax, refs)
+    axes[0].set_ylabel("held-out loss (nats/token); band: range over seeds")
+    axes[0].legend(fontsize=8)
     write_results(f"rope_extension_{out['scale']}", out, table, fig)
 
 

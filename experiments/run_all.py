@@ -176,14 +176,20 @@ def finding_rope_extension(out: dict) -> str:
         checks.append(f"after fine-tuning the scalings are not all close ({ft_order[-1]} "
                       f"stays {spread:.3f} nats behind; the published fine-tunes are far "
                       "longer)")
-    if {"linear", "yarn"} <= set(zs):
-        ok = zs["yarn"] < zs["linear"]
-        checks.append(f"YaRN zero-shot {'beats' if ok else 'does not beat'} PI "
-                      f"({'as' if ok else 'unlike the'} published)")
-    if "yarn" in ft:
-        checks.append("YaRN is " + ("best" if ft_order[0] == "yarn" else
-                                    f"not best (rank {ft_order.index('yarn') + 1})")
-                      + " after fine-tuning")
+    # verdicts only from the paired intervals (experiments.stats): the papers find NTK-style
+    # rules and YaRN better than no scaling zero-shot, and YaRN better than PI after tuning
+    from experiments.stats import Interval, verdict
+
+    for key, claim in [(f"zero_shot: {k} - none", f"{k} zero-shot better than no scaling")
+                       for k in ("ntk", "dynamic_ntk", "yarn", "llama3")] + [
+                          ("fine_tuned: yarn - linear", "YaRN better than PI after the "
+                           "fine-tune")]:
+        found = out.get("comparisons", {}).get(key)
+        if found is None:
+            continue
+        interval = Interval(found["mean"], found["low"], found["high"],
+                            tuple(found.get("per_seed", ())), found.get("method", ""))
+        checks.append(f"{claim}: {verdict(interval, -1)} ({interval} nats)")
     if checks:
         parts.append("Against Chen et al. / Peng et al. 2023: " + "; ".join(checks) + ".")
     return " ".join(parts)

@@ -112,11 +112,19 @@ def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
 def test_rope_extension_tiny(results_dir):
     from experiments import rope_extension
 
-    rope_extension.main(["--scale", "tiny", "--seeds", "1", "--scalings", "none,yarn"])
+    rope_extension.main(["--scale", "tiny", "--seeds", "1", "--scalings",
+                         "none,yarn,dynamic_ntk"])
     out = json.loads((results_dir / "rope_extension_tiny.json").read_text())
-    assert set(out["results"]) == {"none", "yarn"}
+    assert set(out["results"]) == {"none", "yarn", "dynamic_ntk"}
     zero_shot = {k: v[0]["zero_shot"] for k, v in out["results"].items()}
     assert zero_shot["none"] != zero_shot["yarn"]  # the scaling changes the numbers
+    for runs in out["results"].values():  # loss from 1x to 16x the training length
+        curve = runs[0]["zero_shot_by_length"]
+        assert tuple(sorted(map(int, curve))) == rope_extension.MULTIPLES
+        assert curve[str(out["factor"])] == pytest.approx(runs[0]["zero_shot"], rel=1e-3)
+    # dynamic NTK leaves the model as trained up to its original length
+    dyn, plain = out["results"]["dynamic_ntk"][0], out["results"]["none"][0]
+    assert dyn["zero_shot_by_length"]["1"] == pytest.approx(plain["zero_shot_by_length"]["1"])
     assert (results_dir / "rope_extension_tiny.png").exists()
 
 
