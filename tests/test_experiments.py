@@ -279,7 +279,10 @@ def _fake_results(folder):
         "rope_extension_default": {
             "train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
             "results": {k: [{"zero_shot": z, "fine_tuned": f}] for k, z, f in (
-                ("none", 4.0, 2.5), ("linear", 3.0, 2.2), ("yarn", 2.4, 2.1))}},
+                ("none", 4.0, 2.5), ("linear", 3.0, 2.2), ("yarn", 2.4, 2.1))},
+            "comparisons": {  # paired intervals: one excludes zero, one does not
+                "zero_shot: yarn - none": {"mean": -1.6, "low": -1.7, "high": -1.5},
+                "fine_tuned: yarn - linear": {"mean": -0.1, "low": -0.3, "high": 0.1}}},
         "context_usage_default": {
             "boundaries": [4, 16], "results": {family: [{
                 "base": 2.0, "truncate/4": 0.2, "truncate/16": t16, "shuffle/4": 0.2,
@@ -339,7 +342,9 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
             ", none +0.200") in text
     assert "alibi degrades less than rope: as published" in text
     assert "Warning: none do not beat the 3-gram (2.200)" in text
-    assert "YaRN zero-shot beats PI (as published)" in text
+    assert "yarn zero-shot better than no scaling: as published (-1.600 [-1.700, -1.500]" in text
+    assert "YaRN better than PI after the fine-tune: inconclusive (-0.100 [-0.300, +0.100]" \
+        in text
     assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
     assert "gpt: it still uses context beyond b=16" in text
     assert "The transformer uses more distant context than the LSTM (truncation costs over " \
