@@ -7,6 +7,9 @@ least 3L/4 tokens). The published result (ALiBi paper, WikiText-103): sinusoidal
 fast past L, rotary less, T5 bias less still, ALiBi stays flat; a learned table cannot go past
 L at all. Every table carries Kneser-Ney n-gram baselines fitted on the same training text,
 and each claim a paired 95% interval over seeds x held-out chunks (``experiments.stats``).
+Each run also records where it attends (``experiments.attention_maps``: per layer and head,
+attention entropy and mean attention distance, at L and at the longest length), plotted in
+``length_extrapolation_<scale>_attention.png``.
 
     python -m experiments.length_extrapolation                  # default: 3 seeds, 4 schemes,
                                                                 # 36 runs, 3-10 h on 2 cores
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 import jax
 import numpy as np
 
 from experiments import common
+from experiments.attention_maps import attention_statistics
 from experiments.common import (
     baselines_line,
     cache_key,
@@ -110,6 +115,11 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
                 losses = position_losses(model, params, eval_tokens, n, stride=stride)
                 row[mode][n] = float(np.nanmean(losses))
                 row[f"{mode}_blocks"][n] = block_means(losses, block).tolist()
+        row["attention"] = {}  # where it attends: at L, and at the longest length it can run
+        for n, windows in ((train_len, 8), (lengths[-1], 2)):
+            if (limit is None or n <= limit) and eval_tokens.size >= n * windows:
+                row["attention"][n] = attention_statistics(
+                    model, params, eval_tokens[: n * windows].reshape(windows, n))
         return row
 
     row = cached_run("length_extrapolation", key, compute)
@@ -193,7 +203,52 @@ def report(out: dict) -> dict[str, str]:
     """Write the JSON (with the paired comparisons), the tables and the plot."""
     out.setdefault("comparisons", comparisons(out))
     text, fig = tables_and_figure(out)
-    return write_results(f"length_extrapolation_{out['scale']}", out, text, fig)
+    name = f"length_extrapolation_{out['scale']}"
+    attention = _attention_plot(out)
+    if attention is not None:
+        os.makedirs(common.RESULTS, exist_ok=True)
+        attention.savefig(os.path.join(common.RESULTS, f"{name}_attention.png"), dpi=110,
+                          bbox_inches="tight")
+        text += (f"\n\nWhere each scheme attends (per layer, mean over heads and seeds, band: "
+                 f"range over heads): ![attention]({name}_attention.png)")
+    return write_results(name, out, text, fig)
+
+
+def _attention_plot(out: dict):
+    """Mean attention distance and entropy by layer, per scheme, at L and at the longest
+    evaluated length (``experiments.attention_maps``); None if no run recorded them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lens = out["results"]
+    if not any(r.get("attention") for by in lens.values() for runs in by.values() for r in runs):
+        return None
+    fig, axes = plt.subplots(2, 2 * len(lens), squeeze=False, figsize=(3.6 * 2 * len(lens), 6))
+    for j, (L_str, by_scheme) in enumerate(lens.items()):
+        L = int(L_str)
+        for k, n in enumerate((L, L * out["multiples"][-1])):
+            for i, stat in enumerate(("distance", "entropy")):
+                ax = axes[i][2 * j + k]
+                for scheme, runs in by_scheme.items():
+                    found = [r["attention"].get(str(n), r["attention"].get(n))
+                             for r in runs if r.get("attention")]
+                    found = [f for f in found if f]
+                    if not found:
+                        continue
+                    per_layer = np.mean([np.asarray(f[stat]) for f in found], axis=0)  # [L, H]
+                    layers_ = np.arange(1, per_layer.shape[0] + 1)
+                    (line,) = ax.plot(layers_, per_layer.mean(axis=1), marker="o", label=scheme)
+                    ax.fill_between(layers_, per_layer.min(axis=1), per_layer.max(axis=1),
+                                    color=line.get_color(), alpha=0.15, linewidth=0)
+                ax.set_title(f"trained at {L}, windows of {n}", fontsize=9)
+                ax.set_xlabel("layer")
+                ax.set_ylabel("mean attention distance (tokens)" if stat == "distance"
+                              else "attention entropy (nats)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def tables_and_figure(out: dict):

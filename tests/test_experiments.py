@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 import experiments.common as common
@@ -43,6 +44,13 @@ def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch):
     assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
     assert "3-gram" in table and "init_threshold" in table
     assert (results_dir / "length_extrapolation_tiny.png").stat().st_size > 10_000
+    # where each run attends, at L and at the longest length (the learned table stops at L)
+    stats = alibi["attention"]["32"]
+    assert stats["length"] == 32 and np.shape(stats["distance"]) == (1, 2)  # layers x heads
+    assert 0 < np.min(stats["distance"]) and np.max(stats["distance"]) < 31 / 2 + 1e-6
+    assert set(learned["attention"]) == {"16"}
+    assert (results_dir / "length_extrapolation_tiny_attention.png").stat().st_size > 10_000
+    assert "length_extrapolation_tiny_attention.png" in table
     # a second invocation resumes from the cache: nothing trains again, not even when the
     # evaluation changes (no sliding windows: the kept runs are scored again)
     monkeypatch.setattr(common, "train_and_load",
@@ -394,3 +402,34 @@ def test_run_all_skips_experiments_it_finished(tmp_path, monkeypatch):
     calls.clear()
     run_all.main([*argv, "--fresh"])
     assert calls == ["experiments.context_usage", "experiments.attention_variants"]
+
+
+def test_attention_statistics_of_uniform_attention():
+    """With zero query and key projections every causal query spreads its weight evenly over
+    its prefix: entropy log(q + 1) and mean distance q / 2 at query q (0-based), averaged over
+    the T queries; a layer and a head each, as the model has."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from experiments.attention_maps import attention_statistics
+    from transformers_jax import ModelConfig
+    from transformers_jax.models import build_model
+
+    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, max_len=8,
+                      position="rope", attention="chunked", dropout=0.0)
+    model = build_model(cfg)
+    tokens = np.arange(16).reshape(2, 8) % 32
+    params = model.init(jax.random.key(0), tokens)["params"]
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.zeros_like(x) if any(getattr(k, "key", None) in ("query", "key")
+                                                  for k in path) else x, params)
+    got = attention_statistics(model, params, tokens)
+    assert got["length"] == 8 and np.shape(got["entropy"]) == np.shape(got["distance"]) == (2, 2)
+    entropy = np.mean([math.log(q + 1) for q in range(8)])
+    np.testing.assert_allclose(got["entropy"], entropy, rtol=1e-5)
+    np.testing.assert_allclose(got["distance"], np.mean([q / 2 for q in range(8)]), rtol=1e-5)
+    # ALiBi's slopes pull the weight toward the query: shorter distance, lower entropy
+    alibi = build_model(cfg.replace(position="alibi"))
+    near = attention_statistics(alibi, params, tokens)
+    assert np.all(np.array(near["distance"]) < np.mean([q / 2 for q in range(8)]))
