@@ -3,9 +3,13 @@
 After Khandelwal et al. 2018 ("Sharp Nearby, Fuzzy Far Away"): train both models on the same
 text, then score the last ``target`` tokens of held-out windows while perturbing only the
 context farther than ``b`` tokens from the first target token: truncate it, shuffle it, shuffle
-within 20-token spans, or replace it with random tokens. The relative increase in loss against
-``b`` shows how far back each model still uses the context, and from where it only uses a bag
-of tokens (shuffling hurts little) rather than their order. Published: the LSTM's loss stops
+within 20-token spans, replace it with random tokens, or replace it with a span of the same
+length from elsewhere in the held-out text (the in-distribution control: fluent text that is
+not this document's). The relative increase in loss against ``b`` shows how far back each
+model still uses the context, and from where it only uses a bag of tokens (shuffling hurts
+little) rather than their order. Each effect is a mean over thousands of scored targets, with
+a paired 95% interval over seeds x windows (``experiments.stats``); "uses" and "order is used"
+are said only where the interval excludes zero. Published: the LSTM's loss stops
 changing beyond ~150-250 tokens and word order matters only within ~20-50 tokens; a
 transformer should keep using context, and its order, much further back.
 
@@ -29,24 +33,33 @@ from experiments.common import (
     window_losses,
     write_results,
 )
+from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
 
-PERTURBATIONS = ["truncate", "shuffle", "shuffle_spans", "random"]
+PERTURBATIONS = ["truncate", "shuffle", "shuffle_spans", "random", "corpus_span"]
 SPAN = 20
 
 SCALES = {
     "tiny": (dict(d_model=32, n_layers=1, n_heads=2), dict(steps=16, batch_size=4, seq_len=48),
              16, (4, 16), 4_000, 8),
-    "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=500, batch_size=16,
-                seq_len=256), 16, (5, 10, 20, 50, 100, 200), 200_000, 64),
+    # 512 tokens of context, 256 windows x 16 targets = 4,096 scored targets per seed
+    "default": (dict(d_model=128, n_layers=3, n_heads=4), dict(steps=1500, batch_size=8,
+                seq_len=512), 16, (5, 10, 20, 50, 100, 200, 400), 200_000, 256),
     "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=32,
               seq_len=1024), 32, (5, 10, 20, 50, 100, 200, 500, 900), 400_000, 256),
 }
 
 
-def perturb(window: np.ndarray, cut: int, kind: str, rng, vocab: int) -> np.ndarray:
-    """Perturb ``window[:cut]`` (the context beyond the boundary); keep the rest as is."""
+def perturb(window: np.ndarray, cut: int, kind: str, rng, vocab: int,
+            corpus: np.ndarray | None = None) -> np.ndarray:
+    """Perturb ``window[:cut]`` (the context beyond the boundary); keep the rest as is.
+    ``corpus_span`` takes the replacement from ``corpus`` at a random place."""
     far, near = window[:cut].copy(), window[cut:]
+    if kind == "corpus_span":
+        if corpus is None or len(corpus) <= cut:
+            raise ValueError("corpus_span needs a corpus longer than the replaced context")
+        start = int(rng.integers(0, len(corpus) - cut))
+        return np.concatenate([corpus[start : start + cut].astype(window.dtype), near])
     if kind == "truncate":
         return near
     if kind == "shuffle":
@@ -59,18 +72,18 @@ def perturb(window: np.ndarray, cut: int, kind: str, rng, vocab: int) -> np.ndar
     return np.concatenate([far, near])
 
 
-def target_loss(losses_fn, params, windows: list[np.ndarray], target: int) -> float:
-    """Mean loss of the last ``target`` tokens, windows grouped by length (one compile each)."""
-    by_len: dict[int, list] = {}
-    for w in windows:
-        by_len.setdefault(len(w), []).append(w)
-    total, count = 0.0, 0
-    for group in by_len.values():
-        arr = np.stack(group)
+def target_loss(losses_fn, params, windows: list[np.ndarray], target: int) -> np.ndarray:
+    """Each window's mean loss of its last ``target`` tokens ``[windows]``, windows grouped by
+    length (one compile each)."""
+    by_len: dict[int, list[int]] = {}
+    for i, w in enumerate(windows):
+        by_len.setdefault(len(w), []).append(i)
+    out = np.zeros(len(windows), np.float64)
+    for rows in by_len.values():
+        arr = np.stack([windows[i] for i in rows])
         loss = np.asarray(losses_fn(params, arr[:, :-1], arr[:, 1:]))[:, -target:]
-        total += float(loss.sum())
-        count += loss.size
-    return total / count
+        out[rows] = loss.mean(axis=1)
+    return out
 
 
 def measure(model, params, tokens, seq_len, target, boundaries, n_windows, vocab, seed):
@@ -78,16 +91,35 @@ def measure(model, params, tokens, seq_len, target, boundaries, n_windows, vocab
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, len(tokens) - seq_len - 1, size=n_windows)
     windows = [tokens[s : s + seq_len + 1] for s in starts]
-    base = target_loss(losses_fn, params, windows, target)
-    out = {"base": base}
+    base_W = target_loss(losses_fn, params, windows, target)
+    base = float(base_W.mean())
+    out = {"base": base, "targets": int(len(windows) * target)}
     first_target = seq_len + 1 - target  # index (in the window) of the first scored input
     for kind in PERTURBATIONS:
         for b in boundaries:
             cut = first_target - b
             if cut <= 0:
                 continue
-            perturbed = [perturb(w, cut, kind, rng, vocab) for w in windows]
-            out[f"{kind}/{b}"] = (target_loss(losses_fn, params, perturbed, target) - base) / base
+            perturbed = [perturb(w, cut, kind, rng, vocab, tokens) for w in windows]
+            # each window's change, relative to the mean unperturbed loss: pairs by window
+            rel_W = (target_loss(losses_fn, params, perturbed, target) - base_W) / base
+            out[f"{kind}/{b}"] = float(rel_W.mean())
+            out[f"{kind}/{b}/windows"] = rel_W.tolist()
+    return out
+
+
+def comparisons(results: dict, boundaries) -> dict:
+    """Per family, perturbation and boundary: the relative loss increase with its paired 95%
+    interval over seeds x windows (``experiments.stats``)."""
+    out = {}
+    for family, runs in results.items():
+        for kind in PERTURBATIONS:
+            for b in boundaries:
+                key = f"{kind}/{b}/windows"
+                if not all(key in r for r in runs):
+                    continue
+                out[f"{family}/{kind}/{b}"] = paired_interval(
+                    np.array([r[key] for r in runs])).as_dict()
     return out
 
 
@@ -108,10 +140,12 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0) -> dict:
                           tokenizer.vocab_size, seed)
             results.setdefault(family, []).append(row)
             print(f"{family} seed {seed}: base {row['base']:.3f}; " + ", ".join(
-                f"{k}={v:+.3f}" for k, v in row.items() if k != "base"), flush=True)
+                f"{k}={v:+.3f}" for k, v in row.items()
+                if k not in ("base", "targets") and not k.endswith("/windows")), flush=True)
     return {"scale": scale, "seeds": seeds, "seq_len": seq_len, "target": target,
             "boundaries": list(boundaries), "data": split.meta(),
-            "heldout_tokens": int(tokens.size), "baselines": base, "results": results}
+            "heldout_tokens": int(tokens.size), "baselines": base, "results": results,
+            "train": train_fields, "comparisons": comparisons(results, boundaries)}
 
 
 def report(out: dict) -> None:
@@ -122,7 +156,7 @@ def report(out: dict) -> None:
 
     bounds = out["boundaries"]
     # each panel its own y-limits: the effects differ in size by an order of magnitude
-    fig, axes = plt.subplots(1, len(PERTURBATIONS), figsize=(15, 3.6))
+    fig, axes = plt.subplots(1, len(PERTURBATIONS), figsize=(18, 3.6))
     tables = []
     for family, runs in out["results"].items():
         rows = []

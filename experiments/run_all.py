@@ -227,13 +227,31 @@ def finding_context_usage(out: dict) -> str:
                     f"b={after} less than 1% ({_pct(trunc[after])}): it uses about the last "
                     f"{max(used)}-{after} tokens")
         shuffle = effect["shuffle"]
-        order = [b for b in valid if not math.isnan(shuffle[b])
-                 and shuffle[b] - trunc[b] < -0.01]
-        if order:
-            order_txt = (f"shuffling the far context hurts less than removing it from b="
-                         f"{min(order)} on (there it is used as a bag of tokens)")
-        else:
-            order_txt = "shuffling hurts as much as removing at every boundary (order is used)"
+        intervals = out.get("comparisons", {})
+        if intervals:  # the paired 95% intervals over seeds x windows decide
+            def excluded(kind, b, family=family, intervals=intervals):
+                iv = intervals.get(f"{family}/{kind}/{b}")
+                return iv is not None and iv["low"] > 0
+
+            def shown(kind, b, family=family, intervals=intervals):
+                iv = intervals[f"{family}/{kind}/{b}"]
+                return (f"{100 * iv['mean']:+.1f}% [{100 * iv['low']:+.1f}, "
+                        f"{100 * iv['high']:+.1f}]")
+
+            ordered = [b for b in valid if excluded("shuffle", b)]
+            order_txt = (f"shuffling the context beyond b={max(ordered)} still costs "
+                         f"{shown('shuffle', max(ordered))} (word order used that far)"
+                         if ordered else "shuffling's effect is inconclusive at every "
+                         "boundary (its interval includes zero): no evidence that order is used")
+            far = [b for b in valid if f"{family}/corpus_span/{b}" in intervals]
+            if far:
+                order_txt += (f"; replacing the context beyond b={far[-1]} by another span of "
+                              f"the corpus costs {shown('corpus_span', far[-1])}")
+        else:  # results written before the intervals: 1% thresholds on the means
+            order = [b for b in valid if not math.isnan(shuffle[b]) and shuffle[b] > 0.01]
+            order_txt = (f"shuffling still costs over 1% beyond b={max(order)} (order used)"
+                         if order else "shuffling changes the loss by under 1% at every "
+                         "boundary: no evidence that order is used")
         parts.append(f"{family}: {uses}; {order_txt}; at the smallest boundary b={valid[0]} "
                      f"truncation costs {_pct(trunc[valid[0]])}.")
     if {"gpt", "lstm"} <= set(reach):

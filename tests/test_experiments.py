@@ -144,7 +144,12 @@ def test_context_usage_tiny(results_dir):
     out = json.loads((results_dir / "context_usage_tiny.json").read_text())
     assert set(out["results"]) == {"gpt", "lstm"}
     row = out["results"]["lstm"][0]
-    assert {"truncate/4", "shuffle/16", "shuffle_spans/4", "random/16"} <= set(row)
+    assert {"truncate/4", "shuffle/16", "shuffle_spans/4", "random/16",
+            "corpus_span/16"} <= set(row)
+    assert row["targets"] == len(row["truncate/4/windows"]) * out["target"]
+    assert row["truncate/4"] == pytest.approx(np.mean(row["truncate/4/windows"]))
+    iv = out["comparisons"]["lstm/corpus_span/4"]
+    assert iv["low"] <= iv["mean"] <= iv["high"]
     assert (results_dir / "context_usage_tiny.png").exists()
 
 
@@ -163,6 +168,10 @@ def test_perturbations_touch_only_the_far_context():
     for start in range(0, 60, 20):  # each span keeps its own tokens
         assert sorted(spans[start : start + 20]) == list(range(start, start + 20))
     assert np.array_equal(perturb(window, 60, "truncate", rng, 1000), window[60:])
+    corpus = np.arange(1000, 2000)  # the control: a run of 60 corpus tokens, then the window's
+    span = perturb(window, 60, "corpus_span", rng, 1000, corpus)
+    assert np.array_equal(span[60:], window[60:]) and np.all(np.diff(span[:60]) == 1)
+    assert span[0] >= 1000
 
 
 @pytest.mark.slow
@@ -296,7 +305,12 @@ def _fake_results(folder):
                 "base": 2.0, "truncate/4": 0.2, "truncate/16": t16, "shuffle/4": 0.2,
                 "shuffle/16": s16, "shuffle_spans/4": 0.1, "shuffle_spans/16": 0.0,
                 "random/4": 0.3, "random/16": 0.01}] for family, t16, s16 in (
-                    ("gpt", 0.05, 0.05), ("lstm", 0.005, 0.0))}},
+                    ("gpt", 0.05, 0.05), ("lstm", 0.005, 0.0))},
+            "comparisons": {  # gpt: order used to b=16 (excludes 0); lstm: inconclusive
+                "gpt/shuffle/4": {"mean": 0.2, "low": 0.1, "high": 0.3},
+                "gpt/shuffle/16": {"mean": 0.05, "low": 0.01, "high": 0.09},
+                "lstm/shuffle/4": {"mean": 0.01, "low": -0.01, "high": 0.03},
+                "lstm/shuffle/16": {"mean": 0.0, "low": -0.02, "high": 0.02}}},
         "synthetic_generalisation_default": {
             "train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
                 "none": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.5, "4": 0.0},
@@ -355,6 +369,9 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
         in text
     assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
     assert "gpt: it still uses context beyond b=16" in text
+    assert "shuffling the context beyond b=16 still costs +5.0% [+1.0, +9.0]" in text
+    assert "lstm: truncating beyond b=4 costs +20%" in text and (
+        "shuffling's effect is inconclusive at every boundary" in text)
     assert "The transformer uses more distant context than the LSTM (truncation costs over " \
         "1%: transformer beyond b=16, LSTM beyond b=4), as expected" in text
     assert "this one stops using context within 4-16 tokens" in text
