@@ -13,7 +13,8 @@ are said only where the interval excludes zero. Published: the LSTM's loss stops
 changing beyond ~150-250 tokens and word order matters only within ~20-50 tokens; a
 transformer should keep using context, and its order, much further back.
 
-    python -m experiments.context_usage                 # default scale, 2 seeds, ~10 min on 2 cores
+    python -m experiments.context_usage                 # default: 3 seeds, sentencepiece units
+    python -m experiments.context_usage --units bytes   # byte tokens, as before
     python -m experiments.context_usage --scale large
 """
 
@@ -28,7 +29,9 @@ from experiments.common import (
     heldout_split,
     markdown_table,
     mean_std,
+    ngram_baselines,
     plot_seeds,
+    stream,
     train_and_load,
     window_losses,
     write_results,
@@ -123,26 +126,48 @@ def comparisons(results: dict, boundaries) -> dict:
     return out
 
 
-def run(scale: str, seeds: int, data: str | None, split_seed: int = 0) -> dict:
+UNITS = {"bytes": ("byte", None), "sentencepiece": ("sentencepiece", 2048)}
+
+
+def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
+        units: str = "sentencepiece") -> dict:
+    """Both families on the same units: ``sentencepiece`` (a unigram model of 2,048 pieces
+    trained on the training split, about word-sized: what the paper's "tokens" mean) or raw
+    ``bytes``; the held-out stream and the n-gram baselines are in those units."""
     model_fields, train_fields, target, boundaries, n_eval, n_windows = SCALES[scale]
     seq_len = train_fields["seq_len"]
     results: dict = {}
     split, tokens, base = heldout_split(data, n_eval, split_seed)
+    kind, vocab = UNITS[units]
+    if scale == "tiny" and vocab:
+        vocab = 512  # what a tiny corpus supports
+    unit_tokens, pieces = None, None
     for family, extra in (("gpt", {"position": "rope"}), ("lstm", {})):
         for seed in range(seeds):
             model_cfg = ModelConfig(family=family, **model_fields, **extra)
             train_cfg = TrainConfig(seed=seed, data=split.train_data, pack="none",
-                                    val_fraction=0.01,
+                                    val_fraction=0.01, tokenizer=kind, tokenizer_vocab=vocab,
                                     eval_every=train_fields["steps"],
                                     log_every=max(train_fields["steps"] // 4, 1), **train_fields)
             model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
+            if kind != "byte":
+                probe = list(tokenizer.encode("the context of a word"))
+                if pieces is None:  # the first run's tokenizer: held-out text in its units
+                    pieces = probe
+                    unit_tokens = stream(tokenizer, split.heldout)
+                    base = ngram_baselines(split, tokenizer, unit_tokens)
+                elif probe != pieces:
+                    raise RuntimeError("the runs trained different tokenizers on the same "
+                                       "text: the families would not share units")
+                tokens = unit_tokens
             row = measure(model, params, tokens, seq_len, target, boundaries, n_windows,
                           tokenizer.vocab_size, seed)
             results.setdefault(family, []).append(row)
             print(f"{family} seed {seed}: base {row['base']:.3f}; " + ", ".join(
                 f"{k}={v:+.3f}" for k, v in row.items()
                 if k not in ("base", "targets") and not k.endswith("/windows")), flush=True)
-    return {"scale": scale, "seeds": seeds, "seq_len": seq_len, "target": target,
+    return {"scale": scale, "seeds": seeds, "units": units, "tokenizer_vocab": vocab,
+            "seq_len": seq_len, "target": target,
             "boundaries": list(boundaries), "data": split.meta(),
             "heldout_tokens": int(tokens.size), "baselines": base, "results": results,
             "train": train_fields, "comparisons": comparisons(results, boundaries)}
@@ -165,7 +190,10 @@ def report(out: dict) -> None:
                      for b in bounds]
             rows.append([kind, *[f"{100 * c:+.1f}%" for c in cells]])
         base = mean_std([r["base"] for r in runs])
-        tables.append(f"**{family}** (unperturbed loss of the last {out['target']} tokens "
+        unit = {"sentencepiece": "sentencepiece pieces", "bytes": "bytes"}.get(
+            out.get("units", "bytes"), "tokens")
+        tables.append(f"**{family}** (tokens are {unit}; unperturbed loss of the last "
+                      f"{out['target']} tokens "
                       f"{base[0]:.3f} nats): relative loss increase when the context beyond "
                       f"b tokens is perturbed\n\n"
                       + markdown_table(["perturbation", *[f"b={b}" for b in bounds]], rows))
@@ -192,8 +220,11 @@ def main(argv=None) -> None:
     parser.add_argument("--data", default=None, help="a file/folder/glob, lines:PATH or "
                         "tfds:NAME (default: the embedded corpus)")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the held-out draw")
+    parser.add_argument("--units", choices=sorted(UNITS), default="sentencepiece",
+                        help="what a token is: sentencepiece pieces (about words, as the "
+                        "paper) or bytes")
     args = parser.parse_args(argv)
-    report(run(args.scale, args.seeds, args.data, args.split_seed))
+    report(run(args.scale, args.seeds, args.data, args.split_seed, args.units))
 
 
 if __name__ == "__main__":

@@ -143,6 +143,8 @@ def test_context_usage_tiny(results_dir):
     context_usage.main(["--scale", "tiny", "--seeds", "1"])
     out = json.loads((results_dir / "context_usage_tiny.json").read_text())
     assert set(out["results"]) == {"gpt", "lstm"}
+    assert out["units"] == "sentencepiece" and out["tokenizer_vocab"] == 512  # both families
+    assert out["baselines"]["unigram"] > out["baselines"]["3-gram"]  # in pieces, not bytes
     row = out["results"]["lstm"][0]
     assert {"truncate/4", "shuffle/16", "shuffle_spans/4", "random/16",
             "corpus_span/16"} <= set(row)
