@@ -3,10 +3,11 @@ distribution and its mean attention distance, so "uses long context" is seen, no
 
     stats = attention_statistics(model, params, tokens_BT)   # {"entropy": [L][H], ...}
 
-The model runs once, eagerly (no ``jit``, no ``scan_layers``), with every self-attention call
-observed on its way to the kernel: its queries and keys (after the positional scheme's
-rotation), bias and mask give the softmax weights ``p[b, h, q, k]`` (the reference formula),
-from which, averaged over the batch's queries:
+The model runs once (compiled; not with ``scan_layers``, whose one traced layer stands for all),
+with every self-attention call observed on its way to the kernel: its queries and keys (after
+the positional scheme's rotation), bias and mask give the softmax weights ``p[b, h, q, k]`` (the
+reference formula), from which, averaged over the batch's queries, each layer hands the host
+(an ordered ``jax.debug.callback``, so layers arrive in order):
 
 - entropy ``-sum_k p log p`` in nats (0: one key; ``log(q + 1)``: uniform over the prefix),
 - mean distance ``sum_k p |q - k|`` in tokens (how far back the weight sits).
@@ -28,7 +29,7 @@ from transformers_jax.nn.attention import _reference_probs
 from transformers_jax.nn.masks import as_dense
 
 
-def _head_stats(p_BNGQK: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+def _head_stats(p_BNGQK: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Entropy and mean distance per head ``[H]`` (means over batch and queries)."""
     b, n, g, q, k = p_BNGQK.shape
     p = p_BNGQK.reshape(b, n * g, q, k).astype(jnp.float32)
@@ -36,10 +37,11 @@ def _head_stats(p_BNGQK: jax.Array) -> tuple[np.ndarray, np.ndarray]:
     offset = k - q  # queries are the last q of the k positions (no cache here: q == k)
     distance = jnp.abs(jnp.arange(q)[:, None] + offset - jnp.arange(k)[None, :])
     mean_distance = jnp.sum(p * distance, axis=-1)
-    visible = jnp.sum(p, axis=-1) > 0  # rows with no visible key (padding) do not count
-    weight = visible.astype(jnp.float32)
-    per_head = (lambda x: np.asarray(jnp.sum(x * weight, axis=(0, 2))
-                                     / jnp.maximum(jnp.sum(weight, axis=(0, 2)), 1.0)))
+    weight = (jnp.sum(p, axis=-1) > 0).astype(jnp.float32)  # rows with no visible key: out
+
+    def per_head(x):
+        return jnp.sum(x * weight, axis=(0, 2)) / jnp.maximum(jnp.sum(weight, axis=(0, 2)), 1.0)
+
     return per_head(entropy), per_head(mean_distance)
 
 
@@ -48,26 +50,32 @@ def attention_statistics(model, params, tokens_BT, apply: Callable | None = None
     self-attention of ``model`` on ``tokens_BT`` (``apply`` calls the model if it needs more
     than its tokens)."""
     cfg = model.config
-    if cfg.scan_layers or cfg.remat != "none":
-        raise ValueError("attention_statistics observes each layer's call eagerly: use a "
-                         "model built with scan_layers=False and remat='none' (for remat, "
-                         "build_model(config.replace(remat='none')) takes the same parameters)")
+    if cfg.scan_layers:
+        raise ValueError("attention_statistics observes each layer's call: use a model built "
+                         "with scan_layers=False (its scanned parameters are stacked; train "
+                         "it unscanned to analyse it)")
     original = layers.dot_product_attention
     found: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def keep(entropy, distance):
+        found.append((np.asarray(entropy), np.asarray(distance)))
 
     def observed(q, k, v, *, bias=None, mask=None, scale=None, logit_softcap=None, **rest):
         if q.shape[1] == k.shape[1]:  # self-attention over the same window
             d = q.shape[-1]
             p = _reference_probs(q, k, bias, as_dense(mask), scale or d ** -0.5, logit_softcap)
-            found.append(_head_stats(p))
+            jax.debug.callback(keep, *_head_stats(p), ordered=True)
         return original(q, k, v, bias=bias, mask=mask, scale=scale,
                         logit_softcap=logit_softcap, **rest)
 
-    with mock.patch.object(layers, "dot_product_attention", observed), jax.disable_jit():
+    with mock.patch.object(layers, "dot_product_attention", observed):
         if apply is None:
-            model.apply({"params": params}, jnp.asarray(tokens_BT))
+            out = jax.jit(lambda p, t: model.apply({"params": p}, t))(params,
+                                                                      jnp.asarray(tokens_BT))
         else:
-            apply()
+            out = apply()
+        jax.block_until_ready(out)
+    jax.effects_barrier()  # every callback has run
     return {"entropy": [e.tolist() for e, _ in found],
             "distance": [d.tolist() for _, d in found],
             "length": int(np.asarray(tokens_BT).shape[1])}
