@@ -174,7 +174,7 @@ def run_prefix(cfg: dict, seeds: int) -> dict:
                                     log_every=max(task["steps"] // 10, 1))
             model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
             batch = eval_batches(task["name"], family, tokenizer, range(1, L + 1), seq_len,
-                                 task["per_length"], mask == "prefix")
+                                 task["per_length"], model_cfg.mask.needs_prefix_len)
             exact, token_acc = accuracy_of(model, params, batch, family)
             runs.append({"eval_loss": final["eval_loss"],
                          "token_accuracy": float(np.mean(list(token_acc.values()))),

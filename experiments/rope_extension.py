@@ -37,6 +37,7 @@ from experiments.common import (
 from experiments.stats import block_means, paired_interval
 from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.models import build_model
+from transformers_jax.registry import ROPE_SCALINGS
 
 SCALINGS = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3"]
 FACTOR = 4
@@ -55,13 +56,10 @@ SCALES = {
 
 
 def rope_for(scaling: str, train_len: int) -> Rope:
-    """RoPE with the scaling rule ``scaling`` extending ``train_len`` by FACTOR."""
-    if scaling == "none":
-        return Rope()
-    rule = {"name": scaling, "factor": float(FACTOR), "original_max_len": train_len}
-    if scaling == "dynamic_ntk":  # as it decodes: the base grows with each token's position
-        rule["length"] = "position"
-    return Rope(scaling=rule)
+    """RoPE with the scaling rule ``scaling`` extending ``train_len`` by FACTOR, as it applies
+    when decoding (dynamic NTK: the base grows with each token's position)."""
+    rule = ROPE_SCALINGS.get(scaling).extending(float(FACTOR), train_len)
+    return Rope(scaling=rule.as_decoded())
 
 
 def _scored(model, params, tokens, length) -> tuple[float, list[float]]:

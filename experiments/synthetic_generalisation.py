@@ -146,7 +146,8 @@ def run(scale: str, seeds: int | None = None, tasks=None, schemes=None, families
                         )
                     short, long = cache[task, family, prefix]
                     exact, tokens = accuracy_of(model, params, short, family)
-                    if scheme == "learned":  # no table rows past the training length
+                    limit = model_cfg.position.max_length(model_cfg)
+                    if limit is not None and test_len > limit:  # e.g. a learned table's rows
                         for n in range(L + 1, test_max + 1):
                             exact[n] = tokens[n] = math.nan
                     else:

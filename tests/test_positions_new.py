@@ -19,6 +19,7 @@ from transformers_jax.nn.positions.kerple import KerpleLogBias
 from transformers_jax.nn.positions.randomized import sample_positions
 from transformers_jax.nn.positions.xpos import XPos, xpos_zeta
 from transformers_jax.registry import POSITIONS as POSITION_REGISTRY
+from transformers_jax.registry import ROPE_SCALINGS
 
 
 def head_config(head_dim, dtype="float32"):
@@ -372,3 +373,14 @@ def test_length_settings_leave_nothing_to_warn_about(name):
         position = {"name": name, **settings}
         cfg = ModelConfig(position=position, max_len=train_len)
         assert cfg.position.length_warnings(cfg, train_len) == [], (name, train_len)
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS.names())
+def test_every_rope_scaling_extends_and_says_how_it_decodes(scaling):
+    """``extending``/``as_decoded``: how an experiment sets any rule to extend a model x4 and
+    scores it as generation would; a valid position for a model, the same rule name."""
+    rule = ROPE_SCALINGS.get(scaling).extending(4.0, 16).as_decoded()
+    config = ModelConfig(position={"name": "rope", "scaling": rule.to_dict()})
+    assert config.position.scaling == rule and rule.name == scaling
+    if rule.uses_length:  # the base follows each token's own length, as when decoding
+        assert rule.length == "position"

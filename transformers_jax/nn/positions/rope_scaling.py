@@ -52,6 +52,18 @@ class RopeScaling(Switch):
         """The length a rule that ``uses_length`` sees for ``positions`` ``[B, T]``."""
         return jnp.max(positions) + 1
 
+    @classmethod
+    def extending(cls, factor: float, original_max_len: int) -> RopeScaling:
+        """This rule set to extend a model trained at ``original_max_len`` by ``factor`` (plain
+        RoPE ignores both)."""
+        return cls()
+
+    def as_decoded(self) -> RopeScaling:
+        """This rule as token-by-token decoding applies it, so that scoring a whole window
+        measures what generation would compute (itself unless the rule depends on the
+        current length)."""
+        return self
+
     def hf_parameters(self) -> tuple[dict[str, Any], int | None]:
         """``(rope_parameters beyond rope_type/theta, pinned max_position_embeddings)``."""
         return {}, None
@@ -87,6 +99,10 @@ class Extension(RopeScaling):
 
     def hf_parameters(self) -> tuple[dict[str, Any], int | None]:
         return {"factor": self.factor}, None
+
+    @classmethod
+    def extending(cls, factor: float, original_max_len: int) -> RopeScaling:
+        return cls(factor=float(factor), original_max_len=int(original_max_len))
 
     @classmethod
     def hf_factor(cls, params: dict[str, Any], max_positions: int, original: int) -> float:
@@ -150,6 +166,9 @@ class DynamicNtk(Extension):
         if self.length not in ("sequence", "position"):
             raise ConfigError(f"position.scaling.length={self.length!r}: sequence (one base "
                               "per window, as Hugging Face) or position (as it decodes)")
+
+    def as_decoded(self) -> RopeScaling:
+        return dataclasses.replace(self, length="position")
 
     def current_length(self, positions: jax.Array) -> jax.Array:
         if self.length == "position":
