@@ -35,16 +35,18 @@ import numpy as np
 
 from experiments.common import (
     baselines_line,
-    eval_loss,
     heldout_split,
     markdown_table,
     mean_std,
-    train_and_load,
+    position_losses,
+    trained,
     write_results,
 )
+from experiments.stats import block_means, paired_interval
 from transformers_jax import ModelConfig, TrainConfig
 
 PARTS = ["heads", "window", "prefix", "stability"]
+CHUNK_WINDOWS = 16  # held-out chunks of 16 evaluation windows pair the runs (experiments.stats)
 
 SCALES = {
     "tiny": dict(
@@ -57,7 +59,10 @@ SCALES = {
     ),
     "default": dict(
         model=dict(d_model=128, n_layers=2, n_heads=8),
-        train=dict(steps=300, batch_size=16, seq_len=64), n_eval=200_000, seeds=3,
+        # 2.0M tokens per run: a 2-layer GPT at L=64 reaches 1.50 nats held-out, past the
+        # 3-gram (1.86) from about 1M tokens (python -m experiments.budget --layers 2 --heads 8
+        # --tokens-per-step 2048 --steps 1000); 45 runs of about 65 s on 2 quiet cores
+        train=dict(steps=1000, batch_size=32, seq_len=64), n_eval=200_000, seeds=3,
         kv_heads=(8, 2, 1), decode=dict(prompt_len=16, new_tokens=1008, batches=(1, 16)),
         windows=(4, 8, 16), lrs=(2e-3, 2e-2, 2e-1), softcap=50.0,
         variants=("baseline", "qk_norm", "softcap"),
@@ -92,6 +97,19 @@ class _Text:
                 "heldout_tokens": int(self.tokens.size)}
 
 
+def _scored(model, params, tokens: np.ndarray, seq_len: int) -> dict:
+    """Held-out loss and its per-chunk means (the same chunks for every run: paired)."""
+    losses = position_losses(model, params, tokens, seq_len)
+    return {"eval_loss": float(np.nanmean(losses)),
+            "chunks": block_means(losses, CHUNK_WINDOWS * seq_len).tolist()}
+
+
+def paired(runs, base_runs) -> dict:
+    """The paired 95% interval of ``runs`` minus ``base_runs`` (same seeds, same chunks)."""
+    d_SC = np.array([r["chunks"] for r in runs]) - np.array([r["chunks"] for r in base_runs])
+    return paired_interval(d_SC).as_dict()
+
+
 def _train_text(cfg: dict, seed: int, model_extra: dict, train_extra: dict | None = None,
                 text: _Text | None = None):
     """Train a GPT on the split's training text; return (model, params, tokenizer, final)."""
@@ -101,7 +119,7 @@ def _train_text(cfg: dict, seed: int, model_extra: dict, train_extra: dict | Non
     train_cfg = TrainConfig(seed=seed, eval_every=steps, log_every=max(steps // 10, 1),
                             data=data, val_fraction=0.01,
                             **{**cfg["train"], **(train_extra or {})})
-    return train_and_load(model_cfg, train_cfg)
+    return trained("attention_variants", model_cfg, train_cfg)
 
 
 # ---------------------------------------------------------------------------------- parts
@@ -115,12 +133,13 @@ def run_heads(cfg: dict, seeds: int, text: _Text) -> dict:
     for kv in cfg["kv_heads"]:
         name = "MHA" if kv == n_heads else "MQA" if kv == 1 else f"GQA-{kv}"
         runs = []
+        # MHA is the default config: the window part's full-attention runs are the same runs
+        extra = {} if kv == n_heads else {"n_kv_heads": kv}
         for seed in range(seeds):
-            model, params, tokenizer, final = _train_text(cfg, seed, {"n_kv_heads": kv},
-                                                          text=text)
+            model, params, tokenizer, final = _train_text(cfg, seed, extra, text=text)
             tokens, _ = text.get(tokenizer)
-            loss = eval_loss(model, params, tokens, cfg["train"]["seq_len"])
-            runs.append({"eval_loss": loss, "params": final["params"],
+            runs.append({**_scored(model, params, tokens, cfg["train"]["seq_len"]),
+                         "params": final["params"],
                          "train_tokens_per_s": final["tokens_per_s"]})
         model_cfg = model.config
         speed = bench_decoding(model_cfg, repeats=2, **cfg["decode"])
@@ -131,25 +150,32 @@ def run_heads(cfg: dict, seeds: int, text: _Text) -> dict:
         print(f"heads {name}: loss {mean_std([r['eval_loss'] for r in runs])[0]:.3f}; decode "
               + ", ".join(f"batch {b} {speed[f'batch_{b}']['decode_tokens_per_s']:,.0f} tok/s"
                           for b in batches), flush=True)
-    return {"n_heads": n_heads, "results": results}
+    full = results["MHA"]["runs"] if "MHA" in results else None
+    comparisons = {f"{k} - MHA": paired(v["runs"], full) for k, v in results.items()
+                   if full is not None and k != "MHA"}
+    return {"n_heads": n_heads, "results": results, "comparisons": comparisons}
 
 
 def run_window(cfg: dict, seeds: int, text: _Text) -> dict:
     seq_len = cfg["train"]["seq_len"]
     results = {}
     for window in [*cfg["windows"], None]:
-        extra = {"mask": {"name": "sliding_window", "window": window} if window else "causal"}
+        extra = {"mask": {"name": "sliding_window", "window": window}} if window else {}
         runs = []
         for seed in range(seeds):
             model, params, tokenizer, final = _train_text(cfg, seed, extra, text=text)
             tokens, unigram = text.get(tokenizer)
-            runs.append({"eval_loss": eval_loss(model, params, tokens, seq_len),
+            runs.append({**_scored(model, params, tokens, seq_len),
                          "train_loss": final["train_loss"]})
         key = str(window or seq_len)
         results[key] = {"window": window or seq_len, "full": window is None, "runs": runs}
         print(f"window {key}: loss {mean_std([r['eval_loss'] for r in runs])[0]:.3f}",
               flush=True)
-    return {"seq_len": seq_len, "unigram_loss": unigram, "results": results}
+    full = results[str(seq_len)]["runs"]
+    comparisons = {f"{k} - full": paired(v["runs"], full) for k, v in results.items()
+                   if not v["full"]}
+    return {"seq_len": seq_len, "unigram_loss": unigram, "results": results,
+            "comparisons": comparisons}
 
 
 def run_prefix(cfg: dict, seeds: int) -> dict:
@@ -172,7 +198,8 @@ def run_prefix(cfg: dict, seeds: int) -> dict:
                                     weight_decay=task["weight_decay"],
                                     eval_every=task["steps"],
                                     log_every=max(task["steps"] // 10, 1))
-            model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
+            model, params, tokenizer, final = trained("attention_variants", model_cfg,
+                                                       train_cfg)
             batch = eval_batches(task["name"], family, tokenizer, range(1, L + 1), seq_len,
                                  task["per_length"], model_cfg.mask.needs_prefix_len)
             exact, token_acc = accuracy_of(model, params, batch, family)
@@ -206,16 +233,21 @@ def run_stability(cfg: dict, seeds: int, text: _Text) -> dict:
                     cfg, seed, {"attention": "reference", **extra}, {"learning_rate": lr},
                     text)
                 tokens, unigram = text.get(tokenizer)
-                loss = eval_loss(model, params, tokens, seq_len)
+                scored = _scored(model, params, tokens, seq_len)
+                loss = scored["eval_loss"]
                 curve = [(h["step"], h["loss"]) for h in final["history"]]
-                runs.append({"eval_loss": loss, "train_loss": final["train_loss"],
+                runs.append({**scored, "train_loss": final["train_loss"],
                              "loss_curve": curve,
                              "diverged": bool(not math.isfinite(loss) or loss > unigram)})
             results.setdefault(name, {})[str(lr)] = runs
             print(f"stability {name} lr {lr:g}: held-out {runs[-1]['eval_loss']:.3f}",
                   flush=True)
+    # a diverged run's NaN chunks drop out of its pairs; its divergence is reported apart
+    comparisons = {f"{name} - baseline @ {lr}": paired(by_lr[lr], results["baseline"][lr])
+                   for name, by_lr in results.items() if name != "baseline"
+                   and "baseline" in results for lr in by_lr}
     return {"lrs": list(cfg["lrs"]), "unigram_loss": unigram, "softcap": cfg["softcap"],
-            "results": results}
+            "results": results, "comparisons": comparisons}
 
 
 # ---------------------------------------------------------------------------------- reports
@@ -230,6 +262,16 @@ def _plt():
     return plt
 
 
+def _iv(comparisons: dict, key: str) -> str:
+    """A paired difference and its 95% interval, as the tables print it."""
+    iv = comparisons.get(key)
+    if iv is None:
+        return "-"
+    if math.isnan(iv["mean"]):
+        return "n/a"
+    return f"{iv['mean']:+.3f} [{iv['low']:+.3f}, {iv['high']:+.3f}]"
+
+
 def _ms(values) -> str:
     mean, std = mean_std(values)
     return "n/a" if math.isnan(mean) else f"{mean:.3f} ± {std:.3f}"
@@ -241,15 +283,20 @@ def report_heads(out: dict) -> tuple[str, object]:
     for name, r in out["results"].items():
         speeds = [r["decode"][f"batch_{b}"]["decode_tokens_per_s"] for b in batches]
         rows.append([name, r["kv_heads"], r["runs"][0]["params"],
-                     _ms([x["eval_loss"] for x in r["runs"]]), r["kv_cache_bytes_per_token"],
+                     _ms([x["eval_loss"] for x in r["runs"]]),
+                     _iv(out.get("comparisons", {}), f"{name} - MHA"),
+                     r["kv_cache_bytes_per_token"],
                      *[f"{s:,.0f}" for s in speeds]])
     header = ["attention", "k/v heads", "params", "held-out loss (nats/token)",
-              "KV cache bytes/token", *[f"decode tok/s, batch {b}" for b in batches]]
+              "minus MHA, paired [95%]", "KV cache bytes/token",
+              *[f"decode tok/s, batch {b}" for b in batches]]
     d = out["decode"]
     table = (f"{out['n_heads']} query heads; decoding: greedy with the KV cache, prompt "
              f"{d['prompt_len']} + {d['new_tokens']} new tokens, best of 2 wall-clock runs "
              "(on a shared machine other jobs can slow any run); loss: mean ± "
-             f"std over {out['seeds']} seed(s)\n\n" + markdown_table(header, rows))
+             f"std over {out['seeds']} seed(s); differences: paired over seeds and held-out "
+             "chunks, bootstrap/t 95% interval (experiments.stats)\n\n"
+             + markdown_table(header, rows))
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
     names = list(out["results"])
@@ -270,11 +317,15 @@ def report_heads(out: dict) -> tuple[str, object]:
 
 def report_window(out: dict) -> tuple[str, object]:
     rows = [[("full (causal)" if r["full"] else str(r["window"])),
-             _ms([x["eval_loss"] for x in r["runs"]])] for r in out["results"].values()]
+             _ms([x["eval_loss"] for x in r["runs"]]),
+             _iv(out.get("comparisons", {}), f"{key} - full")]
+            for key, r in out["results"].items()]
     table = (f"Held-out loss (nats/token) at {out['seq_len']} tokens against the attention "
              f"window (unigram baseline {out['unigram_loss']:.3f}); mean ± std over "
-             f"{out['seeds']} seed(s)\n\n"
-             + markdown_table(["window (keys per query)", "held-out loss"], rows))
+             f"{out['seeds']} seed(s); differences paired over seeds and held-out chunks, 95% "
+             "interval\n\n"
+             + markdown_table(["window (keys per query)", "held-out loss",
+                               "minus full, paired [95%]"], rows))
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = [r["window"] for r in out["results"].values()]
@@ -325,6 +376,13 @@ def report_stability(out: dict) -> tuple[str, object]:
              "a run ending above it counts as diverged); mean ± std over "
              f"{out['seeds']} seed(s)\n\n"
              + markdown_table(["variant", *[f"lr {lr:g}" for lr in lrs]], rows))
+    comparisons = out.get("comparisons", {})
+    if comparisons:
+        diffs = [[name, *[_iv(comparisons, f"{name} - baseline @ {lr}") for lr in lrs]]
+                 for name in out["results"] if name != "baseline"]
+        table += ("\n\nMinus the baseline at the same learning rate, paired over seeds and "
+                  "held-out chunks, 95% interval (negative: the variant is better)\n\n"
+                  + markdown_table(["variant", *[f"lr {lr:g}" for lr in lrs]], diffs))
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name, by_lr in out["results"].items():

@@ -11,6 +11,7 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 
 import jax
@@ -25,6 +26,7 @@ from transformers_jax.runs import load_run
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
 FRESH = os.environ.get("TJAX_FRESH", "") not in ("", "0")  # ignore cached runs
+_STARTED = time.monotonic()  # the experiment process started about here: its measured time
 
 
 def cache_key(**parts) -> str:
@@ -103,9 +105,10 @@ def trained(experiment: str, model_cfg: ModelConfig, train_cfg: TrainConfig):
         import shutil
 
         shutil.rmtree(run_dir)
-    keep = {k: v for k, v in final.items() if isinstance(v, (int, float, str))}
+    keep = {k: v for k, v in final.items()
+            if isinstance(v, (int, float, str)) or k == "history"}  # the logged loss curve
     with open(os.path.join(tmp, "final.json"), "w") as f:
-        json.dump(keep, f)
+        json.dump(keep, f, default=float)
     os.replace(tmp, run_dir)
     return model, params, tokenizer, keep
 
@@ -190,8 +193,11 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
              "md": os.path.join(RESULTS, f"{name}.md")}
     from experiments.splits import environment
 
+    # the measured time includes cached runs' loading: a resumed run reads shorter
     payload = {"command": command_line(), **environment(),
-               "device": jax.devices()[0].device_kind, **payload}
+               "device": jax.devices()[0].device_kind,
+               "wall_seconds": round(time.monotonic() - _STARTED, 1),
+               "load_average": [round(x, 2) for x in os.getloadavg()], **payload}
     with open(paths["json"], "w") as f:
         json.dump(payload, f, indent=1, default=float)
     with open(paths["md"], "w") as f:

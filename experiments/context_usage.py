@@ -32,7 +32,7 @@ from experiments.common import (
     ngram_baselines,
     plot_seeds,
     stream,
-    train_and_load,
+    trained,
     window_losses,
     write_results,
 )
@@ -149,7 +149,7 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
                                     val_fraction=0.01, tokenizer=kind, tokenizer_vocab=vocab,
                                     eval_every=train_fields["steps"],
                                     log_every=max(train_fields["steps"] // 4, 1), **train_fields)
-            model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
+            model, params, tokenizer, final = trained("context_usage", model_cfg, train_cfg)
             if kind != "byte":
                 probe = list(tokenizer.encode("the context of a word"))
                 if pieces is None:  # the first run's tokenizer: held-out text in its units
@@ -162,10 +162,14 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
                 tokens = unit_tokens
             row = measure(model, params, tokens, seq_len, target, boundaries, n_windows,
                           tokenizer.vocab_size, seed)
+            # the logged training loss: flat over the last quarter = trained to convergence
+            row["train_curve"] = [(h["step"], h["loss"]) for h in final.get("history", [])]
+            row["eval_loss"] = final.get("eval_loss")
             results.setdefault(family, []).append(row)
             print(f"{family} seed {seed}: base {row['base']:.3f}; " + ", ".join(
                 f"{k}={v:+.3f}" for k, v in row.items()
-                if k not in ("base", "targets") and not k.endswith("/windows")), flush=True)
+                if isinstance(v, float) and k not in ("base", "eval_loss")
+                and "/windows" not in k), flush=True)
     return {"scale": scale, "seeds": seeds, "units": units, "tokenizer_vocab": vocab,
             "seq_len": seq_len, "target": target,
             "boundaries": list(boundaries), "data": split.meta(),

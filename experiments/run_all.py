@@ -52,6 +52,17 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%" if abs(x) < 0.1 else f"{100 * x:+.0f}%"
 
 
+def _paired(comparisons: dict, key: str, published_sign: int) -> str | None:
+    """"d [low, high]: verdict" for a stored paired interval (None when not stored)."""
+    from experiments.stats import Interval, verdict
+
+    iv = comparisons.get(key)
+    if iv is None:
+        return None
+    interval = Interval(iv["mean"], iv["low"], iv["high"], tuple(iv["per_seed"]), iv["method"])
+    return f"{interval} nats: {verdict(interval, published_sign)}"
+
+
 def _listing(items: list[str]) -> str:
     if len(items) <= 1:
         return "".join(items)
@@ -383,6 +394,12 @@ def finding_attention_heads(out: dict) -> str:
                      f"({loss[g] - loss['MHA']:+.3f} nats) and recovers "
                      + (f"{100 * frac:.0f}%" if not math.isnan(frac) else "n/a")
                      + " of MHA's speed gap to MQA.")
+        comparisons = out.get("comparisons", {})
+        said = [f"{k} {_paired(comparisons, f'{k} - MHA', +1)}" for k in [*gqa, "MQA"]
+                if f"{k} - MHA" in comparisons]
+        if said:  # the paper: both lose a little quality (47.1 and 46.6 vs 47.2)
+            parts.append("Loss minus MHA's, paired over seeds and held-out chunks (95%): "
+                         + _listing(said) + ".")
         d = out.get("decode", {})
         if d and all("kv_cache_bytes_per_token" in v for v in res.values()):
             slots = batches[-1] * (d["prompt_len"] + d["new_tokens"])
@@ -426,6 +443,12 @@ def finding_attention_window(out: dict) -> str:
     else:
         parts.append("Full attention is best, but loss is not monotone in the window at this "
                      "noise level.")
+    comparisons = out.get("comparisons", {})
+    said = [f"window {w} {_paired(comparisons, f'{w} - full', +1)}" for w in windows[:-1]
+            if f"{w} - full" in comparisons]
+    if said:  # expected: a window shorter than the context costs loss
+        parts.append("Minus full attention, paired (95%; \"as published\": the window costs "
+                     "loss): " + _listing(said) + ".")
     return " ".join(parts)
 
 
@@ -474,7 +497,14 @@ def finding_attention_stability(out: dict) -> str:
     parts.append("Above the unigram baseline (diverged): "
                  + (_listing([f"{k} at lr {', '.join(f'{x:g}' for x in v)}"
                               for k, v in failed.items()]) if failed else "none") + ".")
-    if "baseline" in loss and "qk_norm" in loss:
+    comparisons = out.get("comparisons", {})
+    if comparisons:  # Wortsman et al.: QK-norm (and capping) help at high learning rates
+        said = [f"{k} at lr {lr:g} {_paired(comparisons, f'{k} - baseline @ {lr}', -1)}"
+                for k in res if k != "baseline" for lr in lrs[1:]
+                if f"{k} - baseline @ {lr}" in comparisons]
+        parts.append("Minus the baseline at the same rate, paired (95%; \"as published\": "
+                     "the variant is better): " + _listing(said) + ".")
+    elif "baseline" in loss and "qk_norm" in loss:
         ok = loss["qk_norm"][top] < loss["baseline"][top]
         parts.append(f"QK-norm {'lowers' if ok else 'does not lower'} the high-rate loss "
                      f"({loss['qk_norm'][top] - loss['baseline'][top]:+.3f} nats; "
