@@ -20,7 +20,7 @@
 
 Each part writes ``results/attention_variants_<part>_<scale>.{json,md,png}``.
 
-    python -m experiments.attention_variants              # default: 2 seeds, ~11 min on 2 cores
+    python -m experiments.attention_variants              # default: 3 seeds, ~60 min on 2 cores
     python -m experiments.attention_variants --part heads,window
     python -m experiments.attention_variants --scale large
 """

@@ -87,13 +87,18 @@ def train_and_load(model_cfg: ModelConfig, train_cfg: TrainConfig, run_dir: str 
     return model, params, tokenizer, final
 
 
+def trained_dir(experiment: str, model_cfg: ModelConfig, train_cfg: TrainConfig) -> str:
+    """Where ``trained`` keeps the run of this config (``init_from`` can point there)."""
+    key = cache_key(model=model_cfg, train=train_cfg)
+    return os.path.join(RESULTS, ".cache", experiment, "runs", key)
+
+
 def trained(experiment: str, model_cfg: ModelConfig, train_cfg: TrainConfig):
     """``train_and_load`` once per (model, training) config: the finished run is kept under
     ``results/.cache/<experiment>/runs/`` so a changed evaluation (another length, sliding
     windows, more held-out text) re-scores it without training again. ``TJAX_FRESH=1``
     retrains. Returns ``(model, params, tokenizer, final_metrics)``."""
-    key = cache_key(model=model_cfg, train=train_cfg)
-    run_dir = os.path.join(RESULTS, ".cache", experiment, "runs", key)
+    run_dir = trained_dir(experiment, model_cfg, train_cfg)
     final_path = os.path.join(run_dir, "final.json")
     if not FRESH and os.path.exists(final_path):
         model, params, tokenizer, _ = load_run(run_dir)

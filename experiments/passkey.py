@@ -1,0 +1,156 @@
+"""Passkey retrieval (Mohtashami and Jaggi 2023; the test of Chen et al.'s PI and Peng et al.'s
+YaRN): a five-digit key is hidden at a chosen depth of a window of real text, and the window
+ends by asking for it. The model retrieves it if its greedy continuation is the key.
+
+A model of a few hundred thousand parameters trained on plain text never learns to retrieve,
+so the test would read 0% at every length and say nothing about the scalings. The training
+text therefore carries key/query pairs (``mixed_training_data``): a key ``$12345`` in the
+text and, a gap later, the query ``$`` followed by the key again. Half the gaps fit the
+training length, half reach the fine-tune length. The **positive control** is the accuracy at
+the training length: only where the model retrieves there does a drop at longer lengths say
+something about the position scheme (``control_passed``).
+
+Scoring is the teacher-forced argmax over the five digits after the query, which equals greedy
+decoding (each digit is predicted from the right previous ones exactly when all are right).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import jax
+import numpy as np
+
+# the query repeats the key's marker, as the original prompt repeats "The pass key is": "$" does
+# not occur in the default corpus, so the key is the one thing that followed an earlier "$"
+KEY, QUERY, CLOSE = b"$", b"$", b" "
+DIGITS = 5
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the key sits in the filler (0: first, 1: last)
+
+
+def _pair(rng) -> tuple[bytes, bytes]:
+    key = "".join(str(d) for d in rng.integers(0, 10, DIGITS)).encode()
+    return KEY + key + CLOSE, QUERY + key + CLOSE
+
+
+def _cut(text: bytes, at: int) -> int:
+    """``at`` moved forward to the next space (keys sit between words), or ``at`` itself."""
+    space = text.find(b" ", at)
+    return space + 1 if 0 <= space < at + 16 else at
+
+
+def mix_pairs(text: bytes, rng, short_gap: int, long_gap: int, every: int) -> bytes:
+    """``text`` with a key/query pair started about every ``every`` bytes; each gap (text bytes
+    between key and query) is uniform below ``short_gap`` or, half the time, ``long_gap``."""
+    out, pos = [], 0
+    while True:
+        start = _cut(text, pos + int(rng.integers(every // 2, every + every // 2)))
+        gap = int(rng.integers(0, short_gap if rng.random() < 0.5 else long_gap))
+        query_at = _cut(text, start + gap)
+        if query_at >= len(text):
+            break
+        key, query = _pair(rng)
+        out += [text[pos:start], key, text[start:query_at], query]
+        pos = query_at
+    out.append(text[pos:])
+    return b"".join(out)
+
+
+def pair_span(train_len: int) -> int:
+    """The longest key-to-query-end span that fits a training window of ``train_len`` tokens."""
+    return train_len - len(KEY) - len(QUERY) - 2 * (DIGITS + len(CLOSE))
+
+
+def mixed_training_data(split, train_len: int, factor: int, seed: int = 0,
+                        every: int | None = None) -> tuple[str, dict]:
+    """A folder of the split's training documents with key/query pairs mixed in (written once
+    under ``experiments.splits.cache_root()``), and what it holds (for the result JSON)."""
+    from experiments.splits import cache_root
+
+    every = every or 2 * train_len
+    short, long = max(pair_span(train_len), 1), max(pair_span(factor * train_len), 2)
+    tag = hashlib.sha256(f"{split.train_data}/{split.sha256}/{train_len}/{factor}/{seed}/"
+                         f"{every}".encode()).hexdigest()[:16]
+    folder = os.path.join(cache_root(), f"passkey-{tag}")
+    texts = split.train_texts()
+    rng = np.random.default_rng(seed)
+    mixed = [mix_pairs(t, rng, short, long, every) for t in texts]
+    if not os.path.isdir(folder):
+        tmp = f"{folder}.tmp{os.getpid()}"
+        os.makedirs(tmp, exist_ok=True)
+        for i, text in enumerate(mixed):
+            with open(os.path.join(tmp, f"doc{i:05d}.txt"), "wb") as f:
+                f.write(text)
+        os.replace(tmp, folder)
+    original = sum(len(t) for t in texts)
+    added = sum(len(t) for t in mixed) - original
+    meta = {"pairs_every_bytes": every, "short_gap_below": short, "long_gap_below": long,
+            "pair_bytes_share": added / (original + added)}
+    return folder, meta
+
+
+def examples(heldout: bytes, tokenizer, length: int, depth: float, n: int,
+             seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` test windows of ``length`` tokens (byte tokens: one per byte): held-out filler with
+    a key at ``depth`` of it, ending with the query and the key. Returns the windows ``[n,
+    length]`` and the key digits' positions ``[DIGITS]`` (the same in every window)."""
+    rng = np.random.default_rng([seed, length, int(1000 * depth)])
+    tail = len(QUERY) + DIGITS + len(CLOSE)
+    filler_len = length - tail - (len(KEY) + DIGITS + len(CLOSE))
+    if filler_len < 0:
+        raise ValueError(f"length {length} is too short for a passkey window ({-filler_len} "
+                         "bytes short): use a longer training length")
+    windows = []
+    for _ in range(n):
+        start = int(rng.integers(0, len(heldout) - filler_len))
+        filler = heldout[start : start + filler_len]
+        key, query = _pair(rng)
+        at = int(round(depth * filler_len))
+        text = filler[:at] + key + filler[at:] + query
+        ids = np.asarray(tokenizer.encode(text), np.int32)
+        if ids.size != length:
+            raise ValueError(f"the passkey window encodes to {ids.size} tokens, not {length}: "
+                             "passkey needs a byte tokenizer (one token per byte)")
+        windows.append(ids)
+    answer = np.arange(length - len(CLOSE) - DIGITS, length - len(CLOSE))
+    return np.stack(windows), answer
+
+
+def retrieved(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
+              batch_size: int = 8) -> np.ndarray:
+    """1.0 where the model's argmax predicts every key digit after the query, per window."""
+
+    @jax.jit
+    def argmax(params, inputs):
+        return model.apply({"params": params}, inputs).argmax(-1)
+
+    hits = []
+    for i in range(0, len(windows_NT), batch_size):
+        chunk = windows_NT[i : i + batch_size]
+        real = len(chunk)
+        if real < batch_size:  # one shape, one compile
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, 0)])
+        predicted = np.asarray(argmax(params, chunk[:, :-1]))[:real]
+        # position t predicts token t + 1
+        hits.append((predicted[:, answer_D - 1] == chunk[:real][:, answer_D]).all(-1))
+    return np.concatenate(hits).astype(np.float64)
+
+
+def accuracy_grid(model, params, heldout: bytes, tokenizer, lengths, per_cell: int,
+                  depths=DEPTHS) -> dict[str, dict[str, list[float]]]:
+    """Per-window hits ``{length: {depth: [0/1 per window]}}`` (the same windows for every
+    model: paired)."""
+    out: dict = {}
+    for length in lengths:
+        for depth in depths:
+            windows, answer = examples(heldout, tokenizer, length, depth, per_cell)
+            out.setdefault(str(length), {})[f"{depth:g}"] = retrieved(
+                model, params, windows, answer).tolist()
+    return out
+
+
+def control_passed(grid: dict, train_len: int, threshold: float = 0.8) -> bool:
+    """The positive control: mean accuracy at the training length reaches ``threshold``."""
+    cells = grid[str(train_len)].values()
+    return float(np.mean([np.mean(c) for c in cells])) >= threshold

@@ -1,0 +1,82 @@
+"""Passkey retrieval (experiments.passkey): windows, mixing, and the scorer against an ideal
+retriever (must retrieve every key) and a constant one (must retrieve none)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import passkey
+from transformers_jax.data.tokenizers import ByteTokenizer
+
+FILLER = b"the quick brown fox jumps over a lazy dog " * 200  # no digits, no "$"
+
+
+class Retriever:
+    """The ideal retriever of the format: at ``offset`` tokens after the latest "$", predicts
+    the token at the same offset after the "$" before it (0 where there is none)."""
+
+    def apply(self, variables, inputs_BT):
+        T = inputs_BT.shape[1]
+        t_T = jnp.arange(T)
+        dollar_BT = inputs_BT == ord("$")
+        last_BT = jax.lax.cummax(jnp.where(dollar_BT, t_T, -1), axis=1)
+        # the "$" before the latest one: the latest at the position before it
+        shifted_BT = jnp.pad(last_BT, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]
+        prev_BT = jnp.take_along_axis(shifted_BT, jnp.clip(last_BT, 0, T - 1), axis=1)
+        source_BT = prev_BT + (t_T - last_BT) + 1
+        ok_BT = (last_BT >= 0) & (prev_BT >= 0) & (source_BT < T)
+        following = jnp.take_along_axis(inputs_BT, jnp.clip(source_BT, 0, T - 1), axis=1)
+        return jax.nn.one_hot(jnp.where(ok_BT, following, 0), 262)
+
+
+class Constant:
+    def apply(self, variables, inputs_BT):
+        return jnp.zeros((*inputs_BT.shape, 262)).at[..., ord("7")].set(1.0)
+
+
+@pytest.mark.parametrize("depth", passkey.DEPTHS)
+def test_windows_hold_one_key_at_its_depth_and_end_with_it(depth):
+    tok = ByteTokenizer()
+    windows, answer = passkey.examples(FILLER, tok, 96, depth, 4)
+    assert windows.shape == (4, 96) and answer.tolist() == list(range(90, 95))
+    for w in windows:
+        text = bytes(w.astype(np.uint8))
+        assert text.count(b"$") == 2 and text.endswith(b" ")
+        key_at = text.index(b"$")
+        key, query = text[key_at + 1 : key_at + 6], text[-6:-1]
+        assert key == query and key.isdigit()
+        assert abs(key_at - depth * 82) <= 1  # 96 - 2 * 7 bytes of filler, key at that share
+
+
+def test_scorer_against_ideal_and_constant_models():
+    tok = ByteTokenizer()
+    windows, answer = passkey.examples(FILLER, tok, 64, 0.5, 10)
+    assert passkey.retrieved(Retriever(), None, windows, answer).tolist() == [1.0] * 10
+    assert passkey.retrieved(Constant(), None, windows, answer).sum() == 0
+    # one wrong digit is a miss: the key is retrieved only whole
+    broken = windows.copy()
+    broken[:, answer[2] - 12] = ord("x")  # a filler byte: the ideal model is unaffected
+    assert passkey.retrieved(Retriever(), None, broken, answer).sum() == 10
+    broken[:, answer[-1]] = ord("$")  # the last digit is now not the key's
+    assert passkey.retrieved(Retriever(), None, broken, answer).sum() == 0
+    grid = passkey.accuracy_grid(Retriever(), None, FILLER, tok, [32, 64], 3)
+    assert passkey.control_passed(grid, 32) and set(grid) == {"32", "64"}
+
+
+def test_too_short_a_window_is_refused():
+    with pytest.raises(ValueError, match="too short for a passkey window"):
+        passkey.examples(FILLER, ByteTokenizer(), 12, 0.5, 1)
+
+
+def test_mixing_keeps_the_text_and_pairs_each_key_with_its_query():
+    rng = np.random.default_rng(0)
+    mixed = passkey.mix_pairs(FILLER, rng, short_gap=20, long_gap=80, every=64)
+    parts = mixed.split(b"$")
+    assert len(parts) % 2 == 1 and len(parts) > 20
+    keys = [p[:5] for p in parts[1:]]
+    assert all(k.isdigit() for k in keys) and keys[0::2] == keys[1::2]
+    text = b"".join([parts[0], *[p[6:] for p in parts[1:]]])  # the pairs taken out again
+    assert text == FILLER
