@@ -71,6 +71,9 @@ def array_bytes(shape: str) -> list[float]:
 class Module:
     computations: dict[str, list[Instruction]]
     entry: str
+    # the call-graph walk and the shape table, computed once: every count reads them, and a
+    # parsed module is not changed afterwards
+    _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def parse(cls, text: str) -> Module:
@@ -113,6 +116,12 @@ class Module:
     def multiplicities(self) -> tuple[dict[str, float], list[str]]:
         """Runs per step of every computation reached from the entry, and the loops whose trip
         count could not be read (counted once)."""
+        if "runs" not in self._memo:
+            self._memo["runs"] = self._walk()
+        runs, unknown = self._memo["runs"]
+        return dict(runs), list(unknown)
+
+    def _walk(self) -> tuple[dict[str, float], list[str]]:
         runs: dict[str, float] = {}
         unknown: list[str] = []
 
@@ -139,7 +148,9 @@ class Module:
         return runs, unknown
 
     def shapes(self) -> dict[str, str]:
-        return {i.name: i.shape for i in self.instructions()}
+        if "shapes" not in self._memo:
+            self._memo["shapes"] = {i.name: i.shape for i in self.instructions()}
+        return self._memo["shapes"]
 
 
 def _window(rest: str, key: str, spatial: int, default: int) -> list[str]:
