@@ -242,7 +242,8 @@ def run_stability(cfg: dict, seeds: int, text: _Text) -> dict:
             results.setdefault(name, {})[str(lr)] = runs
             print(f"stability {name} lr {lr:g}: held-out {runs[-1]['eval_loss']:.3f}",
                   flush=True)
-    # a diverged run's NaN chunks drop out of its pairs; its divergence is reported apart
+    # a diverged run (NaN loss) makes its comparison NaN (reported "n/a"); divergence is
+    # reported apart
     comparisons = {f"{name} - baseline @ {lr}": paired(by_lr[lr], results["baseline"][lr])
                    for name, by_lr in results.items() if name != "baseline"
                    and "baseline" in results for lr in by_lr}

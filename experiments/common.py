@@ -198,7 +198,8 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
              "md": os.path.join(RESULTS, f"{name}.md")}
     from experiments.splits import environment
 
-    # the measured time includes cached runs' loading: a resumed run reads shorter
+    # time since the process started (a resumed run reads shorter; with several result files
+    # per process, as attention_variants' parts, each counts everything before it too)
     payload = {"command": command_line(), **environment(),
                "device": jax.devices()[0].device_kind,
                "wall_seconds": round(time.monotonic() - _STARTED, 1),

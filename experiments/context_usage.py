@@ -146,7 +146,16 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
     trained on the training split, about word-sized: what the paper's "tokens" mean) or raw
     ``bytes``; the held-out stream and the n-gram baselines are in those units."""
     model_fields, train_fields, target, boundaries, n_eval, n_windows = SCALES[scale]
-    units = units or SCALE_UNITS[scale]
+    if units is None:
+        units = SCALE_UNITS[scale]
+        if units == "sentencepiece" and data is None and scale != "tiny":
+            print("context_usage: no --data, so bytes (the default corpus is too small for "
+                  "sentencepiece units)", flush=True)
+            units = "bytes"
+    if units == "sentencepiece" and data is None and scale != "tiny":
+        raise ValueError("sentencepiece units on the default 350 KB corpus memorise it (see "
+                         "the module docstring): give --data a corpus of millions of words, or "
+                         "use --units bytes")
     seq_len = train_fields["seq_len"]
     results: dict = {}
     split, tokens, base = heldout_split(data, n_eval, split_seed)
@@ -160,7 +169,9 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
             train_cfg = TrainConfig(seed=seed, data=split.train_data, pack="none",
                                     val_fraction=0.01, tokenizer=kind, tokenizer_vocab=vocab,
                                     eval_every=train_fields["steps"],
-                                    log_every=max(train_fields["steps"] // 4, 1), **train_fields)
+                                    # tenths: the last two logged means are whole tenths
+                                    log_every=max(train_fields["steps"] // 10, 1),
+                                    **train_fields)
             model, params, tokenizer, final = trained("context_usage", model_cfg, train_cfg)
             if kind != "byte":
                 probe = list(tokenizer.encode("the context of a word"))

@@ -5,8 +5,8 @@ ends by asking for it. The model retrieves it if its greedy continuation is the 
 A model of a few hundred thousand parameters trained on plain text never learns to retrieve,
 so the test would read 0% at every length and say nothing about the scalings. The training
 text therefore carries key/query pairs (``mixed_training_data``): a key ``$12345`` in the
-text and, a gap later, the query ``$`` followed by the key again. Half the gaps fit the
-training length, half reach the fine-tune length. The **positive control** is the accuracy at
+text and, a gap later, the query ``$`` followed by the key again. Half the gaps are drawn to fit
+the training length, half up to the fine-tune length. The **positive control** is the accuracy at
 the training length: only where the model retrieves there does a drop at longer lengths say
 something about the position scheme (``control_passed``).
 
@@ -22,11 +22,17 @@ import os
 import jax
 import numpy as np
 
-# the query repeats the key's marker, as the original prompt repeats "The pass key is": "$" does
-# not occur in the default corpus, so the key is the one thing that followed an earlier "$"
+# the query repeats the key's marker, as the original prompt repeats "The pass key is"; the
+# marker is taken out of the text it is mixed into (``clean``), so the key is the one thing
+# that followed an earlier "$"
 KEY, QUERY, CLOSE = b"$", b"$", b" "
 DIGITS = 5
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the key sits in the filler (0: first, 1: last)
+
+
+def clean(text: bytes) -> bytes:
+    """``text`` without the marker bytes (a corpus with prices would otherwise hold false keys)."""
+    return text.replace(KEY, b"").replace(QUERY, b"")
 
 
 def _pair(rng) -> tuple[bytes, bytes]:
@@ -43,6 +49,7 @@ def _cut(text: bytes, at: int) -> int:
 def mix_pairs(text: bytes, rng, short_gap: int, long_gap: int, every: int) -> bytes:
     """``text`` with a key/query pair started about every ``every`` bytes; each gap (text bytes
     between key and query) is uniform below ``short_gap`` or, half the time, ``long_gap``."""
+    text = clean(text)
     out, pos = [], 0
     while True:
         start = _cut(text, pos + int(rng.integers(every // 2, every + every // 2)))
@@ -58,8 +65,9 @@ def mix_pairs(text: bytes, rng, short_gap: int, long_gap: int, every: int) -> by
 
 
 def pair_span(train_len: int) -> int:
-    """The longest key-to-query-end span that fits a training window of ``train_len`` tokens."""
-    return train_len - len(KEY) - len(QUERY) - 2 * (DIGITS + len(CLOSE))
+    """The longest gap for which a pair fits a training window of ``train_len`` tokens (the
+    query may move up to 16 bytes on, to the next word)."""
+    return train_len - len(KEY) - len(QUERY) - 2 * (DIGITS + len(CLOSE)) - 16
 
 
 def mixed_training_data(split, train_len: int, factor: int, seed: int = 0,
@@ -70,19 +78,26 @@ def mixed_training_data(split, train_len: int, factor: int, seed: int = 0,
 
     every = every or 2 * train_len
     short, long = max(pair_span(train_len), 1), max(pair_span(factor * train_len), 2)
-    tag = hashlib.sha256(f"{split.train_data}/{split.sha256}/{train_len}/{factor}/{seed}/"
-                         f"{every}".encode()).hexdigest()[:16]
-    folder = os.path.join(cache_root(), f"passkey-{tag}")
     texts = split.train_texts()
     rng = np.random.default_rng(seed)
     mixed = [mix_pairs(t, rng, short, long, every) for t in texts]
+    # named by what it holds: a changed mixing rule writes (and trains on) a new folder
+    digest = hashlib.sha256()
+    for text in mixed:
+        digest.update(hashlib.sha256(text).digest())
+    folder = os.path.join(cache_root(), f"passkey-{digest.hexdigest()[:16]}")
     if not os.path.isdir(folder):
         tmp = f"{folder}.tmp{os.getpid()}"
         os.makedirs(tmp, exist_ok=True)
         for i, text in enumerate(mixed):
             with open(os.path.join(tmp, f"doc{i:05d}.txt"), "wb") as f:
                 f.write(text)
-        os.replace(tmp, folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process wrote the same folder first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
     original = sum(len(t) for t in texts)
     added = sum(len(t) for t in mixed) - original
     meta = {"pairs_every_bytes": every, "short_gap_below": short, "long_gap_below": long,
@@ -96,6 +111,7 @@ def examples(heldout: bytes, tokenizer, length: int, depth: float, n: int,
     a key at ``depth`` of it, ending with the query and the key. Returns the windows ``[n,
     length]`` and the key digits' positions ``[DIGITS]`` (the same in every window)."""
     rng = np.random.default_rng([seed, length, int(1000 * depth)])
+    heldout = clean(heldout)
     tail = len(QUERY) + DIGITS + len(CLOSE)
     filler_len = length - tail - (len(KEY) + DIGITS + len(CLOSE))
     if filler_len < 0:
@@ -117,14 +133,16 @@ def examples(heldout: bytes, tokenizer, length: int, depth: float, n: int,
     return np.stack(windows), answer
 
 
+def predictor(model):
+    """A jitted ``(params, inputs) -> argmax token per position`` (one per model: compiles once
+    per window length)."""
+    return jax.jit(lambda params, inputs: model.apply({"params": params}, inputs).argmax(-1))
+
+
 def retrieved(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
-              batch_size: int = 8) -> np.ndarray:
+              batch_size: int = 8, argmax=None) -> np.ndarray:
     """1.0 where the model's argmax predicts every key digit after the query, per window."""
-
-    @jax.jit
-    def argmax(params, inputs):
-        return model.apply({"params": params}, inputs).argmax(-1)
-
+    argmax = argmax or predictor(model)
     hits = []
     for i in range(0, len(windows_NT), batch_size):
         chunk = windows_NT[i : i + batch_size]
@@ -142,11 +160,12 @@ def accuracy_grid(model, params, heldout: bytes, tokenizer, lengths, per_cell: i
     """Per-window hits ``{length: {depth: [0/1 per window]}}`` (the same windows for every
     model: paired)."""
     out: dict = {}
+    argmax = predictor(model)
     for length in lengths:
         for depth in depths:
             windows, answer = examples(heldout, tokenizer, length, depth, per_cell)
             out.setdefault(str(length), {})[f"{depth:g}"] = retrieved(
-                model, params, windows, answer).tolist()
+                model, params, windows, answer, argmax=argmax).tolist()
     return out
 
 

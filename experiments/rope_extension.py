@@ -119,7 +119,8 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
                   + ", fine-tuned "
                   + " ".join(f"{passkey_accuracy(ft_keys, n):.2f}" for n in lengths), flush=True)
     # the positive control: the unscaled model retrieves at its training length
-    control = [control_passed(r["zero_shot_passkey"], L) for r in results.get("none", [])]
+    control = ([control_passed(r["zero_shot_passkey"], L) for r in results["none"]]
+               if "none" in results else None)  # None: not run (--scalings without none)
     return {"scale": scale, "seeds": seeds, "train_len": L, "eval_len": FACTOR * L,
             "factor": FACTOR, "multiples": list(MULTIPLES), "fine_tune_steps": tune_steps,
             "loss_at_train_len": baseline_1x,
@@ -257,7 +258,8 @@ def passkey_table(out: dict) -> str:
     header = ["scaling", *[f"zero-shot {n}" for n in lengths],
               *[f"tuned {n}" for n in lengths]]
     control = info["control_passed_by_seed"]
-    verdict = ("passed in every seed" if control and all(control) else
+    verdict = ("not run (--scalings without none)" if control is None else
+               "passed in every seed" if control and all(control) else
                f"FAILED in {len(control) - sum(control)} of {len(control)} seeds: retrieval "
                "beyond L says nothing about the scalings where the model cannot retrieve at L")
     text = (f"\n\nPasskey retrieval (experiments.passkey): share of windows whose 5-digit key "

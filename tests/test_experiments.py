@@ -390,6 +390,50 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     assert text.count("Not run yet") == 1
 
 
+def test_findings_read_the_paired_intervals_and_the_passkey_control():
+    """Results with paired intervals: GQA is an equivalence claim (within 2% of MHA's loss),
+    MQA and the stability variants sign claims, and passkey beyond L is read only when the
+    positive control passed."""
+    from experiments import run_all
+
+    def iv(mean, half):
+        return {"mean": mean, "low": mean - half, "high": mean + half, "per_seed": [mean]}
+
+    heads = {"decode_batches": [1], "results": {name: {
+        "runs": [{"eval_loss": loss}], "decode": {"batch_1": {"decode_tokens_per_s": 1.0}}}
+        for name, loss in (("MHA", 2.0), ("GQA-2", 2.01), ("GQA-4", 2.2), ("MQA", 2.05))},
+        "comparisons": {"GQA-2 - MHA": iv(0.01, 0.01), "GQA-4 - MHA": iv(0.2, 0.05),
+                        "MQA - MHA": iv(0.05, 0.01)}}
+    text = run_all.finding_attention_heads(heads)
+    assert "GQA-2 +0.010 [+0.000, +0.020] nats: as published" in text  # within +-0.040
+    assert "GQA-4 +0.200 [+0.150, +0.250] nats: unlike the paper" in text
+    assert "MQA +0.050 [+0.040, +0.060] nats: as published" in text
+    stability = {"lrs": [0.01, 0.1], "results": {name: {
+        "0.01": [{"eval_loss": 2.0, "diverged": False}],
+        "0.1": [{"eval_loss": high, "diverged": False}]} for name, high in (
+            ("baseline", 2.5), ("qk_norm", 2.2))},
+        "comparisons": {"qk_norm - baseline @ 0.1": iv(-0.3, 0.1),
+                        "qk_norm - baseline @ 0.01": iv(float("nan"), 0.0)}}
+    text = run_all.finding_attention_stability(stability)
+    assert "qk_norm at lr 0.1 -0.300 [-0.400, -0.200] nats: as published" in text
+
+    def grid(hit):
+        return {str(n): {"0.5": [hit, hit]} for n in (16, 64)}
+
+    rope = {"train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
+            "multiples": [1, 4], "passkey": {"control_passed_by_seed": [False]},
+            "results": {k: [{"zero_shot": 2.0, "fine_tuned": 2.0, "zero_shot_passkey": grid(0.0),
+                             "fine_tuned_passkey": grid(0.0)}] for k in ("none", "yarn")}}
+    text = run_all.finding_rope_extension(rope)
+    assert "Passkey retrieval is not measurable at this scale: the positive control failed " \
+        "(the unscaled model retrieves 0% of keys at its training length 16)" in text
+    rope["passkey"]["control_passed_by_seed"] = [True]
+    for runs in rope["results"].values():
+        runs[0]["zero_shot_passkey"] = runs[0]["fine_tuned_passkey"] = grid(1.0)
+    text = run_all.finding_rope_extension(rope)
+    assert "Passkey retrieval (control: 100% at L=16) at 64 tokens: none 100% zero-shot" in text
+
+
 def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
     from experiments import run_all
 

@@ -80,3 +80,7 @@ def test_mixing_keeps_the_text_and_pairs_each_key_with_its_query():
     assert all(k.isdigit() for k in keys) and keys[0::2] == keys[1::2]
     text = b"".join([parts[0], *[p[6:] for p in parts[1:]]])  # the pairs taken out again
     assert text == FILLER
+    # a "$" of the text itself is taken out: only keys and queries carry the marker
+    priced = passkey.mix_pairs(b"it costs $5 " + FILLER, np.random.default_rng(0), 20, 80, 64)
+    assert priced.startswith(b"it costs 5 ")
+    assert all(p[:5].isdigit() for p in priced.split(b"$")[1:])

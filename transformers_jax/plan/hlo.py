@@ -73,7 +73,8 @@ class Module:
     entry: str
     # the call-graph walk and the shape table, computed once: every count reads them, and a
     # parsed module is not changed afterwards
-    _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                    compare=False)
 
     @classmethod
     def parse(cls, text: str) -> Module:
