@@ -72,6 +72,25 @@ def environment() -> dict:
             "numpy": np.__version__, "platform": sys.platform}
 
 
+def write_documents(folder: str, texts) -> None:
+    """Write ``texts`` as one file each into ``folder`` (a folder ``TrainConfig.data`` reads),
+    unless it exists: written under a temporary name, then renamed, so a reader never sees it
+    half written."""
+    if os.path.isdir(folder):
+        return
+    tmp = folder + f".tmp{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    for k, text in enumerate(texts):
+        with open(os.path.join(tmp, f"{k:06d}.txt"), "wb") as f:
+            f.write(text)
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process wrote the same folder first: same contents, keep it
+        if not os.path.isdir(folder):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def make_split(spec: str | None, seed: int = 0, heldout_bytes: int = 200_000,
                max_fraction: float = 0.25) -> Split:
     """The split of ``spec`` for ``seed`` (built once, then read from ``cache_root()``)."""
@@ -122,18 +141,7 @@ def make_split(spec: str | None, seed: int = 0, heldout_bytes: int = 200_000,
     heldout = tuple(records[pieces[i][0]][pieces[i][1] : pieces[i][2]] for i in held_idx)
     folder = os.path.join(cache_root(), f"{sha[:16]}-{unit}-seed{seed}-held{int(budget)}")
     files = _train_files(records, pieces, held_mask)
-    if not os.path.isdir(folder):
-        tmp = folder + f".tmp{os.getpid()}"
-        os.makedirs(tmp, exist_ok=True)
-        for k, text in enumerate(files):
-            with open(os.path.join(tmp, f"{k:06d}.txt"), "wb") as f:
-                f.write(text)
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process wrote the same split first: same contents, keep it
-            if not os.path.isdir(folder):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+    write_documents(folder, files)
     return Split(name, sha, seed, unit, folder, heldout, len(files), sum(map(len, files)))
 
 
