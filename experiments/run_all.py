@@ -505,7 +505,12 @@ def finding_attention_prefix(out: dict) -> str:
              f"{out['task']['steps']} steps): "
              + _listing([f"{k} exact match {em[k]:.3f}, loss {loss[k]:.3f}" for k in order])
              + "."]
-    if {"prefix LM", "causal LM"} <= set(res):
+    if all(v >= 0.99 for v in em.values()):  # a ceiling ranks nothing: loss near 0 is noise
+        parts.append("Every model solves the task at this budget (exact match at least 0.99), "
+                     "so the comparison with Raffel et al. 2020 (encoder-decoder > prefix LM > "
+                     "causal LM) is inconclusive here: the task is too easy to separate them "
+                     "(--scale large trains longer strings).")
+    elif {"prefix LM", "causal LM"} <= set(res):
         better = (em["prefix LM"], -loss["prefix LM"]) > (em["causal LM"], -loss["causal LM"])
         parts.append(f"The prefix LM {'beats' if better else 'does not beat'} the causal LM "
                      f"on the same data ({'as' if better else 'unlike'} Raffel et al. 2020: "

@@ -416,6 +416,11 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
                         "qk_norm - baseline @ 0.01": iv(float("nan"), 0.0)}}
     text = run_all.finding_attention_stability(stability)
     assert "qk_norm at lr 0.1 -0.300 [-0.400, -0.200] nats: as published" in text
+    prefix = {"task": {"name": "reverse", "train_max": 12, "steps": 600}, "results": {
+        name: {"runs": [{"exact_match": 1.0, "eval_loss": loss}]} for name, loss in (
+            ("causal LM", 0.011), ("prefix LM", 0.004), ("encoder-decoder", 0.002))}}
+    text = run_all.finding_attention_prefix(prefix)
+    assert "Every model solves the task at this budget" in text and "beats" not in text
 
     def grid(hit):
         return {str(n): {"0.5": [hit, hit]} for n in (16, 64)}
