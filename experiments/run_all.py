@@ -665,8 +665,8 @@ EXPERIMENTS = (
                  finding_attention_prefix),
          Section("attention_variants_stability", "QK-norm and soft-cap under a learning-rate "
                  "sweep", finding_attention_stability)),
-        "45 text runs of 2.0M tokens (3 seeds) and 9 task runs: about 60 min on 2 quiet CPU "
-        "cores (estimated from the measured step time; resumable)",
+        "45 text runs of 2.0M tokens (3 seeds) and 9 task runs: 55 min measured on 2 CPU "
+        "cores (2026-11-30, load average about 2; resumable)",
     ),
 )
 
