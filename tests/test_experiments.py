@@ -416,6 +416,16 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
                         "qk_norm - baseline @ 0.01": iv(float("nan"), 0.0)}}
     text = run_all.finding_attention_stability(stability)
     assert "qk_norm at lr 0.1 -0.300 [-0.400, -0.200] nats: as published" in text
+    window = {"seq_len": 64, "results": {str(w): {"window": w, "full": w == 64, "runs": [
+        {"eval_loss": loss}]} for w, loss in ((4, 1.6), (16, 1.5), (64, 1.5))},
+        "comparisons": {"4 - full": iv(0.1, 0.05), "16 - full": iv(0.0, 0.02)}}
+    text = run_all.finding_attention_window(window)
+    assert "window 4 +0.100 [+0.050, +0.150] nats: as published" in text
+    assert "window 16 +0.000 [-0.020, +0.020] nats: inconclusive" in text
+    assert "falls as the window grows" not in text and "No window" not in text
+    window["comparisons"]["4 - full"] = iv(-0.004, 0.01)
+    assert "No window from 4 keys on costs a measurable loss" in \
+        run_all.finding_attention_window(window)
     prefix = {"task": {"name": "reverse", "train_max": 12, "steps": 600}, "results": {
         name: {"runs": [{"exact_match": 1.0, "eval_loss": loss}]} for name, loss in (
             ("causal LM", 0.011), ("prefix LM", 0.004), ("encoder-decoder", 0.002))}}
