@@ -416,6 +416,15 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
                         "qk_norm - baseline @ 0.01": iv(float("nan"), 0.0)}}
     text = run_all.finding_attention_stability(stability)
     assert "qk_norm at lr 0.1 -0.300 [-0.400, -0.200] nats: as published" in text
+    def copy_runs(exact_at_3):  # train_max 2: lengths 3-4 are the near test lengths
+        return [{"exact": {"1": 1.0, "2": 1.0, "3": x, "4": x / 2}} for x in exact_at_3]
+
+    synthetic = {"train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
+        "t5": copy_runs((0.9, 0.8, 0.85)), "rope": copy_runs((0.1, 0.2, 0.1)),
+        "alibi": copy_runs((0.5, 0.1, 0.9))}}}}
+    text = run_all.finding_synthetic_generalisation(synthetic)
+    assert "t5 better than rope: as published (+0.538 [" in text
+    assert "alibi better than rope: inconclusive" in text  # one seed below rope
     window = {"seq_len": 64, "results": {str(w): {"window": w, "full": w == 64, "runs": [
         {"eval_loss": loss}]} for w, loss in ((4, 1.6), (16, 1.5), (64, 1.5))},
         "comparisons": {"4 - full": iv(0.1, 0.05), "16 - full": iv(0.0, 0.02)}}
