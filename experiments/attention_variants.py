@@ -38,11 +38,11 @@ from experiments.common import (
     heldout_split,
     markdown_table,
     mean_std,
-    position_losses,
+    scored_chunks,
     trained,
     write_results,
 )
-from experiments.stats import block_means, paired_interval
+from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
 
 PARTS = ["heads", "window", "prefix", "stability"]
@@ -99,9 +99,8 @@ class _Text:
 
 def _scored(model, params, tokens: np.ndarray, seq_len: int) -> dict:
     """Held-out loss and its per-chunk means (the same chunks for every run: paired)."""
-    losses = position_losses(model, params, tokens, seq_len)
-    return {"eval_loss": float(np.nanmean(losses)),
-            "chunks": block_means(losses, CHUNK_WINDOWS * seq_len).tolist()}
+    loss, chunks = scored_chunks(model, params, tokens, seq_len, CHUNK_WINDOWS * seq_len)
+    return {"eval_loss": loss, "chunks": chunks}
 
 
 def paired(runs, base_runs) -> dict:

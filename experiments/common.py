@@ -182,6 +182,16 @@ def position_losses(model, params, tokens: np.ndarray, length: int, stride: int 
     return out
 
 
+def scored_chunks(model, params, tokens: np.ndarray, length: int,
+                  chunk: int) -> tuple[float, list[float]]:
+    """Mean held-out loss with windows of ``length`` and its means over chunks of ``chunk``
+    positions: the same chunks for every model, so runs pair (``experiments.stats``)."""
+    from experiments.stats import block_means
+
+    losses = position_losses(model, params, tokens, length)
+    return float(np.nanmean(losses)), block_means(losses, chunk).tolist()
+
+
 def unigram_loss(train_tokens: np.ndarray, eval_tokens: np.ndarray, vocab: int) -> float:
     """Cross-entropy of the held-out stream under train-split unigram frequencies (add-one):
     the baseline any language model must beat."""

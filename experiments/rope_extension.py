@@ -32,14 +32,14 @@ from experiments.common import (
     markdown_table,
     mean_std,
     plot_seeds,
-    position_losses,
     reference_lines,
+    scored_chunks,
     trained,
     trained_dir,
     write_results,
 )
 from experiments.passkey import DEPTHS, accuracy_grid, control_passed, mixed_training_data
-from experiments.stats import block_means, paired_interval
+from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.models import build_model
 from transformers_jax.registry import ROPE_SCALINGS
@@ -67,10 +67,15 @@ def rope_for(scaling: str, train_len: int) -> Rope:
     return Rope(scaling=rule.as_decoded())
 
 
-def _scored(model, params, tokens, length) -> tuple[float, list[float]]:
-    """Mean held-out loss and its per-chunk means (chunks of ``length``: pairs seeds/schemes)."""
-    losses = position_losses(model, params, tokens, length)
-    return float(np.nanmean(losses)), block_means(losses, length).tolist()
+def _scored_curve(model, params, tokens, L: int) -> tuple[dict, list[float]]:
+    """Held-out loss at each multiple of ``L`` and, at the target length FACTOR * L, its
+    per-chunk means (chunks of that length: they pair seeds and scalings). One pass each."""
+    curve, chunks = {}, []
+    for m in MULTIPLES:
+        curve[m], blocks = scored_chunks(model, params, tokens, m * L, m * L)
+        if m == FACTOR:
+            chunks = blocks
+    return curve, chunks
 
 
 def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
@@ -96,8 +101,8 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
         for scaling in scalings:
             cfg = base_cfg.replace(position=rope_for(scaling, L), vocab_size=tokenizer.vocab_size)
             zs_model = build_model(cfg)
-            zero_shot, zs_blocks = _scored(zs_model, params, tokens, FACTOR * L)
-            zs_curve = {m: eval_loss(zs_model, params, tokens, m * L) for m in MULTIPLES}
+            zs_curve, zs_blocks = _scored_curve(zs_model, params, tokens, L)
+            zero_shot = zs_curve[FACTOR]
             zs_keys = accuracy_grid(zs_model, params, heldout_text, tokenizer, lengths, per_cell)
             tune = train_cfg.replace(steps=tune_steps, seq_len=FACTOR * L,
                                      batch_size=max(train_fields["batch_size"] // FACTOR, 1),
@@ -105,8 +110,8 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
                                      learning_rate=train_cfg.learning_rate / 4,
                                      eval_every=tune_steps)
             model, tuned, _, _ = trained("rope_extension", cfg, tune)
-            tuned_loss, ft_blocks = _scored(model, tuned, tokens, FACTOR * L)
-            ft_curve = {m: eval_loss(model, tuned, tokens, m * L) for m in MULTIPLES}
+            ft_curve, ft_blocks = _scored_curve(model, tuned, tokens, L)
+            tuned_loss = ft_curve[FACTOR]
             ft_keys = accuracy_grid(model, tuned, heldout_text, tokenizer, lengths, per_cell)
             results.setdefault(scaling, []).append({
                 "zero_shot": zero_shot, "fine_tuned": tuned_loss,
