@@ -61,8 +61,7 @@ def _paired(comparisons: dict, key: str, published_sign: int) -> str | None:
         return None
     if math.isnan(iv["mean"]):
         return "n/a (a run diverged or was not scored)"
-    interval = Interval(iv["mean"], iv["low"], iv["high"], tuple(iv.get("per_seed", ())),
-                        iv.get("method", ""))
+    interval = Interval.from_dict(iv)
     return f"{interval} nats: {verdict(interval, published_sign)}"
 
 
@@ -212,8 +211,7 @@ def finding_rope_extension(out: dict) -> str:
         found = out.get("comparisons", {}).get(key)
         if found is None:
             continue
-        interval = Interval(found["mean"], found["low"], found["high"],
-                            tuple(found.get("per_seed", ())), found.get("method", ""))
+        interval = Interval.from_dict(found)
         checks.append(f"{claim}: {verdict(interval, -1)} ({interval} nats)")
     if checks:
         parts.append("Against Chen et al. / Peng et al. 2023: " + "; ".join(checks) + ".")

@@ -43,6 +43,12 @@ class Interval:
     def excludes_zero(self) -> bool:
         return self.low > 0 or self.high < 0
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Interval:
+        """The interval ``as_dict`` stored (older results lack ``per_seed`` and ``method``)."""
+        return cls(d["mean"], d["low"], d["high"], tuple(d.get("per_seed", ())),
+                   d.get("method", ""))
+
     def as_dict(self) -> dict:
         return {"mean": self.mean, "low": self.low, "high": self.high,
                 "per_seed": list(self.per_seed), "method": self.method}
