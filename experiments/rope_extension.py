@@ -45,6 +45,9 @@ from transformers_jax.models import build_model
 from transformers_jax.registry import ROPE_SCALINGS
 
 SCALINGS = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3"]
+# after the fine-tune every rule is read against position interpolation (Chen et al. 2023), the
+# method NTK-aware scaling and YaRN are published against
+FINE_TUNED_REFERENCE = "linear"
 FACTOR = 4
 MULTIPLES = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths
 
@@ -58,6 +61,15 @@ SCALES = {
     "large": (dict(d_model=512, n_layers=8, n_heads=8), dict(steps=5000, batch_size=64,
               seq_len=256), 400, 400_000, 50),
 }
+
+
+def references(scalings) -> dict[str, str | None]:
+    """The scaling each phase is compared with: zero-shot, the one that leaves the model as
+    trained (also the passkey positive control); after the fine-tune, position interpolation.
+    None where that scaling is not among ``scalings``."""
+    as_trained = [s for s in scalings if not ROPE_SCALINGS.get(s).extends_context]
+    return {"zero_shot": as_trained[0] if as_trained else None,
+            "fine_tuned": FINE_TUNED_REFERENCE if FINE_TUNED_REFERENCE in scalings else None}
 
 
 def rope_for(scaling: str, train_len: int) -> Rope:
@@ -123,16 +135,18 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
                   + " ".join(f"{passkey_accuracy(zs_keys, n):.2f}" for n in lengths)
                   + ", fine-tuned "
                   + " ".join(f"{passkey_accuracy(ft_keys, n):.2f}" for n in lengths), flush=True)
-    # the positive control: the unscaled model retrieves at its training length
-    control = ([control_passed(r["zero_shot_passkey"], L) for r in results["none"]]
-               if "none" in results else None)  # None: not run (--scalings without none)
+    # the positive control: the model as trained retrieves at its training length
+    refs = references(scalings)
+    control = ([control_passed(r["zero_shot_passkey"], L) for r in results[refs["zero_shot"]]]
+               if refs["zero_shot"] else None)  # None: not run (--scalings without it)
     return {"scale": scale, "seeds": seeds, "train_len": L, "eval_len": FACTOR * L,
             "factor": FACTOR, "multiples": list(MULTIPLES), "fine_tune_steps": tune_steps,
             "loss_at_train_len": baseline_1x,
             "passkey": {**passkey_meta, "windows_per_cell": per_cell,
                         "control_passed_by_seed": control},
             "data": split.meta(), "heldout_tokens": int(tokens.size), "baselines": base,
-            "results": results, "comparisons": comparisons(results, lengths)}
+            "references": refs, "results": results,
+            "comparisons": comparisons(results, refs, lengths)}
 
 
 def passkey_accuracy(grid: dict, length: int) -> float:
@@ -145,13 +159,13 @@ def _passkey_hits(run: dict, when: str, length: int) -> np.ndarray:
     return np.concatenate([np.asarray(h) for h in run[f"{when}_passkey"][str(length)].values()])
 
 
-def comparisons(results: dict, lengths=()) -> dict:
-    """Paired 95% intervals (``experiments.stats``) of each scaling against no scaling
-    (zero-shot) and against PI (after the fine-tune), seed i paired with seed i: held-out loss
-    at the target length (chunks paired) and passkey accuracy at each length (windows
-    paired)."""
+def comparisons(results: dict, refs: dict, lengths=()) -> dict:
+    """Paired 95% intervals (``experiments.stats``) of each scaling against each phase's
+    reference (``references``: no scaling zero-shot, PI after the fine-tune), seed i paired
+    with seed i: held-out loss at the target length (chunks paired) and passkey accuracy at
+    each length (windows paired)."""
     out = {}
-    for when, reference in (("zero_shot", "none"), ("fine_tuned", "linear")):
+    for when, reference in refs.items():
         if reference not in results:
             continue
         ref = np.array([r[f"{when}_blocks"] for r in results[reference]])
@@ -277,7 +291,7 @@ def passkey_table(out: dict) -> str:
     keyed = {k: v for k, v in out.get("comparisons", {}).items() if k.startswith("passkey")}
     if keyed:
         rows = []
-        for when, ref in (("zero_shot", "none"), ("fine_tuned", "linear")):
+        for when, ref in out["references"].items():
             for name in out["results"]:
                 ivs = [keyed.get(f"passkey {when} @ {n}: {name} - {ref}") for n in lengths]
                 if any(ivs):

@@ -48,6 +48,13 @@ def _mean(values) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
+def _family(name: str):
+    """The registry entry of a model family (what a finding asks of it, never its name)."""
+    from transformers_jax.registry import FAMILIES
+
+    return FAMILIES.get(name)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%" if abs(x) < 0.1 else f"{100 * x:+.0f}%"
 
@@ -176,9 +183,12 @@ def finding_rope_extension(out: dict) -> str:
     base = _mean(out["loss_at_train_len"])
     L, E = out["train_len"], out["eval_len"]
     parts = [f"At its training length {L} the RoPE model scores {base:.3f} nats/token."]
-    if "none" in zs:
-        parts.append(f"Unscaled at {E} tokens it scores {zs['none']:.3f} "
-                     f"({_pct(zs['none'] / base - 1)}).")
+    # the conditions each phase is read against (rope_extension.references)
+    refs = out.get("references") or {}
+    none, pi = refs.get("zero_shot"), refs.get("fine_tuned")
+    if none in zs:
+        parts.append(f"Unscaled at {E} tokens it scores {zs[none]:.3f} "
+                     f"({_pct(zs[none] / base - 1)}).")
     order = sorted(zs, key=zs.get)
     parts.append("Zero-shot ranking at " + str(E) + " tokens: "
                  + _listing([f"{k} {zs[k]:.3f}" for k in order]) + ".")
@@ -188,13 +198,13 @@ def finding_rope_extension(out: dict) -> str:
                  + _listing([f"{k} {ft[k]:.3f}" for k in ft_order])
                  + f" (spread {spread:.3f} nats).")
     checks = []
-    if {"none", "linear"} <= set(zs):
-        ok = zs["linear"] < zs["none"]
+    if none in zs and pi in zs:
+        ok = zs[pi] < zs[none]
         checks.append(f"PI zero-shot {'beats' if ok else 'does not beat'} no scaling"
                       + ("" if ok else " (PI is published as needing its fine-tune)"))
-    if "none" in zs and zs["none"] / base - 1 < 0.25:
+    if none in zs and zs[none] / base - 1 < 0.25:
         checks.append(f"unlike the papers' blow-up, unscaled RoPE loses only "
-                      f"{_pct(zs['none'] / base - 1)} at {E // L}x here: a small model trained "
+                      f"{_pct(zs[none] / base - 1)} at {E // L}x here: a small model trained "
                       f"at {L} tokens attends mostly locally, leaving the scalings little to fix")
     if spread > 0.05 and ft_order[-1] in zs:
         checks.append(f"after fine-tuning the scalings are not all close ({ft_order[-1]} "
@@ -204,9 +214,9 @@ def finding_rope_extension(out: dict) -> str:
     # rules and YaRN better than no scaling zero-shot, and YaRN better than PI after tuning
     from experiments.stats import Interval, verdict
 
-    for key, claim in [(f"zero_shot: {k} - none", f"{k} zero-shot better than no scaling")
+    for key, claim in [(f"zero_shot: {k} - {none}", f"{k} zero-shot better than no scaling")
                        for k in ("ntk", "dynamic_ntk", "yarn", "llama3")] + [
-                          ("fine_tuned: yarn - linear", "YaRN better than PI after the "
+                          (f"fine_tuned: yarn - {pi}", "YaRN better than PI after the "
                            "fine-tune")]:
         found = out.get("comparisons", {}).get(key)
         if found is None:
@@ -226,9 +236,11 @@ def _passkey_finding(out: dict) -> str:
 
     L, E = out["train_len"], out["eval_len"]
     control = out["passkey"]["control_passed_by_seed"]
-    if not control or "none" not in out["results"]:
+    as_trained = (out.get("references") or {}).get("zero_shot")
+    if not control or as_trained not in out["results"]:
         return "Passkey retrieval: the positive control (no scaling at L) was not run."
-    at_L = _mean(passkey_accuracy(r["zero_shot_passkey"], L) for r in out["results"]["none"])
+    at_L = _mean(passkey_accuracy(r["zero_shot_passkey"], L)
+                 for r in out["results"][as_trained])
     if not all(control):
         return (f"Passkey retrieval is not measurable at this scale: the positive control "
                 f"failed (the unscaled model retrieves {100 * at_L:.0f}% of keys at its "
@@ -302,19 +314,23 @@ def finding_context_usage(out: dict) -> str:
                          "boundary: no evidence that order is used")
         parts.append(f"{family}: {uses}; {order_txt}; at the smallest boundary b={valid[0]} "
                      f"truncation costs {_pct(trunc[valid[0]])}.")
-    if {"gpt", "lstm"} <= set(reach):
+    recurrent = [f for f in reach if _family(f).recurrent]
+    attending = [f for f in reach if not _family(f).recurrent]
+    if recurrent and attending:
+        tf, rnn = attending[0], recurrent[0]
+
         def farthest(family):
             return (f"beyond b={reach[family]}" if reach[family]
                     else f"not even beyond b={bounds[0]}")
 
-        more = reach["gpt"] > reach["lstm"]
+        more = reach[tf] > reach[rnn]
         parts.append(
             f"The transformer uses {'more' if more else 'no more'} distant context than the "
-            f"LSTM (truncation costs over 1%: transformer {farthest('gpt')}, LSTM "
-            f"{farthest('lstm')}){', as expected' if more else ', unlike the expectation'}.")
-        if reach["lstm"] < 150:
-            nxt = min((b for b in bounds if b > reach["lstm"]), default=bounds[-1])
-            span = (f"stops using context within {reach['lstm']}-{nxt} {unit}" if reach["lstm"]
+            f"LSTM (truncation costs over 1%: transformer {farthest(tf)}, LSTM "
+            f"{farthest(rnn)}){', as expected' if more else ', unlike the expectation'}.")
+        if reach[rnn] < 150:
+            nxt = min((b for b in bounds if b > reach[rnn]), default=bounds[-1])
+            span = (f"stops using context within {reach[rnn]}-{nxt} {unit}" if reach[rnn]
                     else f"changes by under 1% even when everything beyond b={bounds[0]} is cut")
             parts.append(
                 f"Unlike Khandelwal et al.'s LSTM (about 1% change only beyond 150-250 tokens), "
@@ -332,7 +348,8 @@ def _exact_match_interval(out: dict, a: str, b: str, L: int, hi: int):
     from experiments.stats import paired_interval
 
     rows: dict[int, list[float]] = {}
-    for schemes in out["results"].get("gpt", {}).values():
+    decoder_only = [f for f in out["results"] if not _family(f).cross_attention]
+    for schemes in (out["results"][decoder_only[0]] if decoder_only else {}).values():
         runs_a, runs_b = schemes.get(a), schemes.get(b)
         if not runs_a or not runs_b or len(runs_a) != len(runs_b):
             return None
@@ -368,13 +385,14 @@ def finding_synthetic_generalisation(out: dict) -> str:
     decoder_gen: dict = {}  # scheme -> near-OOD exact match per decoder-only task
     decoder_fit: dict = {}  # scheme -> in-distribution exact match per decoder-only task
     for family, tasks in bin_means(out).items():
-        label = "decoder-only" if family == "gpt" else "encoder-decoder"
+        encdec = _family(family).cross_attention
+        label = "encoder-decoder" if encdec else "decoder-only"
         for task, schemes in tasks.items():
             ind = {s: v[train_bin] for s, v in schemes.items()}
             gen = {s: _mean(v[b] for b in near) for s, v in schemes.items()
                    if not math.isnan(_mean(v[b] for b in near))}
             first = {s: v[ood[0]] for s, v in schemes.items() if not math.isnan(v[ood[0]])}
-            if family == "gpt":
+            if not encdec:
                 for scheme in gen:
                     decoder_gen.setdefault(scheme, []).append(gen[scheme])
                 for scheme in ind:

@@ -38,8 +38,9 @@ from experiments.common import (
 )
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.pipeline import make_task_iterator
-from transformers_jax.data.synthetic import exact_match, get_task
-from transformers_jax.train.objectives import ENCDEC_INPUTS, GPT_INPUTS, apply_model
+from transformers_jax.data.synthetic import FORMATS, exact_match, get_task
+from transformers_jax.registry import FAMILIES
+from transformers_jax.train.objectives import apply_model, objective_for
 
 SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "fire"]
 TASKS = ["copy", "reverse", "addition"]
@@ -70,18 +71,25 @@ SCALES = {
 }
 
 
+def family_mask(family: str, mask: str) -> str:
+    """``mask`` for a decoder-only family (the prefix-LM ablation); an encoder-decoder keeps
+    its decoder's own mask (its encoder already sees the whole prompt)."""
+    entry = FAMILIES.get(family)
+    return entry.default_mask if entry.cross_attention else mask
+
+
 def sequence_lengths(task: str, family: str, n: int) -> int:
     """Tokens a row needs for task length ``n`` (byte tokenizer: one token per character):
     decoder ``[bos] prompt [sep] answer [eos]`` less one; encoder-decoder ``max(prompt, answer)
     + eos`` (the training loop uses one length for both sides)."""
     prompt, answer = get_task(task).max_chars(n)
-    return prompt + answer + 2 if family == "gpt" else max(prompt, answer) + 1
+    return max(FORMATS[FAMILIES.get(family).tasks].row_lengths(prompt, answer).values())
 
 
 def eval_batches(task: str, family: str, tokenizer, lengths, seq_len: int, per_length: int,
                  prefix: bool) -> dict:
     """``per_length`` held-out examples at each length, as one padded batch of ``seq_len``."""
-    fmt = "encdec" if family == "encdec" else "decoder"
+    fmt = FAMILIES.get(family).tasks
     rows = []
     for n in lengths:
         it = make_task_iterator(task, tokenizer, seq_len, per_length, EVAL_SEED, split="test",
@@ -94,7 +102,7 @@ def eval_batches(task: str, family: str, tokenizer, lengths, seq_len: int, per_l
 def accuracy_of(model, params, batch: dict, family: str) -> tuple[dict, dict]:
     """Exact match (teacher-forced argmax over answer + eos == greedy decoding) and answer-token
     accuracy, per task length."""
-    keys = ENCDEC_INPUTS if family == "encdec" else GPT_INPUTS
+    keys = objective_for(family).input_keys
     inputs = {k: v for k, v in batch.items() if k in (*keys, "inputs")}
     logits = jax.jit(lambda p, b: apply_model(model, p, b, keys))(params, inputs)
     predictions = np.asarray(np.argmax(logits, axis=-1))
@@ -128,7 +136,7 @@ def run(scale: str, seeds: int | None = None, tasks=None, schemes=None, families
                 for seed in range(seeds):
                     position = position_for(scheme, train_len, test_len)
                     model_cfg = ModelConfig(family=family, position=position, max_len=train_len,
-                                            mask=mask if family == "gpt" else "causal",
+                                            mask=family_mask(family, mask),
                                             **cfg["model"])
                     steps = cfg["train"]["steps"]
                     train_cfg = TrainConfig(task=task, train_lengths=(1, L),
@@ -237,8 +245,8 @@ def report(out: dict) -> None:
     fmt = lambda x: "n/a (beyond table)" if math.isnan(x) else f"{x:.2f}"
     tables = []
     for family, tasks in means.items():
-        label = (f"decoder-only (gpt, mask={out['mask']})" if family == "gpt"
-                 else "encoder-decoder")
+        label = ("encoder-decoder" if FAMILIES.get(family).cross_attention
+                 else f"decoder-only ({family}, mask={out['mask']})")
         for task, schemes in tasks.items():
             rows = [[scheme, *[fmt(v[b]) for b in names], fmt(tokens[family][task][scheme])]
                     for scheme, v in schemes.items()]

@@ -124,6 +124,9 @@ def test_rope_extension_tiny(results_dir):
                          "none,yarn,dynamic_ntk"])
     out = json.loads((results_dir / "rope_extension_tiny.json").read_text())
     assert set(out["results"]) == {"none", "yarn", "dynamic_ntk"}
+    # zero-shot reference: the rule that leaves the model as trained; no PI, no tuned one
+    assert out["references"] == {"zero_shot": "none", "fine_tuned": None}
+    assert "zero_shot: yarn - none" in out["comparisons"]
     zero_shot = {k: v[0]["zero_shot"] for k, v in out["results"].items()}
     assert zero_shot["none"] != zero_shot["yarn"]  # the scaling changes the numbers
     for runs in out["results"].values():  # loss from 1x to 16x the training length
@@ -297,6 +300,7 @@ def _fake_results(folder):
                                                          "high": -0.4}}]},
         "rope_extension_default": {
             "train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
+            "references": {"zero_shot": "none", "fine_tuned": "linear"},
             "results": {k: [{"zero_shot": z, "fine_tuned": f}] for k, z, f in (
                 ("none", 4.0, 2.5), ("linear", 3.0, 2.2), ("yarn", 2.4, 2.1))},
             "comparisons": {  # paired intervals: one excludes zero, one does not
@@ -446,6 +450,7 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
 
     rope = {"train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
             "multiples": [1, 4], "passkey": {"control_passed_by_seed": [False]},
+            "references": {"zero_shot": "none", "fine_tuned": None},
             "results": {k: [{"zero_shot": 2.0, "fine_tuned": 2.0, "zero_shot_passkey": grid(0.0),
                              "fine_tuned_passkey": grid(0.0)}] for k in ("none", "yarn")}}
     text = run_all.finding_rope_extension(rope)

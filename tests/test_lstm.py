@@ -3,10 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from transformers_jax import ModelConfig, TrainConfig, build_model
 from transformers_jax.data.corpus import default_corpus
 from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.registry import FAMILIES
 from transformers_jax.train.optim import make_optimizer
 from transformers_jax.train.step import init_state, make_train_step
 
@@ -19,6 +21,19 @@ def test_lstm_is_causal():
     delta = jnp.abs(model.apply(variables, tokens) - model.apply(variables, changed)).max((0, 2))
     assert float(delta[:6].max()) == 0.0  # earlier outputs never see a later token
     assert float(delta[6:].min()) > 0.0  # later outputs do
+
+
+@pytest.mark.parametrize("family", FAMILIES.names())
+def test_recurrent_families_are_the_ones_without_attention(family):
+    """``Family.recurrent`` (how experiments tell the recurrent baseline from the transformers)
+    holds exactly for the families whose parameters hold no attention."""
+    cfg = ModelConfig(family=family, vocab_size=64, d_model=32, n_layers=1, n_heads=2)
+    entry = FAMILIES.get(family)
+    tokens, kwargs = entry.example_inputs(cfg)
+    params = entry.build(cfg).init(jax.random.key(0), tokens, **kwargs)["params"]
+    paths = ["/".join(str(getattr(k, "key", k)) for k in path)
+             for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    assert entry.recurrent == (not any("attention" in p for p in paths)), paths
 
 
 def test_lstm_uses_context_within_a_short_default_run():

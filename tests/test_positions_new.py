@@ -384,3 +384,16 @@ def test_every_rope_scaling_extends_and_says_how_it_decodes(scaling):
     assert config.position.scaling == rule and rule.name == scaling
     if rule.uses_length:  # the base follows each token's own length, as when decoding
         assert rule.length == "position"
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS.names())
+def test_extends_context_says_whether_the_frequencies_change(scaling):
+    """``extends_context`` (how rope_extension finds its zero-shot reference and passkey
+    control): False exactly when the rule, set to extend a model x4, still computes plain
+    RoPE's frequencies at 4x the trained length."""
+    from transformers_jax.nn.positions.rope_scaling import default_inv_freq
+
+    rule = ROPE_SCALINGS.get(scaling).extending(4.0, 16)
+    inv_freq, factor = rule.inv_freq(10000.0, 32, seq_len=64)
+    plain = np.allclose(np.asarray(inv_freq), default_inv_freq(10000.0, 32), rtol=1e-6)
+    assert rule.extends_context == (not (plain and factor == 1.0)), scaling

@@ -566,11 +566,7 @@ def make_task_iterator(
         seed=seed,
     )
     prompt_chars, answer_chars = source.max_chars()
-    need = (
-        {"inputs": prompt_chars + answer_chars + 2}
-        if fmt == "decoder"
-        else {"encoder_inputs": prompt_chars + 1, "inputs": answer_chars + 1}
-    )
+    need = FORMATS[fmt].row_lengths(prompt_chars, answer_chars)
     have = {"inputs": seq_len, "encoder_inputs": encoder_len}
     for key, n in need.items():
         if n > have[key]:
@@ -581,7 +577,7 @@ def make_task_iterator(
             )
     if num_epochs is None and split == "test":
         num_epochs = 1
-    fmt_fn = FORMATS[fmt]
+    fmt_fn = FORMATS[fmt].example
     drop = () if prefix else ("prefix_len",)
     ds = grain.MapDataset.source(source)
     if count > 1:

@@ -256,7 +256,23 @@ def encdec_example(example: dict, tokenizer) -> dict:
     }
 
 
-FORMATS = {"decoder": decoder_example, "encdec": encdec_example}
+@dataclasses.dataclass(frozen=True)
+class TaskFormat:
+    """How a task example becomes a row: ``example(example, tokenizer)`` the unpadded arrays;
+    ``row_lengths(prompt_chars, answer_chars)`` the tokens each padded input needs (byte
+    tokens: one per character)."""
+
+    example: Callable[[dict, object], dict]
+    row_lengths: Callable[[int, int], dict[str, int]]
+
+
+FORMATS = {
+    # [bos] prompt [sep] answer, predicting one on (the eos is only a target)
+    "decoder": TaskFormat(decoder_example, lambda p, a: {"inputs": p + a + 2}),
+    # encoder prompt [eos]; decoder [bos] answer
+    "encdec": TaskFormat(encdec_example,
+                         lambda p, a: {"encoder_inputs": p + 1, "inputs": a + 1}),
+}
 
 
 # ----------------------------------------------------------------------------- evaluation

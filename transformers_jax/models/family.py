@@ -29,7 +29,8 @@ class Family:
     writes from ``bos``) or None. ``tasks``: the synthetic-task layout it trains on
     (``"decoder"``, ``"encdec"``) or None when it trains on text only; ``needs_task``: it
     trains on tasks only. ``masked_lm``: its text batches are corrupted for masked-LM.
-    ``fills_masks``: ``tjax fill-mask`` works on it.
+    ``fills_masks``: ``tjax fill-mask`` works on it. ``recurrent``: it reads its context
+    through a recurrent state, not attention (no attention, mask or position switch applies).
     """
 
     module: type[nn.Module]
@@ -41,6 +42,7 @@ class Family:
     masked_lm: bool = False
     fills_masks: bool = False
     cross_attention: bool = False  # a decoder stack that reads an encoder (FLOPs, layers)
+    recurrent: bool = False
 
     def build(self, config: ModelConfig) -> nn.Module:
         return self.module(config)

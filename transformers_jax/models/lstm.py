@@ -58,4 +58,4 @@ class LSTMFamily(Family):
 
 
 # The recurrent baseline of the context-usage experiment.
-FAMILIES.add("lstm", LSTMFamily(LSTMLM, objective="lm"))
+FAMILIES.add("lstm", LSTMFamily(LSTMLM, objective="lm", recurrent=True))

@@ -41,6 +41,9 @@ class RopeScaling(Switch):
 
     hf_rope_type: ClassVar[str | None] = None
     uses_length: ClassVar[bool] = False  # inv_freq depends on the current length (traced)
+    # it changes the frequencies to reach past the trained context (False: the model runs as
+    # trained, the reference an extension is measured against)
+    extends_context: ClassVar[bool] = False
 
     def inv_freq(self, base: float, rotary_dim: int,
                  seq_len: int | jax.Array | None = None) -> tuple[jax.Array, float]:
@@ -85,6 +88,7 @@ class NoScaling(RopeScaling):
 class Extension(RopeScaling):
     """A rule that extends the context by ``factor`` from ``original_max_len``."""
 
+    extends_context: ClassVar[bool] = True
     factor: float | None = None  # s > 1
     original_max_len: int = 2048  # L0: the context the model was trained at
 
