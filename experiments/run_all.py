@@ -653,8 +653,9 @@ EXPERIMENTS = (
         "/ 21.37 / 35.54 / 79.25, T5 bias 19.65 / 18.79 / 22.91 / OOM, ALiBi 19.73 / 18.73 / "
         "18.40 / 18.31. ALiBi stays flat, T5 close, rotary and sinusoidal degrade.",
         (Section("length_extrapolation", None, finding_length_extrapolation),),
-        "36 runs of 3.1M tokens: about 3 hours on 2 quiet CPU cores, up to 10 under load "
-        "(0.10-0.33 s per 1024-token step measured), resumable; --train-lens 64 takes a third",
+        "36 runs of 3.1M tokens: 131 min measured on 2 CPU cores (2026-12-01; the test suite "
+        "ran beside the first 55 min; about 150-210 s per run quiet, so about 1.8 hours), "
+        "resumable; --train-lens 64 takes a third",
     ),
     Experiment(
         "rope_extension", "RoPE context extension",
