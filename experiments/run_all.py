@@ -183,8 +183,10 @@ def finding_rope_extension(out: dict) -> str:
     base = _mean(out["loss_at_train_len"])
     L, E = out["train_len"], out["eval_len"]
     parts = [f"At its training length {L} the RoPE model scores {base:.3f} nats/token."]
-    # the conditions each phase is read against (rope_extension.references)
-    refs = out.get("references") or {}
+    # the conditions each phase is read against (stored since they were; else the same rule)
+    from experiments.rope_extension import references
+
+    refs = out.get("references") or references(list(res))
     none, pi = refs.get("zero_shot"), refs.get("fine_tuned")
     if none in zs:
         parts.append(f"Unscaled at {E} tokens it scores {zs[none]:.3f} "
@@ -232,11 +234,11 @@ def finding_rope_extension(out: dict) -> str:
 
 def _passkey_finding(out: dict) -> str:
     """Passkey retrieval, read only where the positive control (retrieval at L) passes."""
-    from experiments.rope_extension import passkey_accuracy
+    from experiments.rope_extension import passkey_accuracy, references
 
     L, E = out["train_len"], out["eval_len"]
     control = out["passkey"]["control_passed_by_seed"]
-    as_trained = (out.get("references") or {}).get("zero_shot")
+    as_trained = (out.get("references") or references(list(out["results"])))["zero_shot"]
     if not control or as_trained not in out["results"]:
         return "Passkey retrieval: the positive control (no scaling at L) was not run."
     at_L = _mean(passkey_accuracy(r["zero_shot_passkey"], L)
