@@ -16,12 +16,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "experiments", "quickstart.ipynb")
 
 
-def test_notebook_has_a_parameters_cell_and_no_stored_outputs():
+def test_notebook_is_committed_with_the_outputs_of_a_real_run():
+    """What a reader sees on GitHub or Colab before running anything: every cell's outputs
+    from one full-size run (not TINY), in order, without errors."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and "TINY" in tagged[0].source
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    counts = [c.get("execution_count") for c in code]
+    assert counts == list(range(1, len(code) + 1)), counts  # one run, top to bottom
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    text = "".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
+                   for o in outputs)
+    assert "backend:" in text and "The for statement" in text
+    assert "'steps': 600" in text  # the full-size training cell, not TINY's 20 steps
+    assert "python -m experiments.length_extrapolation --scale default" in text
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 2  # the training curves and the ablation's plot
 
 
 @pytest.mark.slow
