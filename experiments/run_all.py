@@ -93,8 +93,9 @@ def _listing(items: list[str]) -> str:
 
 
 def finding_length_extrapolation(out: dict) -> str:
-    if "train_lens" not in out:
-        return _finding_length_extrapolation_v1(out)
+    if "train_lens" not in out:  # one training length, no intervals: nothing to read safely
+        return ("These results predate the training-length sweep and its paired intervals: "
+                "re-run python -m experiments.length_extrapolation.")
     base = out["baselines"]
     far_m = out["multiples"][-1]
     parts = []
@@ -122,57 +123,6 @@ def finding_length_extrapolation(out: dict) -> str:
                      + (f"{_listing(beat['4-gram'])} also the 4-gram ({base['4-gram']:.3f})."
                         if beat["4-gram"] else f"none beats the 4-gram ({base['4-gram']:.3f})."))
         parts.append(text)
-    return " ".join(parts)
-
-
-def _finding_length_extrapolation_v1(out: dict) -> str:
-    """Results written before the training-length sweep (one L, no intervals)."""
-    L, lengths = out["train_len"], [int(n) for n in out["lengths"]]
-    far = lengths[-1]
-    loss = {}  # scheme -> mode -> length -> mean loss
-    for scheme, runs in out["results"].items():
-        for mode in ("flat", "sliding"):
-            loss.setdefault(scheme, {})[mode] = {
-                n: _mean(r[mode][str(n)] if str(n) in r[mode] else r[mode][n] for r in runs)
-                for n in lengths}
-    change = {m: {s: v[m][far] / v[m][L] - 1 for s, v in loss.items()
-                  if not math.isnan(v[m][far])} for m in ("flat", "sliding")}
-    parts = []
-    for mode, label in (("sliding", "sliding-window"), ("flat", "non-overlapping")):
-        ranked = sorted(change[mode], key=change[mode].get)
-        parts.append(f"With {label} evaluation, held-out loss at {far} tokens ({far // L}x) "
-                     "against the training length changes by "
-                     + _listing([f"{s} {_pct(change[mode][s])}" for s in ranked]) + ".")
-    sliding = change["sliding"]
-    best = min(sliding, key=sliding.get)
-    worst = max(sliding, key=sliding.get)
-    parts.append(f"Best extrapolator here: {best}; worst: {worst}.")
-    checks = []
-    if "alibi" in sliding:
-        for other in ("rope", "sinusoidal"):
-            if other in sliding:
-                ok = sliding["alibi"] <= sliding[other]
-                checks.append(f"ALiBi degrades {'less' if ok else 'more'} than {other}"
-                              f" ({'as' if ok else 'unlike the'} published)")
-    if "t5" in sliding and "sinusoidal" in sliding:
-        ok = sliding["t5"] <= sliding["sinusoidal"]
-        checks.append(f"T5 bias {'less' if ok else 'more'} than sinusoidal "
-                      f"({'as' if ok else 'unlike the'} published)")
-    if "rope" in sliding and "sinusoidal" in sliding:  # published: sinusoidal far worse
-        ok = sliding["rope"] <= sliding["sinusoidal"]
-        why = "" if ok else f": at {far // L}x a short context, not the paper's 30x"
-        checks.append(f"rotary degrades {'less' if ok else 'more'} than sinusoidal "
-                      f"({'as' if ok else 'unlike the'} published{why})")
-    if checks:
-        parts.append("Against Press et al. 2022: " + "; ".join(checks) + ".")
-    if "learned" in out["results"]:
-        parts.append("The learned table has no rows past the training length (n/a).")
-    base = out.get("unigram_loss")
-    if base is not None:
-        bad = [s for s, v in loss.items() if not v["flat"][L] < base]
-        if bad:
-            parts.append(f"Warning: {_listing(bad)} do not beat the unigram baseline "
-                         f"({base:.3f}) at the training length.")
     return " ".join(parts)
 
 

@@ -465,6 +465,17 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
     assert "Passkey retrieval (control: 100% at L=16) at 64 tokens: none 100% zero-shot" in text
 
 
+def test_length_finding_refuses_results_without_the_sweep():
+    """Results of one training length without intervals are not read by threshold rules: the
+    finding asks for a re-run."""
+    from experiments import run_all
+
+    old = {"train_len": 64, "lengths": [64, 512], "unigram_loss": 3.2,
+           "results": {"alibi": [{"flat": {"64": 2.0, "512": 2.0}, "sliding": {}}]}}
+    assert "re-run python -m experiments.length_extrapolation" in \
+        run_all.finding_length_extrapolation(old)
+
+
 def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
     from experiments import run_all
 
