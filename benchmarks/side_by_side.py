@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int,
                         help="torch.set_num_threads in the torch workers (default: torch's own)")
+    parser.add_argument("--torch-keep-freed-memory", action="store_true",
+                        help="give the torch workers the malloc setting tjax uses for itself "
+                        "(transformers_jax/host_memory.py; default: the system's)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check", action="store_true",
@@ -301,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                 script, extra = CONTENDERS[name]
                 threads = (["--threads", str(args.torch_threads)]
                            if args.torch_threads and script == "side_by_side_torch.py" else [])
+                threads += (["--keep-freed-memory"] if args.torch_keep_freed_memory
+                            and script == "side_by_side_torch.py" else [])
                 runs[name].append(run_worker(script, [*extra, *common, *threads], log,
                                              args.timeout))
     first = {name: rs[0] for name, rs in runs.items()}

@@ -41,6 +41,7 @@ from side_by_side_shared import (
     time_decoding,
 )
 
+from transformers_jax import host_memory
 from transformers_jax.config import TrainConfig
 
 
@@ -228,6 +229,7 @@ def run(args) -> int:
     plan, arrays = read_plan(args.dir)
     config, params = load_converted(args.dir, args.attention, args.chunk)
     result = {"contender": f"jax_{args.dtype}", "library": "transformers_jax",
+              "host_malloc": host_memory.status(),  # set as tjax sets it: see main()
               "attention": {"implementation": args.attention, "chunk": args.chunk},
               "dtype": args.dtype, "timed": not args.check}
     if not args.no_train:
@@ -263,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--chunk", type=int, default=64)
     add_run_options(r)
     args = parser.parse_args(argv)
+    if args.command == "run":  # as every tjax command runs
+        host_memory.relaunch_keeping_freed_memory()
     return prepare(args) if args.command == "prepare" else run(args)
 
 

@@ -67,6 +67,20 @@ def process_facts() -> dict:
     }
 
 
+def keep_freed_memory() -> str:
+    """``transformers_jax.host_memory.keep_freed_memory`` loaded by file path: a torch worker
+    may not import the package (its ``__init__`` imports jax), yet must get the same setting
+    when asked for it (``--keep-freed-memory``)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "transformers_jax", "host_memory.py")
+    spec = importlib.util.spec_from_file_location("tjax_host_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.keep_freed_memory()
+
+
 def forbidden_imports(library: str) -> bool:
     """Whether ``library`` (jax or torch) was imported into this process."""
     return library in sys.modules

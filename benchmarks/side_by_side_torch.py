@@ -26,6 +26,7 @@ from side_by_side_shared import (
     add_run_options,
     emit,
     forbidden_imports,
+    keep_freed_memory,
     median,
     process_facts,
     read_plan,
@@ -148,10 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile the model for training and the decoding step "
                         "(plain GPT only)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc malloc keeps freed memory, as tjax sets it for itself "
+                        "(default: the system's malloc settings, what PyTorch users run)")
     add_run_options(parser)
     args = parser.parse_args(argv)
     if args.compile and args.impl != "torch":
         parser.error("--compile is for the plain PyTorch GPT (--impl torch)")
+    host_malloc = keep_freed_memory() if args.keep_freed_memory else "system default"
     facts_start = process_facts()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"contender": name, "library": "transformers" if args.impl == "hf" else "torch",
               "dtype": "float32", "timed": not args.check,
               "attention": "sdpa (the library's default)" if args.impl == "hf" else
-              "torch.nn.functional.scaled_dot_product_attention"}
+              "torch.nn.functional.scaled_dot_product_attention", "host_malloc": host_malloc}
     if not args.no_train:
         model = load_model(args.dir, args.impl, plan["shape"])
         result["training"] = train(model, args.impl, args.compile, plan, arrays, args.warmup,

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax import __version__
+from transformers_jax import __version__, host_memory
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
@@ -222,6 +222,7 @@ def environment() -> dict:
         "cpu": cpu,
         "cpu_cores": os.cpu_count(),
         "load_average": list(os.getloadavg()),
+        "host_malloc": host_memory.status(),  # tjax re-executes itself to keep freed memory
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
             "optax": optax.__version__, "numpy": np.__version__,
             "transformers_jax": __version__, "python": platform.python_version()},
