@@ -48,6 +48,7 @@ from transformers_jax.bench import (  # noqa: E402
 from transformers_jax.config import ModelConfig, TrainConfig  # noqa: E402
 from transformers_jax.models import build_model  # noqa: E402
 from transformers_jax.nn.layers import count_params  # noqa: E402
+from transformers_jax.registry import ATTENTION  # noqa: E402
 from transformers_jax.train.flops import flops_per_token, measure_matmul_peak  # noqa: E402
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer  # noqa: E402
 from transformers_jax.train.step import init_state, make_train_step  # noqa: E402
@@ -176,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     backend = jax.default_backend()
     tiny = args.tiny
     attention = args.attention or ("chunked" if tiny and backend != "gpu" else "cudnn")
-    if attention == "cudnn" and backend != "gpu":
-        raise SystemExit(f"benchmarks/gpu.py: attention=cudnn needs an NVIDIA GPU (backend is "
-                         f"{backend!r}); run with --tiny, or pass --attention chunked")
+    runs_on = ATTENTION.get(attention).backends
+    if backend not in runs_on:
+        raise SystemExit(f"benchmarks/gpu.py: attention={attention} runs on {', '.join(runs_on)} "
+                         f"(backend is {backend!r}); run with --tiny, or pass --attention chunked")
     fields = dict(TINY if tiny else GPT2_SMALL)
     seq_len = args.seq_len or (32 if tiny else 1024)
     fields["max_len"] = max(fields["max_len"], seq_len)

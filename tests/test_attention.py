@@ -412,6 +412,16 @@ def test_unknown_implementation_lists_valid_names():
     assert ATTENTION.names() == ["chunked", "cudnn", "pallas", "reference", "xla"]
 
 
+def test_one_oracle_that_supports_everything():
+    """Benchmarks leave the oracle out of speed comparisons by its ``oracle`` flag, and the
+    parity tests compare every kernel with it: it must be the reference, on every backend, with
+    every feature."""
+    oracles = [name for name in ATTENTION.names() if ATTENTION.get(name).oracle]
+    assert oracles == ["reference"]
+    oracle = ATTENTION.get("reference")
+    assert oracle.softcap and oracle.dense_masks and set(oracle.backends) == {"cpu", "gpu", "tpu"}
+
+
 @pytest.mark.parametrize("heads", ["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("softcap", [None, 2.0])
 def test_attend_to_cache_matches_the_reference_on_a_heads_first_cache(heads, softcap):

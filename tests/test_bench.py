@@ -105,7 +105,7 @@ def test_gpu_benchmark_refuses_cudnn_without_a_gpu():
     gpu = _load("gpu")
     if gpu.jax.default_backend() == "gpu":
         pytest.skip("a GPU is present")
-    with pytest.raises(SystemExit, match="cudnn needs an NVIDIA GPU"):
+    with pytest.raises(SystemExit, match="attention=cudnn runs on gpu \\(backend is .cpu.\\)"):
         gpu.main([])
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from transformers_jax.data.pipeline import make_task_iterator
 from transformers_jax.data.synthetic import (
+    FORMATS,
     TASKS,
     TaskSource,
     accuracy_by_length,
@@ -189,6 +190,29 @@ def test_exact_match_and_accuracy_by_length():
         False,
     ]
     assert answer_exact_match(["123 ", "12"], ["123", "13"]).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_task_format_fields_say_what_its_rows_carry(fmt):
+    """``encoder``/``takes_prefix``/``row_lengths`` agree with the arrays ``example`` makes, and
+    the pipeline pads and checks by them (a new layout is covered once registered)."""
+    layout = FORMATS[fmt]
+    source = task_source("copy", train_lengths=(3, 3))
+    row = layout.example(source[0], TOK)
+    assert layout.encoder == ("encoder_inputs" in row)
+    assert layout.encoder == ("encoder_inputs" in layout.row_lengths(3, 3))
+    assert layout.takes_prefix == ("prefix_len" in row)
+    example = source[0]
+    for key, n in layout.row_lengths(len(example["prompt"]), len(example["answer"])).items():
+        assert len(row[key]) == n  # unpadded: exactly what a row of this example needs
+    batch = next(make_task_iterator("copy", TOK, 16, 2, shard=(0, 1), fmt=fmt, encoder_len=8,
+                                    prefix=layout.takes_prefix, train_lengths=(3, 3)))
+    assert ("encoder_inputs" in batch) == layout.encoder
+    if layout.encoder:
+        assert batch["encoder_inputs"].shape == (2, 8)
+    if not layout.takes_prefix:
+        with pytest.raises(ValueError, match=f"prefix=True needs fmt in .* \\(not '{fmt}'\\)"):
+            make_task_iterator("copy", TOK, 16, 2, shard=(0, 1), fmt=fmt, prefix=True)
 
 
 def test_task_errors():

@@ -476,6 +476,26 @@ def test_length_finding_refuses_results_without_the_sweep():
         run_all.finding_length_extrapolation(old)
 
 
+def test_findings_give_no_verdict_without_paired_intervals():
+    """Context usage without shuffle intervals and synthetic results whose seeds do not pair
+    get no threshold verdict on means: the finding asks for a re-run (with intervals they are
+    read, above)."""
+    from experiments import run_all
+
+    effects = {f"{kind}/{b}": 0.05 for kind in ("truncate", "shuffle") for b in (5, 10)}
+    usage = {"units": "bytes", "boundaries": [5, 10],
+             "results": {"gpt": [{"base": 1.5, **effects}]}}
+    text = run_all.finding_context_usage(usage)
+    assert "word order is not judged: re-run python -m experiments.context_usage" in text
+    assert "order used" not in text
+    synthetic = {"train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
+        "t5": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.9, "4": 0.5}}] * 2,
+        "rope": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.1, "4": 0.0}}]}}}}  # unpaired seeds
+    text = run_all.finding_synthetic_generalisation(synthetic)
+    assert "t5 vs rope: no paired interval in these results (re-run" in text
+    assert "as published" not in text.split("Published")[0]
+
+
 def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
     from experiments import run_all
 

@@ -546,14 +546,17 @@ def make_task_iterator(
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}: valid choices: {', '.join(FORMATS)}")
+    layout = FORMATS[fmt]
     mode = _resolve_packing(pack)
     if mode == "concat":
         raise ValueError("synthetic tasks pack whole examples: use pack='first_fit' or False")
-    if prefix and (fmt != "decoder" or mode != "none"):
-        raise ValueError("prefix=True needs fmt='decoder' and pack=False (one prompt per row)")
+    if prefix and (not layout.takes_prefix or mode != "none"):
+        with_prefix = [name for name, f in FORMATS.items() if f.takes_prefix]
+        raise ValueError(f"prefix=True needs fmt in {with_prefix} (not {fmt!r}) and pack=False "
+                         "(one prompt per row)")
     encoder_len = encoder_len or seq_len
     check_sequence_length(seq_len, max_len)
-    if fmt == "encdec":
+    if layout.encoder:
         check_sequence_length(encoder_len, max_len, "encoder_len")
     index, count = _resolve_shard(shard)
     batch = _host_batch(global_batch_size, count)
@@ -566,7 +569,7 @@ def make_task_iterator(
         seed=seed,
     )
     prompt_chars, answer_chars = source.max_chars()
-    need = FORMATS[fmt].row_lengths(prompt_chars, answer_chars)
+    need = layout.row_lengths(prompt_chars, answer_chars)
     have = {"inputs": seq_len, "encoder_inputs": encoder_len}
     for key, n in need.items():
         if n > have[key]:
@@ -577,7 +580,7 @@ def make_task_iterator(
             )
     if num_epochs is None and split == "test":
         num_epochs = 1
-    fmt_fn = FORMATS[fmt].example
+    fmt_fn = layout.example
     drop = () if prefix else ("prefix_len",)
     ds = grain.MapDataset.source(source)
     if count > 1:
@@ -587,7 +590,7 @@ def make_task_iterator(
     ds = ds.map(lambda ex: {k: v for k, v in fmt_fn(ex, tokenizer).items() if k not in drop})
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=64))
     lengths = {"inputs": seq_len, "targets": seq_len, "weights": seq_len}
-    if fmt == "encdec":
+    if layout.encoder:
         lengths["encoder_inputs"] = encoder_len
     if mode == "first_fit":
         it = grain.experimental.FirstFitPackIterDataset(

@@ -260,18 +260,23 @@ def encdec_example(example: dict, tokenizer) -> dict:
 class TaskFormat:
     """How a task example becomes a row: ``example(example, tokenizer)`` the unpadded arrays;
     ``row_lengths(prompt_chars, answer_chars)`` the tokens each padded input needs (byte
-    tokens: one per character)."""
+    tokens: one per character); ``encoder``: rows carry ``encoder_inputs`` (padded to the
+    encoder length); ``takes_prefix``: rows can carry ``prefix_len`` for a prefix-LM mask."""
 
     example: Callable[[dict, object], dict]
     row_lengths: Callable[[int, int], dict[str, int]]
+    encoder: bool = False
+    takes_prefix: bool = False
 
 
 FORMATS = {
     # [bos] prompt [sep] answer, predicting one on (the eos is only a target)
-    "decoder": TaskFormat(decoder_example, lambda p, a: {"inputs": p + a + 2}),
+    "decoder": TaskFormat(decoder_example, lambda p, a: {"inputs": p + a + 2},
+                          takes_prefix=True),
     # encoder prompt [eos]; decoder [bos] answer
     "encdec": TaskFormat(encdec_example,
-                         lambda p, a: {"encoder_inputs": p + 1, "inputs": a + 1}),
+                         lambda p, a: {"encoder_inputs": p + 1, "inputs": a + 1},
+                         encoder=True),
 }
 
 

@@ -798,10 +798,13 @@ class AttentionImpl(Switch):
     takes any boolean mask (otherwise only causal and segment masks: no window, no prefix-LM).
     ``backends``: the JAX platforms it runs on. ``typed_under_shard_map``: its outputs carry
     the varying-axis types ``shard_map(check_vma=True)`` needs (the shard_map strategy turns
-    the check off for a kernel without them). Settings of the kernel are dataclass fields
-    (passed on by ``kernel_options``)."""
+    the check off for a kernel without them). ``oracle``: the plain definition the others are
+    checked against (every score materialised, every feature): for tests, never a candidate in
+    a speed comparison. Settings of the kernel are dataclass fields (passed on by
+    ``kernel_options``)."""
 
     kernel: ClassVar[Any] = None
+    oracle: ClassVar[bool] = False
     softcap: ClassVar[bool] = True
     dense_masks: ClassVar[bool] = True
     backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
@@ -830,6 +833,7 @@ class AttentionImpl(Switch):
 @dataclasses.dataclass(frozen=True)
 class Reference(AttentionImpl):
     kernel = staticmethod(reference_attention)
+    oracle: ClassVar[bool] = True
 
 
 @ATTENTION.register("xla")
