@@ -45,7 +45,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from side_by_side_shared import KIND_CONTENDERS, SHAPES, THREAD_VARIABLES  # noqa: E402
+from side_by_side_shared import (  # noqa: E402
+    KIND_CONTENDERS,
+    MALLOC_VARIABLES,
+    SHAPES,
+    THREAD_VARIABLES,
+)
 
 # name -> (script, arguments): every contender the driver knows.
 CONTENDERS = {
@@ -61,9 +66,10 @@ EXACT = ("jax_float32", "hf", "torch", "torch_compile")  # float32: losses and t
 
 
 def worker_environment() -> dict:
-    """The driver's environment without thread or wait settings, with this checkout first on
-    ``PYTHONPATH`` (the workers import its ``transformers_jax``)."""
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+    """The driver's environment without thread, wait or malloc settings (each worker starts
+    from its library's defaults; ours then sets its malloc as tjax does), with this checkout
+    first on ``PYTHONPATH`` (the workers import its ``transformers_jax``)."""
+    env = {k: v for k, v in os.environ.items() if k not in (*THREAD_VARIABLES, *MALLOC_VARIABLES)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     return env
 
@@ -282,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
               "load_average_start": list(os.getloadavg()), "cpu_count": os.cpu_count(),
               "mode": "check" if args.check else "timed", "rounds": rounds,
               "order": "each round runs every contender once, in this order, one process each",
-              "contenders": names, "worker_environment_removed": list(THREAD_VARIABLES)}
+              "contenders": names,
+              "worker_environment_removed": [*THREAD_VARIABLES, *MALLOC_VARIABLES]}
     with tempfile.TemporaryDirectory() as scratch:
         directory = args.dir or scratch
         log(f"preparing {shape} ({steps} steps) in {directory}")
@@ -321,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                                "torch_imported": r.get("torch_imported")}
                            for n, r in first.items()}
     result["threads"] = {n: r["threads"] for n, r in first.items()}
+    # glibc malloc of each worker: ours as tjax runs (transformers_jax/host_memory.py)
+    result["host_malloc"] = {n: r.get("host_malloc") for n, r in first.items()}
     result["versions"] = {n: r["versions"] for n, r in first.items()}
     result["worker_thread_environment"] = {n: r["process_start"]["thread_environment"]
                                            for n, r in first.items()}

@@ -44,6 +44,11 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_
                     "KMP_BLOCKTIME", "TORCH_NUM_THREADS", "XLA_FLAGS")
 
 
+# glibc malloc settings (and tjax's switch for its own), removed likewise: see keep_freed_memory
+MALLOC_VARIABLES = ("GLIBC_TUNABLES", "TJAX_HOST_MALLOC", "TJAX_HOST_MALLOC_RELAUNCHED",
+                    "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
 def read_plan(directory: str) -> tuple[dict, dict]:
     """(plan, data arrays) of a prepared directory."""
     with open(os.path.join(directory, PLAN_FILE)) as f:
@@ -67,10 +72,10 @@ def process_facts() -> dict:
     }
 
 
-def keep_freed_memory() -> str:
-    """``transformers_jax.host_memory.keep_freed_memory`` loaded by file path: a torch worker
-    may not import the package (its ``__init__`` imports jax), yet must get the same setting
-    when asked for it (``--keep-freed-memory``)."""
+def host_memory():
+    """``transformers_jax/host_memory.py`` loaded by file path: a torch worker may not import
+    the package (its ``__init__`` imports jax), yet reports and, with ``--keep-freed-memory``,
+    takes the same malloc setting as ours."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -78,7 +83,7 @@ def keep_freed_memory() -> str:
     spec = importlib.util.spec_from_file_location("tjax_host_memory", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.keep_freed_memory()
+    return module
 
 
 def forbidden_imports(library: str) -> bool:

@@ -26,7 +26,7 @@ from side_by_side_shared import (
     add_run_options,
     emit,
     forbidden_imports,
-    keep_freed_memory,
+    host_memory,
     median,
     process_facts,
     read_plan,
@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.compile and args.impl != "torch":
         parser.error("--compile is for the plain PyTorch GPT (--impl torch)")
-    host_malloc = keep_freed_memory() if args.keep_freed_memory else "system default"
+    if args.keep_freed_memory:
+        host_memory().relaunch_keeping_freed_memory()
+    host_malloc = host_memory().status()
     facts_start = process_facts()
     if args.threads:
         torch.set_num_threads(args.threads)
