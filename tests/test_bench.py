@@ -120,3 +120,20 @@ def test_every_subcommand_answers_help(flag, capsys):
             code = stop.code
         out = capsys.readouterr().out
         assert code == 0 and ("usage" in out or "options" in out), (command, flag, out[:200])
+
+
+def test_host_memory_ab_runs_both_sides_as_whole_processes(tmp_path):
+    """The A/B of tjax's malloc setting: one round at a toy size; each side says which malloc
+    it ran with (the figures themselves are benchmarks, not asserted)."""
+    ab = _load("host_memory_ab")
+    out = tmp_path / "ab.json"
+    assert ab.main(["--rounds", "1", "--out", str(out), "--", "--tiny", "--no-decode"]) == 0
+    result = json.loads(out.read_text())
+    if result["host_malloc"]["tjax_default"] != "not glibc":
+        assert result["host_malloc"] == {
+            "system_malloc": "system default (TJAX_HOST_MALLOC=system)",
+            "tjax_default": "keeps freed memory"}
+    for side in ("system_malloc", "tjax_default"):
+        assert _positive(result[side]["tokens_per_s"]["median"])
+        assert result[side]["minor_page_faults_per_step"]["median"] >= 0
+    assert len(result["speedup_tjax_default_over_system"]["values"]) == 1

@@ -115,10 +115,11 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
     state = state[0]
     for _ in range(warmup):
         state, _ = _timed(compiled, state, batch)[0]
-    times = []
+    times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):
         (state, _), seconds = _timed(compiled, state, batch)
         times.append(seconds)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     median = statistics.median(times)
     tokens = cfg.batch_size * cfg.seq_len
     flops = flops_per_token(model_cfg, cfg.seq_len)
@@ -130,6 +131,9 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
         "step_ms_median": 1e3 * median,
         "step_ms_min": 1e3 * min(times),
         "timed_steps": steps,
+        # pages the kernel handed out per step: about the temp buffer each step unless malloc
+        # keeps freed memory (host_memory)
+        "minor_page_faults_per_step": faults / steps,
         "warmup_steps": warmup + 1,
         "flops_per_token": flops,
         "achieved_flops_per_s": achieved,

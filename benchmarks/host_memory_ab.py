@@ -1,0 +1,82 @@
+"""``tjax bench`` with and without the malloc setting tjax runs with (``transformers_jax/
+host_memory.py``), each a whole process, alternating A B A B; prints one JSON object.
+
+    python benchmarks/host_memory_ab.py --rounds 4                 # config a, float32
+    python benchmarks/host_memory_ab.py --rounds 4 -- --model.dtype=bfloat16
+
+A is ``TJAX_HOST_MALLOC=system`` (glibc's defaults: XLA's temporary buffer is a fresh ``mmap``
+every step), B is what ``tjax`` does by default (freed memory kept for reuse). Per side: the
+median, min and max of training tokens/s, minor page faults per step, compile seconds and peak
+RSS over the rounds, and the median of the per-round ratios B / A. Arguments after ``--`` go to
+``tjax bench`` (default: ``--no-decode``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SIDES = {"system_malloc": {"TJAX_HOST_MALLOC": "system"}, "tjax_default": {}}
+REMOVED = ("GLIBC_TUNABLES", "TJAX_HOST_MALLOC", "TJAX_HOST_MALLOC_RELAUNCHED")
+
+
+def one_process(extra_env: dict, bench_args: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in REMOVED}
+    env.update(extra_env)
+    command = [sys.executable, "-m", "transformers_jax.cli", "bench", *bench_args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    out = json.loads(done.stdout)
+    training = out["training"]
+    return {"tokens_per_s": training["tokens_per_s"],
+            "minor_page_faults_per_step": training["minor_page_faults_per_step"],
+            "compile_s": training["compile_s"], "peak_rss_mib": out["peak_rss_bytes"] / 2**20,
+            "host_malloc": out["host_malloc"], "load_average": out["load_average"][0]}
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": values}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, bench_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) \
+        if "--" in argv else (argv, ["--no-decode"])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args(ours)
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    start_load = os.getloadavg()
+    for _ in range(args.rounds):
+        for side, extra in SIDES.items():
+            runs[side].append(one_process(extra, bench_args))
+    result = {"command": " ".join([os.path.basename(sys.argv[0]), *argv]),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": args.rounds,
+              "tjax_bench_args": bench_args, "load_average_start": list(start_load),
+              "load_average_end": list(os.getloadavg()),
+              "host_malloc": {side: rs[0]["host_malloc"] for side, rs in runs.items()}}
+    for side, rs in runs.items():
+        result[side] = {key: spread([r[key] for r in rs]) for key in
+                        ("tokens_per_s", "minor_page_faults_per_step", "compile_s",
+                         "peak_rss_mib", "load_average")}
+    ratios = [b["tokens_per_s"] / a["tokens_per_s"]
+              for a, b in zip(runs["system_malloc"], runs["tjax_default"], strict=True)]
+    result["speedup_tjax_default_over_system"] = spread(ratios)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
