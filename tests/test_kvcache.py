@@ -190,3 +190,30 @@ def test_every_decoding_mask_kind_generates_what_the_full_forward_pass_predicts(
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         seq = jnp.concatenate([seq, token[:, None]], axis=1)
         logits, cache = decode_step(model, params, token, cache)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_decode_loop_updates_the_cache_in_place(batch):
+    """The compiled generate loop holds no copy of a layer's cache: each step's update is in
+    place (at batch 1 XLA:CPU copied every layer's keys and values twice per token until the
+    write was made to depend on the attention output; nn/layers.py ``_after``)."""
+    import re
+
+    from transformers_jax.sample import SamplingConfig, generate_tokens
+
+    cfg = tiny(max_len=64)
+    model, params, _ = init(cfg)
+    prompts = jnp.ones((batch, 4), jnp.int32)
+    lengths = jnp.full((batch,), 4, jnp.int32)
+    hlo = generate_tokens.lower(model, params, prompts, lengths, jax.random.key(0),
+                                cfg=SamplingConfig(max_new_tokens=20)).compile().as_text()
+    N, D, S = cfg.kv_heads, cfg.dims_per_head, 4 + 20
+    cache_shape = rf"f32\[{batch},{N},{S},{D}\]"
+    # the decoding loop is the while loop whose body updates the cache (the others are the
+    # prefill's attention tiles); copies at the loop's entry happen once, not per token
+    bodies = [c for c in re.split(r"\n(?=\S)", hlo) if re.match(r"%?[\w.\-]+ ", c)
+              and c.split(" ", 1)[0].lstrip("%") in re.findall(r"body=%?([\w.\-]+)", hlo)]
+    loop = [c for c in bodies if re.search(rf"= {cache_shape}\S* (fusion|scatter|dynamic-update)",
+                                           c)]
+    assert len(loop) == 1
+    assert not re.findall(rf"= {cache_shape}\S* copy\(", loop[0])

@@ -120,6 +120,16 @@ class MLP(nn.Module):
         return checkpoint_name(out_BTC, "mlp_out")
 
 
+def _after(out: jax.Array) -> jax.Array:
+    """A zero that depends on ``out``: added to the keys and values a decoding step writes, it
+    orders the in-place cache update after the attention that read the old cache. Without a
+    data dependency XLA:CPU cannot prove that order and copied each layer's cache twice per
+    token at batch 1 (BENCHMARKS.md, "KV-cache copies"). Finite by construction (a NaN or inf
+    output adds 0, not NaN)."""
+    first = out.reshape(-1)[0]
+    return jnp.where(jnp.isfinite(first), first * 0, 0)
+
+
 def _heads_first(x_BKND: jax.Array, dtype=None) -> jax.Array:
     return x_BKND.transpose(0, 2, 1, 3).astype(dtype or x_BKND.dtype)
 
@@ -200,11 +210,14 @@ class Attention(nn.Module):
             return self._attend(q_BQHD, k_BKND, v_BKND, mask, bias), None
         k_new, v_new = _heads_first(k_BKND), _heads_first(v_BKND)  # [B, N, T, D]
         if isinstance(write, RowSlot):  # one token per row, in the order it asks for
+            if write.read_first:
+                out = self._decode(q_BQHD, cache.key, cache.value, mask, bias,
+                                   k_new=k_new, v_new=v_new)
+                after = _after(out)  # written after the read, so the update is in place
+                return out, LayerKV(write_row_slot(cache.key, k_new + after, write, axis=2),
+                                    write_row_slot(cache.value, v_new + after, write, axis=2))
             new = LayerKV(write_row_slot(cache.key, k_new, write, axis=2),
                           write_row_slot(cache.value, v_new, write, axis=2))
-            if write.read_first:
-                return self._decode(q_BQHD, cache.key, cache.value, mask, bias,
-                                    k_new=k_new, v_new=v_new), new
             return self._decode(q_BQHD, new.key, new.value, mask, bias), new
         # prefill: attend over [cached slots, new tokens], then store the new ones
         new = LayerKV(write_slots(cache.key, k_new.astype(cache.key.dtype), write, axis=2),
