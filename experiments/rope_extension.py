@@ -290,6 +290,9 @@ def passkey_table(out: dict) -> str:
             f"{info['short_gap_below']} or {info['long_gap_below']}). Positive control "
             f"(no scaling, at L={L}, >= 80%): {verdict}.\n\n" + markdown_table(header, rows))
     keyed = {k: v for k, v in out.get("comparisons", {}).items() if k.startswith("passkey")}
+    if keyed and control is not None and not any(control):
+        return text + ("\n\nPaired differences in passkey accuracy: not shown, the control "
+                       "failed in every seed (they compare models that do not retrieve).")
     if keyed:
         rows = []
         for when, ref in out["references"].items():
