@@ -4,11 +4,11 @@ host_memory.py``), each a whole process, alternating A B A B; prints one JSON ob
     python benchmarks/host_memory_ab.py --rounds 4                 # config a, float32
     python benchmarks/host_memory_ab.py --rounds 4 -- --model.dtype=bfloat16
 
-A is ``TJAX_HOST_MALLOC=system`` (glibc's defaults: XLA's temporary buffer is a fresh ``mmap``
-every step), B is what ``tjax`` does by default (freed memory kept for reuse). Per side: the
-median, min and max of training tokens/s, minor page faults per step, compile seconds and peak
-RSS over the rounds, and the median of the per-round ratios B / A. Arguments after ``--`` go to
-``tjax bench`` (default: ``--no-decode``).
+A is ``TJAX_HOST_MALLOC=system`` (glibc's defaults: XLA's temporary buffer is faulted in 4 KiB
+pages every step), B is what ``tjax`` does by default (the buffer on transparent huge pages).
+Per side: the median, min and max of training tokens/s, minor page faults per step, compile
+seconds and peak RSS over the rounds, and the median of the per-round ratios B / A. Arguments
+after ``--`` go to ``tjax bench`` (default: ``--no-decode``).
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int,
                         help="torch.set_num_threads in the torch workers (default: torch's own)")
-    parser.add_argument("--torch-keep-freed-memory", action="store_true",
+    parser.add_argument("--torch-tjax-malloc", action="store_true",
                         help="give the torch workers the malloc setting tjax uses for itself "
                         "(transformers_jax/host_memory.py; default: the system's)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 script, extra = CONTENDERS[name]
                 threads = (["--threads", str(args.torch_threads)]
                            if args.torch_threads and script == "side_by_side_torch.py" else [])
-                threads += (["--keep-freed-memory"] if args.torch_keep_freed_memory
+                threads += (["--tjax-malloc"] if args.torch_tjax_malloc
                             and script == "side_by_side_torch.py" else [])
                 runs[name].append(run_worker(script, [*extra, *common, *threads], log,
                                              args.timeout))

@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "run":  # as every tjax command runs
-        host_memory.relaunch_keeping_freed_memory()
+        host_memory.relaunch_with_tunables()
     return prepare(args) if args.command == "prepare" else run(args)
 
 

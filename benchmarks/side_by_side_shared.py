@@ -44,7 +44,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_
                     "KMP_BLOCKTIME", "TORCH_NUM_THREADS", "XLA_FLAGS")
 
 
-# glibc malloc settings (and tjax's switch for its own), removed likewise: see keep_freed_memory
+# glibc malloc settings (and tjax's switch for its own), removed likewise: see host_memory()
 MALLOC_VARIABLES = ("GLIBC_TUNABLES", "TJAX_HOST_MALLOC", "TJAX_HOST_MALLOC_RELAUNCHED",
                     "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
@@ -74,7 +74,7 @@ def process_facts() -> dict:
 
 def host_memory():
     """``transformers_jax/host_memory.py`` loaded by file path: a torch worker may not import
-    the package (its ``__init__`` imports jax), yet reports and, with ``--keep-freed-memory``,
+    the package (its ``__init__`` imports jax), yet reports and, with ``--tjax-malloc``,
     takes the same malloc setting as ours."""
     import importlib.util
 

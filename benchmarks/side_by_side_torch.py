@@ -149,15 +149,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile the model for training and the decoding step "
                         "(plain GPT only)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="glibc malloc keeps freed memory, as tjax sets it for itself "
+    parser.add_argument("--tjax-malloc", action="store_true",
+                        help="glibc malloc tunables as tjax sets them for itself "
                         "(default: the system's malloc settings, what PyTorch users run)")
     add_run_options(parser)
     args = parser.parse_args(argv)
     if args.compile and args.impl != "torch":
         parser.error("--compile is for the plain PyTorch GPT (--impl torch)")
-    if args.keep_freed_memory:
-        host_memory().relaunch_keeping_freed_memory()
+    if args.tjax_malloc:
+        host_memory().relaunch_with_tunables()
     host_malloc = host_memory().status()
     facts_start = process_facts()
     if args.threads:

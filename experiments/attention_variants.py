@@ -44,7 +44,7 @@ from experiments.common import (
 )
 from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_keeping_freed_memory
+from transformers_jax.host_memory import relaunch_with_tunables
 
 PARTS = ["heads", "window", "prefix", "stability"]
 CHUNK_WINDOWS = 16  # held-out chunks of 16 evaluation windows pair the runs (experiments.stats)
@@ -458,5 +458,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_keeping_freed_memory()  # malloc that reuses freed memory: host_memory.py
+    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
     main()

@@ -17,7 +17,7 @@ import time
 
 from experiments.common import eval_loss, heldout_split
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_keeping_freed_memory
+from transformers_jax.host_memory import relaunch_with_tunables
 from transformers_jax.loop import train
 from transformers_jax.runs import load_run
 
@@ -68,5 +68,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_keeping_freed_memory()  # malloc that reuses freed memory: host_memory.py
+    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
     main()

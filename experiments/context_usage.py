@@ -46,7 +46,7 @@ from experiments.common import (
 )
 from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_keeping_freed_memory
+from transformers_jax.host_memory import relaunch_with_tunables
 
 PERTURBATIONS = ["truncate", "shuffle", "shuffle_spans", "random", "corpus_span"]
 SPAN = 20
@@ -269,5 +269,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_keeping_freed_memory()  # malloc that reuses freed memory: host_memory.py
+    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
     main()

@@ -50,7 +50,7 @@ from experiments.common import (
 )
 from experiments.stats import block_means, paired_interval, verdict
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_keeping_freed_memory
+from transformers_jax.host_memory import relaunch_with_tunables
 
 SCHEMES = ["alibi", "rope", "sinusoidal", "none"]  # the paper's core four, at default budget
 OPTIONAL = ["xpos", "kerple", "randomized", "t5", "fire", "learned"]
@@ -379,5 +379,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_keeping_freed_memory()  # malloc that reuses freed memory: host_memory.py
+    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
     main()

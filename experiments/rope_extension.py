@@ -41,7 +41,7 @@ from experiments.common import (
 from experiments.passkey import DEPTHS, accuracy_grid, control_passed, mixed_training_data
 from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, Rope, TrainConfig
-from transformers_jax.host_memory import relaunch_keeping_freed_memory
+from transformers_jax.host_memory import relaunch_with_tunables
 from transformers_jax.models import build_model
 from transformers_jax.registry import ROPE_SCALINGS
 
@@ -321,5 +321,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_keeping_freed_memory()  # malloc that reuses freed memory: host_memory.py
+    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
     main()

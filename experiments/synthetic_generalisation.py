@@ -39,7 +39,7 @@ from experiments.common import (
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.pipeline import make_task_iterator
 from transformers_jax.data.synthetic import FORMATS, exact_match, get_task
-from transformers_jax.host_memory import relaunch_keeping_freed_memory
+from transformers_jax.host_memory import relaunch_with_tunables
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.objectives import apply_model, objective_for
 
@@ -303,5 +303,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_keeping_freed_memory()  # malloc that reuses freed memory: host_memory.py
+    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
     main()

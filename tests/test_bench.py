@@ -132,7 +132,7 @@ def test_host_memory_ab_runs_both_sides_as_whole_processes(tmp_path):
     if result["host_malloc"]["tjax_default"] != "not glibc":
         assert result["host_malloc"] == {
             "system_malloc": "system default (TJAX_HOST_MALLOC=system)",
-            "tjax_default": "keeps freed memory"}
+            "tjax_default": "huge pages"}
     for side in ("system_malloc", "tjax_default"):
         assert _positive(result[side]["tokens_per_s"]["median"])
         assert result[side]["minor_page_faults_per_step"]["median"] >= 0

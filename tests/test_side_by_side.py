@@ -165,7 +165,7 @@ def test_check_mode_separate_processes_agree(driver, tmp_path, capsys):
     assert result["isolation"]["torch"]["jax_imported"] is False
     assert all(env == {} for env in result["worker_thread_environment"].values())
     if result["host_malloc"]["hf"] != "not glibc":  # ours as tjax runs, theirs as the system's
-        assert result["host_malloc"] == {"jax_float32": "keeps freed memory",
+        assert result["host_malloc"] == {"jax_float32": "huge pages",
                                          "hf": "system default", "torch": "system default"}
 
 

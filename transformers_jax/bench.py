@@ -132,7 +132,7 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
         "step_ms_min": 1e3 * min(times),
         "timed_steps": steps,
         # pages the kernel handed out per step: about the temp buffer each step unless malloc
-        # keeps freed memory (host_memory)
+        # uses huge pages (host_memory)
         "minor_page_faults_per_step": faults / steps,
         "warmup_steps": warmup + 1,
         "flops_per_token": flops,
@@ -226,7 +226,7 @@ def environment() -> dict:
         "cpu": cpu,
         "cpu_cores": os.cpu_count(),
         "load_average": list(os.getloadavg()),
-        "host_malloc": host_memory.status(),  # tjax re-executes itself to keep freed memory
+        "host_malloc": host_memory.status(),  # tjax re-executes itself with it
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
             "optax": optax.__version__, "numpy": np.__version__,
             "transformers_jax": __version__, "python": platform.python_version()},

@@ -21,7 +21,7 @@ from transformers_jax.config import (
     apply_overrides,
     from_dict,
 )
-from transformers_jax.host_memory import relaunch_keeping_freed_memory
+from transformers_jax.host_memory import relaunch_with_tunables
 from transformers_jax.overrides import (
     ALIASES,
     CommandParser,
@@ -326,12 +326,12 @@ def option_help() -> str:
 
 
 def entry() -> int:
-    """The ``tjax`` console script: ``main`` in a process whose malloc keeps freed memory
+    """The ``tjax`` console script: ``main`` in a process whose malloc puts big blocks on huge pages
     (re-executed once with ``GLIBC_TUNABLES`` unless set; ``host_memory`` says why). Tests
     call ``main`` in their own process instead."""
     if sys.argv[1:] and sys.argv[1] not in ("-h", "--help") and "--help" not in sys.argv \
             and "-h" not in sys.argv:
-        relaunch_keeping_freed_memory()
+        relaunch_with_tunables()
     return main()
 
 
