@@ -309,11 +309,11 @@ def main(argv: list[str] | None = None) -> int:
             log(f"round {i + 1}/{rounds}")
             for name in names:
                 script, extra = CONTENDERS[name]
-                threads = (["--threads", str(args.torch_threads)]
-                           if args.torch_threads and script == "side_by_side_torch.py" else [])
-                threads += (["--tjax-malloc"] if args.torch_tjax_malloc
-                            and script == "side_by_side_torch.py" else [])
-                runs[name].append(run_worker(script, [*extra, *common, *threads], log,
+                torch_side = script == "side_by_side_torch.py"
+                settings = (["--threads", str(args.torch_threads)]
+                            if args.torch_threads and torch_side else [])
+                settings += ["--tjax-malloc"] if args.torch_tjax_malloc and torch_side else []
+                runs[name].append(run_worker(script, [*extra, *common, *settings], log,
                                              args.timeout))
     first = {name: rs[0] for name, rs in runs.items()}
     result["shape"] = plan["shape"]

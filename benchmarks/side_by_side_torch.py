@@ -156,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.compile and args.impl != "torch":
         parser.error("--compile is for the plain PyTorch GPT (--impl torch)")
+    malloc = host_memory()
     if args.tjax_malloc:
-        host_memory().relaunch_with_tunables()
-    host_malloc = host_memory().status()
+        malloc.relaunch_with_tunables()
+    host_malloc = malloc.status()
     facts_start = process_facts()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -224,7 +224,7 @@ def test_task_errors():
         task_source("associative_recall", test_lengths=(21, 700))
     with pytest.raises(ValueError, match="needs up to 162 tokens but seq_len=64"):
         make_task_iterator("copy", TOK, 64, 4, shard=(0, 1), split="test")
-    with pytest.raises(ValueError, match="prefix=True needs"):
+    with pytest.raises(ValueError, match="prefix=True needs pack=False"):
         make_task_iterator("copy", TOK, 64, 4, shard=(0, 1), prefix=True, pack="first_fit")
     with pytest.raises(ValueError, match="longer than the model allows"):
         make_task_iterator("copy", TOK, 64, 4, shard=(0, 1), max_len=32)

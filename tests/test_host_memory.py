@@ -16,6 +16,12 @@ from transformers_jax.host_memory import (
 )
 
 glibc_only = pytest.mark.skipif(status({}) == "not glibc", reason="glibc malloc tunables")
+# where the relaunch acts: glibc >= 2.35 (malloc.hugetlb) and THP in madvise mode (under
+# "always" the kernel gives glibc's big blocks huge pages already)
+acts_here = pytest.mark.skipif(status({}, thp_mode="madvise") == "not glibc"
+                               or host_memory._glibc_version() < (2, 35)
+                               or huge_pages_mode() != "madvise",
+                               reason="the tunable acts only with glibc >= 2.35 and THP madvise")
 
 # A jitted function whose [8192, 2048] float32 intermediate (64 MiB) lives in XLA's temporary
 # buffer; prints the minor page faults per call after a warm-up call.
@@ -47,26 +53,31 @@ def run_python(code: str, env: dict) -> str:
 
 
 @glibc_only
-def test_status_reads_the_tunables_and_the_opt_out():
-    assert status({}) == "system default"
-    assert status({"GLIBC_TUNABLES": ":".join(TUNABLES)}) == "huge pages"
-    assert status({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == "system default"
-    assert status({host_memory.OPT_OUT: "system"}).startswith("system default (")
+def test_status_reads_the_tunables_the_opt_out_and_the_kernel():
+    madvise = {"thp_mode": "madvise"}
+    if host_memory._glibc_version() >= (2, 35):
+        assert status({}, **madvise) == "system default"  # what the relaunch would change
+        assert status({}, thp_mode="always") == "system default (transparent huge pages: always)"
+        assert status({}, thp_mode="never") == "system default (transparent huge pages: never)"
+    assert status({"GLIBC_TUNABLES": ":".join(TUNABLES)}, **madvise) == "huge pages"
+    assert status({"GLIBC_TUNABLES": "glibc.pthread.rseq=0:glibc.malloc.hugetlb=0"},
+                  **madvise) == "user setting (glibc.malloc.hugetlb=0)"  # left as it is
+    assert status({host_memory.OPT_OUT: "system"}, **madvise).startswith("system default (")
+    with pytest.raises(ValueError, match="TJAX_HOST_MALLOC='off': set it to 'system'"):
+        status({host_memory.OPT_OUT: "off"}, **madvise)
 
 
 def test_environment_keeps_other_tunables_and_replaces_ours():
     env = environment_with_tunables(
-        {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.pthread.rseq=0", "HOME": "/h"})
+        {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2:glibc.pthread.rseq=0", "HOME": "/h"})
     assert env["HOME"] == "/h"
     parts = env["GLIBC_TUNABLES"].split(":")
-    assert "glibc.pthread.rseq=0" in parts and "glibc.malloc.hugetlb=0" not in parts
+    assert "glibc.pthread.rseq=0" in parts and "glibc.malloc.hugetlb=2" not in parts
     assert all(t in parts for t in TUNABLES)
     assert env == environment_with_tunables(env)  # idempotent
 
 
-@glibc_only
-@pytest.mark.skipif(huge_pages_mode() not in ("madvise", "always"),
-                    reason="transparent huge pages are off in this kernel")
+@acts_here
 def test_tunables_cut_the_page_faults_of_xla_temporaries():
     default = float(run_python(FAULTS_PER_CALL, clean_environment()))
     kept = float(run_python(FAULTS_PER_CALL, environment_with_tunables(clean_environment())))
@@ -74,7 +85,7 @@ def test_tunables_cut_the_page_faults_of_xla_temporaries():
     assert kept < default / 4
 
 
-@glibc_only
+@acts_here
 def test_relaunch_re_executes_once_with_the_tunables():
     code = ("from transformers_jax.host_memory import relaunch_with_tunables, status\n"
             "print(status())\n"
@@ -83,3 +94,11 @@ def test_relaunch_re_executes_once_with_the_tunables():
     assert out[:3] == ["system default", "huge pages", "returned huge pages"]
     opted_out = run_python(code, {**clean_environment(), host_memory.OPT_OUT: "system"})
     assert opted_out.count("\n") == 2 and "returned system default (" in opted_out
+
+
+def test_tjax_refuses_an_unknown_opt_out_value():
+    env = {**clean_environment(), host_memory.OPT_OUT: "off"}
+    done = subprocess.run([sys.executable, "-m", "transformers_jax.cli", "train", "--steps", "1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "tjax: error: TJAX_HOST_MALLOC='off': set it to 'system'" in done.stderr

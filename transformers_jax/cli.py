@@ -331,7 +331,11 @@ def entry() -> int:
     call ``main`` in their own process instead."""
     if sys.argv[1:] and sys.argv[1] not in ("-h", "--help") and "--help" not in sys.argv \
             and "-h" not in sys.argv:
-        relaunch_with_tunables()
+        try:
+            relaunch_with_tunables()
+        except ValueError as err:
+            print(f"tjax: error: {err}", file=sys.stderr)
+            return 2
     return main()
 
 

@@ -7,14 +7,15 @@ ends. glibc serves a block that large with a fresh ``mmap`` (above its mmap thre
 32 MiB), so every step the kernel maps, zeroes and faults in the whole buffer again: on a
 2-core AMD EPYC 70,000 minor faults per step and about 30% of the step. With
 ``glibc.malloc.hugetlb=1`` glibc asks for transparent huge pages on those blocks
-(``madvise(MADV_HUGEPAGE)``): 2 MiB per fault, about 500 faults per step, and a 1.4-1.5x
-faster step (BENCHMARKS.md section 2b). It needs the kernel's THP mode ``madvise`` or
-``always`` (``/sys/kernel/mm/transparent_hugepage/enabled``); under ``never`` it does nothing.
+(``madvise(MADV_HUGEPAGE)``): 2 MiB per fault, about 500 faults per step, and a 1.43x
+faster step (BENCHMARKS.md section 2b). It needs glibc 2.35 or later and the kernel's THP mode
+``madvise`` (under ``always`` the kernel already does it; under ``never`` nothing can).
 
 glibc reads its tunables once, when the process starts, so they travel as ``GLIBC_TUNABLES``
 in the environment: ``tjax`` and the experiments' entry points re-execute themselves once with
 it (``relaunch_with_tunables``); a Python user starts Python with
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``. ``TJAX_HOST_MALLOC=system`` turns it off.
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``. ``TJAX_HOST_MALLOC=system`` turns it off, and a
+``glibc.malloc.hugetlb`` the user set is left as it is.
 """
 
 from __future__ import annotations
@@ -45,19 +46,42 @@ def huge_pages_mode() -> str | None:
     return chosen[0] if chosen else None
 
 
-def status(environ=None) -> str:
-    """What this process runs with, for logs and benchmark JSON: ``"huge pages"``,
-    ``"system default"``, ``"system default (TJAX_HOST_MALLOC=system)"`` or ``"not glibc"``.
-    ``environ``: the environment to judge (default: this process's, which glibc read at start).
-    """
+def _glibc_version() -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in platform.libc_ver()[1].split("."))
+    except ValueError:
+        return ()
+
+
+def status(environ=None, thp_mode: str | None = "read") -> str:
+    """What this process runs with, for logs and benchmark JSON: ``"huge pages"`` (the tunable
+    is set and can act), ``"system default"`` (the relaunch would set it),
+    ``"system default (why)"`` (it would not: opted out, glibc too old, THP off or already
+    ``always``), ``"user setting (...)"`` or ``"not glibc"``. ``environ``: the environment to
+    judge (default: this process's, which glibc read at start); ``thp_mode``: the kernel's mode
+    (default: read from ``THP_MODE``). Raises ValueError for a ``TJAX_HOST_MALLOC`` other than
+    unset, empty or ``system``."""
     environ = os.environ if environ is None else environ
+    opt = environ.get(OPT_OUT, "")
+    if opt.lower() not in ("", "system"):
+        raise ValueError(f"{OPT_OUT}={opt!r}: set it to 'system' to keep glibc's malloc "
+                         "defaults, or unset it to put XLA's big buffers on huge pages")
     if not _is_glibc_linux():
         return "not glibc"
-    present = set(environ.get("GLIBC_TUNABLES", "").split(":"))
+    present = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
     if all(t in present for t in TUNABLES):
         return "huge pages"
-    if environ.get(OPT_OUT, "").lower() == "system":
+    names = {t.split("=")[0] for t in TUNABLES}
+    mine = [t for t in present if t.split("=")[0] in names]
+    if mine:
+        return f"user setting ({':'.join(mine)})"
+    if opt.lower() == "system":
         return f"system default ({OPT_OUT}=system)"
+    if _glibc_version() < (2, 35):
+        return f"system default (glibc {platform.libc_ver()[1]} has no malloc.hugetlb)"
+    mode = huge_pages_mode() if thp_mode == "read" else thp_mode
+    if mode != "madvise":
+        return f"system default (transparent huge pages: {mode or 'unknown'})"
     return "system default"
 
 
@@ -73,10 +97,9 @@ def environment_with_tunables(environ=None) -> dict[str, str]:
 
 
 def relaunch_with_tunables() -> str:
-    """Re-execute this command (``sys.orig_argv``) with ``TUNABLES`` set, unless they are set
-    already, the user opted out, or this is not glibc Linux; returns ``status()`` when it does
-    not re-execute. Call it only from a program's entry point, never from library code: the
-    process is replaced."""
+    """Re-execute this command (``sys.orig_argv``) with ``TUNABLES`` set, unless ``status()``
+    says it would not act or is set (then it returns that). Call it only from a program's entry
+    point, never from library code: the process is replaced. ValueError: see ``status``."""
     current = status()
     if (current != "system default" or not getattr(sys, "orig_argv", None)
             or os.environ.get(_RELAUNCHED)):  # glibc ignored them once: do not loop

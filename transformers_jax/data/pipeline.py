@@ -550,10 +550,11 @@ def make_task_iterator(
     mode = _resolve_packing(pack)
     if mode == "concat":
         raise ValueError("synthetic tasks pack whole examples: use pack='first_fit' or False")
-    if prefix and (not layout.takes_prefix or mode != "none"):
+    if prefix and not layout.takes_prefix:
         with_prefix = [name for name, f in FORMATS.items() if f.takes_prefix]
-        raise ValueError(f"prefix=True needs fmt in {with_prefix} (not {fmt!r}) and pack=False "
-                         "(one prompt per row)")
+        raise ValueError(f"prefix=True needs fmt in {with_prefix} (not {fmt!r})")
+    if prefix and mode != "none":
+        raise ValueError("prefix=True needs pack=False (one prompt per row)")
     encoder_len = encoder_len or seq_len
     check_sequence_length(seq_len, max_len)
     if layout.encoder:
