@@ -21,12 +21,13 @@ import subprocess
 import sys
 import time
 
-SIDES = {"system_malloc": {"TJAX_HOST_MALLOC": "system"}, "tjax_default": {}}
-REMOVED = ("GLIBC_TUNABLES", "TJAX_HOST_MALLOC", "TJAX_HOST_MALLOC_RELAUNCHED")
+from transformers_jax import host_memory
+
+SIDES = {"system_malloc": {host_memory.OPT_OUT: "system"}, "tjax_default": {}}
 
 
 def one_process(extra_env: dict, bench_args: list[str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in REMOVED}
+    env = {k: v for k, v in os.environ.items() if k not in host_memory.VARIABLES}
     env.update(extra_env)
     command = [sys.executable, "-m", "transformers_jax.cli", "bench", *bench_args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)

@@ -5,6 +5,7 @@ never import jax, so nothing here may import either."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -44,9 +45,24 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_
                     "KMP_BLOCKTIME", "TORCH_NUM_THREADS", "XLA_FLAGS")
 
 
-# glibc malloc settings (and tjax's switch for its own), removed likewise: see host_memory()
-MALLOC_VARIABLES = ("GLIBC_TUNABLES", "TJAX_HOST_MALLOC", "TJAX_HOST_MALLOC_RELAUNCHED",
-                    "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+@functools.cache
+def host_memory():
+    """``transformers_jax/host_memory.py`` loaded by file path: a torch worker may not import
+    the package (its ``__init__`` imports jax), yet reports and, with ``--tjax-malloc``,
+    takes the same malloc setting as ours. Loaded once per process."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "transformers_jax", "host_memory.py")
+    spec = importlib.util.spec_from_file_location("tjax_host_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# glibc malloc settings, removed likewise: those of tjax's host_memory and glibc's own
+MALLOC_VARIABLES = (*host_memory().VARIABLES, "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_",
+                    "MALLOC_TRIM_THRESHOLD_")
 
 
 def read_plan(directory: str) -> tuple[dict, dict]:
@@ -70,20 +86,6 @@ def process_facts() -> dict:
         "python": platform.python_version(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-
-
-def host_memory():
-    """``transformers_jax/host_memory.py`` loaded by file path: a torch worker may not import
-    the package (its ``__init__`` imports jax), yet reports and, with ``--tjax-malloc``,
-    takes the same malloc setting as ours."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "transformers_jax", "host_memory.py")
-    spec = importlib.util.spec_from_file_location("tjax_host_memory", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def forbidden_imports(library: str) -> bool:

@@ -40,8 +40,7 @@ FAULTS_PER_CALL = textwrap.dedent("""
 
 
 def clean_environment() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GLIBC_TUNABLES", host_memory.OPT_OUT, host_memory._RELAUNCHED)}
+    env = {k: v for k, v in os.environ.items() if k not in host_memory.VARIABLES}
     return {**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
 
 

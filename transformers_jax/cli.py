@@ -329,8 +329,7 @@ def entry() -> int:
     """The ``tjax`` console script: ``main`` in a process whose malloc puts big blocks on huge pages
     (re-executed once with ``GLIBC_TUNABLES`` unless set; ``host_memory`` says why). Tests
     call ``main`` in their own process instead."""
-    if sys.argv[1:] and sys.argv[1] not in ("-h", "--help") and "--help" not in sys.argv \
-            and "-h" not in sys.argv:
+    if sys.argv[1:] and not {"-h", "--help"} & set(sys.argv[1:]):
         try:
             relaunch_with_tunables()
         except ValueError as err:

@@ -28,6 +28,9 @@ TUNABLES = ("glibc.malloc.hugetlb=1",)
 OPT_OUT = "TJAX_HOST_MALLOC"
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _RELAUNCHED = "TJAX_HOST_MALLOC_RELAUNCHED"
+# every variable that decides a process's malloc here: what a harness removes to start a
+# worker from glibc's defaults
+VARIABLES = ("GLIBC_TUNABLES", OPT_OUT, _RELAUNCHED)
 
 
 def _is_glibc_linux() -> bool:
