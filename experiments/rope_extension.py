@@ -46,9 +46,6 @@ from transformers_jax.models import build_model
 from transformers_jax.registry import ROPE_SCALINGS
 
 SCALINGS = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3"]
-# after the fine-tune every rule is read against position interpolation (Chen et al. 2023), the
-# method NTK-aware scaling and YaRN are published against
-FINE_TUNED_REFERENCE = "linear"
 FACTOR = 4
 MULTIPLES = (1, 2, 4, 8, 16)  # evaluation lengths, in training lengths
 
@@ -66,11 +63,13 @@ SCALES = {
 
 def references(scalings) -> dict[str, str | None]:
     """The scaling each phase is compared with: zero-shot, the one that leaves the model as
-    trained (also the passkey positive control); after the fine-tune, position interpolation.
-    None where that scaling is not among ``scalings``."""
+    trained (also the passkey positive control); after the fine-tune, the rule the others are
+    published against (``extension_baseline``: position interpolation). None where no such
+    scaling is among ``scalings``."""
     as_trained = [s for s in scalings if not ROPE_SCALINGS.get(s).extends_context]
+    baselines = [s for s in scalings if ROPE_SCALINGS.get(s).extension_baseline]
     return {"zero_shot": as_trained[0] if as_trained else None,
-            "fine_tuned": FINE_TUNED_REFERENCE if FINE_TUNED_REFERENCE in scalings else None}
+            "fine_tuned": baselines[0] if baselines else None}
 
 
 def rope_for(scaling: str, train_len: int) -> Rope:

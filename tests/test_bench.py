@@ -63,6 +63,15 @@ def test_tjax_bench_bf16_reports_both_peaks_and_bert_skips_decoding(capsys):
     assert set(result["training"]["mfu"]) == {"bfloat16", "float32"}
     assert result["model"]["mask"] == {"name": "bidirectional"}
     assert result["decoding"] is None and "bert" in result["decoding_note"]
+    peaks = result["training"]["peak_flops"]  # the warning follows what was measured
+    assert ("dtype_note" in result["training"]) == (peaks["bfloat16"] < peaks["float32"])
+
+
+def test_slower_dtype_note_says_when_float32_is_faster():
+    assert bench.slower_dtype_note("float32", {"float32": 1e11}) is None
+    assert bench.slower_dtype_note("bfloat16", {"bfloat16": 8.9e11, "float32": 4.4e11}) is None
+    note = bench.slower_dtype_note("bfloat16", {"bfloat16": 9.3e10, "float32": 1.38e11})
+    assert "93 against 138 GFLOP/s" in note and "AVX512_BF16" in note and "float32" in note
 
 
 def test_bench_options_are_separated_from_overrides(capsys):

@@ -95,6 +95,16 @@ def test_relaunch_re_executes_once_with_the_tunables():
     assert opted_out.count("\n") == 2 and "returned system default (" in opted_out
 
 
+def test_tjax_re_executes_before_importing_jax():
+    # the package's names load lazily: the command line and the malloc switch import no JAX,
+    # so the re-executed process is the only one that pays for JAX's start-up
+    code = ("import sys\nimport transformers_jax.cli, transformers_jax.host_memory\n"
+            "print(sorted(m for m in ('jax', 'flax', 'numpy') if m in sys.modules))\n"
+            "import transformers_jax\nprint(transformers_jax.ModelConfig.__module__)\n")
+    assert run_python(code, clean_environment()).split("\n")[:2] == [
+        "[]", "transformers_jax.config"]
+
+
 def test_tjax_refuses_an_unknown_opt_out_value():
     env = {**clean_environment(), host_memory.OPT_OUT: "off"}
     done = subprocess.run([sys.executable, "-m", "transformers_jax.cli", "train", "--steps", "1"],

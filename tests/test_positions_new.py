@@ -397,3 +397,20 @@ def test_extends_context_says_whether_the_frequencies_change(scaling):
     inv_freq, factor = rule.inv_freq(10000.0, 32, seq_len=64)
     plain = np.allclose(np.asarray(inv_freq), default_inv_freq(10000.0, 32), rtol=1e-6)
     assert rule.extends_context == (not (plain and factor == 1.0)), scaling
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS.names())
+def test_extension_baseline_is_position_interpolation(scaling):
+    """``extension_baseline`` (what rope_extension reads fine-tuned rules against): exactly the
+    rule whose frequencies are plain RoPE's divided by the factor at every length, the
+    interpolation of Chen et al. 2023 that NTK-aware scaling and YaRN are published against."""
+    from transformers_jax.nn.positions.rope_scaling import default_inv_freq
+
+    rule = ROPE_SCALINGS.get(scaling).extending(4.0, 16)
+    interpolates = all(
+        np.allclose(np.asarray(rule.inv_freq(10000.0, 32, seq_len=n)[0]),
+                    default_inv_freq(10000.0, 32) / 4.0, rtol=1e-6)
+        and rule.inv_freq(10000.0, 32, seq_len=n)[1] == 1.0
+        for n in (8, 16, 64, 256))
+    assert rule.extension_baseline == interpolates, scaling
+    assert sum(ROPE_SCALINGS.get(s).extension_baseline for s in ROPE_SCALINGS.names()) == 1

@@ -1,8 +1,34 @@
-"""transformers-jax: a readable, switchable JAX/Flax transformer zoo."""
+"""transformers-jax: a readable, switchable JAX/Flax transformer zoo.
 
-from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
-from transformers_jax.models import build_model
-from transformers_jax.nn.positions import Rope
+The names below load on first use (PEP 562), so importing a light submodule such as
+``transformers_jax.host_memory`` does not import JAX: ``tjax`` re-executes itself with its
+malloc setting before it pays for JAX's start-up, not after.
+"""
 
-__all__ = ["ConfigError", "ModelConfig", "Rope", "TrainConfig", "build_model"]
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "ConfigError": "transformers_jax.config",
+    "ModelConfig": "transformers_jax.config",
+    "TrainConfig": "transformers_jax.config",
+    "build_model": "transformers_jax.models",
+    "Rope": "transformers_jax.nn.positions",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'transformers_jax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

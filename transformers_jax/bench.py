@@ -30,6 +30,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -81,6 +82,17 @@ def compute_dtypes(model_cfg: ModelConfig) -> list[str]:
     if model_cfg.dtype != "float32":
         dtypes.append("float32")
     return dtypes
+
+
+def slower_dtype_note(compute_dtype: str, peaks: dict[str, float]) -> str | None:
+    """A warning when the model's compute dtype multiplies slower than float32 here (a CPU
+    without bf16 dot-product instructions emulates them: then float32 trains faster)."""
+    low, f32 = peaks.get(compute_dtype), peaks.get("float32")
+    if compute_dtype == "float32" or low is None or f32 is None or low >= f32:
+        return None
+    return (f"{compute_dtype} matmuls ran slower than float32 on this machine ({low / 1e9:,.0f} "
+            f"against {f32 / 1e9:,.0f} GFLOP/s): its CPU lacks native {compute_dtype} dot "
+            f"products (x86: AVX512_BF16 or AMX), so XLA emulates them; train in float32 here")
 
 
 def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0) -> dict:
@@ -147,6 +159,9 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
         "compiled_argument_bytes": getattr(memory, "argument_size_in_bytes", None),
         "compiled_output_bytes": getattr(memory, "output_size_in_bytes", None),
     }
+    note = slower_dtype_note(model_cfg.dtype, peaks)
+    if note:
+        out["dtype_note"] = note
     sheet, kind = datasheet_peak()
     if sheet is not None:
         out["datasheet_bf16_peak"] = sheet
@@ -302,6 +317,8 @@ def main(argv: list[str]) -> int:
         "training": bench_training(model_cfg, cfg, steps=cfg.steps,
                                    warmup=args.warmup),
     }
+    if "dtype_note" in result["training"]:
+        print(f"tjax bench: warning: {result['training']['dtype_note']}", file=sys.stderr)
     # the same rule as sample.generate: a family that continues its own tokens, a mask that
     # decodes (a prefix-LM takes the prompt as its prefix)
     decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes

@@ -24,6 +24,7 @@ from transformers_jax.data.pipeline import (
     take,
 )
 from transformers_jax.data.prefix_lm import PrefixBatches, eval_prefix_batches
+from transformers_jax.data.synthetic import FORMATS
 from transformers_jax.data.tokenizers import Tokenizer, load_tokenizer
 from transformers_jax.models import family_of
 
@@ -103,7 +104,7 @@ def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Token
         held_out = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size,
                                       cfg.seed, split="test", test_lengths=cfg.train_lengths,
                                       num_epochs=None, train_lengths=cfg.train_lengths, fmt=fmt,
-                                      prefix=prefix and fmt == "decoder", max_len=max_len)
+                                      prefix=prefix and FORMATS[fmt].takes_prefix, max_len=max_len)
         return take(held_out, cfg.eval_batches)
     held_out = make_lm_eval_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size,
                                      pack=cfg.pack, num_epochs=None, data_dir=cfg.data_dir,
@@ -129,8 +130,8 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                          "for the families that generate)")
     if cfg.task:
         fmt = family.tasks
-        common = dict(train_lengths=cfg.train_lengths, fmt=fmt, prefix=prefix and fmt == "decoder",
-                      max_len=max_len)
+        common = dict(train_lengths=cfg.train_lengths, fmt=fmt, max_len=max_len,
+                      prefix=prefix and FORMATS[fmt].takes_prefix)
         train = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed,
                                    split="train", test_lengths=cfg.test_lengths, **common)
         return RunData(tokenizer, train, make_eval_batches(model_cfg, cfg, tokenizer),

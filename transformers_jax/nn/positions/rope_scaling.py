@@ -44,6 +44,9 @@ class RopeScaling(Switch):
     # it changes the frequencies to reach past the trained context (False: the model runs as
     # trained, the reference an extension is measured against)
     extends_context: ClassVar[bool] = False
+    # the extension the others are published against once fine-tuned (position interpolation:
+    # NTK-aware scaling and YaRN report their gains over it); experiments compare with it
+    extension_baseline: ClassVar[bool] = False
 
     def inv_freq(self, base: float, rotary_dim: int,
                  seq_len: int | jax.Array | None = None) -> tuple[jax.Array, float]:
@@ -132,6 +135,7 @@ class Linear(Extension):
     """Position interpolation (Chen et al. 2023): ``inv_freq / s``."""
 
     hf_rope_type: ClassVar[str | None] = "linear"
+    extension_baseline: ClassVar[bool] = True
 
     def inv_freq(self, base, rotary_dim, seq_len=None):
         return jnp.asarray(default_inv_freq(base, rotary_dim) / self.factor, jnp.float32), 1.0
