@@ -50,6 +50,8 @@ from side_by_side_shared import (  # noqa: E402
     MALLOC_VARIABLES,
     SHAPES,
     THREAD_VARIABLES,
+    describe_machine,
+    machine_facts,
 )
 
 # name -> (script, arguments): every contender the driver knows.
@@ -201,9 +203,11 @@ def markdown(result: dict) -> str:
               if x is not None]
     other = f"; other processes used at most {max(shares):.1%} of the CPUs during a worker" \
         if shares else ""
+    machine = (f"; machine: {describe_machine(result['machine'])}, {result['cpu_count']} CPUs"
+               if "machine" in result else "")
     lines += ["", f"Shape {result['shape']['name']}, rounds: {result['rounds']}, "
               f"load average (1 min, the workers' own threads included) {load[0]:.1f} -> "
-              f"{load[1]:.1f}{other}; command: `{result['command']}`"]
+              f"{load[1]:.1f}{other}{machine}; command: `{result['command']}`"]
     if result.get("machine_was_busy"):
         lines += ["", "**The machine was busy during this run (other processes used more than "
                   "10% of the CPUs): not figures to quote.**"]
@@ -286,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                   sys.argv[1:] if argv is None else argv),
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "load_average_start": list(os.getloadavg()), "cpu_count": os.cpu_count(),
+              "machine": machine_facts(),
               "mode": "check" if args.check else "timed", "rounds": rounds,
               "order": "each round runs every contender once, in this order, one process each",
               "contenders": names,

@@ -88,6 +88,37 @@ def process_facts() -> dict:
     }
 
 
+# the instruction sets that decide the matmul engines' speed on x86 (AVX-512 float32; bf16 dot
+# products natively only with AVX512_BF16 or AMX, else emulated)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def machine_facts() -> dict:
+    """The CPU the figures belong to: its model name and which of ``CPU_FLAGS`` it has
+    (Linux ``/proc/cpuinfo``; what ``platform`` knows elsewhere). Ratios move with it."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_flags": {flag: flag in flags for flag in CPU_FLAGS}}
+
+
+def describe_machine(facts: dict) -> str:
+    """One line for a table's caption: the model and the flags it has and lacks."""
+    flags = facts.get("cpu_flags", {})
+    has = [f for f, on in flags.items() if on]
+    lacks = [f for f, on in flags.items() if not on]
+    return (f"{facts.get('cpu_model', 'unknown CPU')}" + (f", {', '.join(has)}" if has else "")
+            + (f" (no {', '.join(lacks)})" if lacks else ""))
+
+
 def forbidden_imports(library: str) -> bool:
     """Whether ``library`` (jax or torch) was imported into this process."""
     return library in sys.modules

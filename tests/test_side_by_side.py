@@ -102,6 +102,12 @@ def test_summary_ratio_is_the_median_of_per_round_ratios(driver):
                              "command": "x"})
     assert "| jax_float32_vs_hf_training | 2.00x | 1.50x | 4.00x |" in table
     assert "| hf | 50 [50-200] | 5 [4-10] |" in table
+    # the caption names the CPU the figures belong to: ratios move with the machine
+    machine = {"cpu_model": "Some CPU", "cpu_flags": {"avx512f": True, "avx512_bf16": False}}
+    table = driver.markdown({"summary": summary, "load_average_start": [1.0],
+                             "load_average_end": [2.0], "shape": {"name": "a"}, "rounds": 3,
+                             "command": "x", "machine": machine, "cpu_count": 2})
+    assert "machine: Some CPU, avx512f (no avx512_bf16), 2 CPUs;" in table
 
 
 def test_correctness_flags_a_loss_gap_and_a_different_token(driver):
