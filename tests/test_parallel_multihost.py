@@ -134,8 +134,15 @@ def start_pair(run_dir: Path, port: int, steps: int, tmp: Path, tag: str) -> lis
 
 
 def worker_log(tmp: Path, tag: str, i: int) -> str:
-    """The tail of worker i's stderr and stdout, for failure messages."""
-    return "\n".join((tmp / f"{tag}{i}.{kind}").read_text()[-2500:] for kind in ("err", "out"))
+    """Worker i's stderr and stdout for failure messages: from its first Python traceback when
+    it has one (the cause; a coordination-service abort after it prints a long native stack that
+    would push the cause out of a plain tail), else the tail."""
+    parts = []
+    for kind in ("err", "out"):
+        text = (tmp / f"{tag}{i}.{kind}").read_text()
+        start = text.find("Traceback (most recent call last)")
+        parts.append(text[start:start + 4000] if start >= 0 else text[-2500:])
+    return "\n".join(parts)
 
 
 def train_records(run_dir: Path) -> list[dict]:
@@ -143,6 +150,50 @@ def train_records(run_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_step(procs: list, run_dir: Path, tmp: Path, step: int) -> None:
+    """Until process 0 has logged training at ``step`` or later; fails if a worker ends first."""
+    import time
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        logged = [r["step"] for r in train_records(run_dir) if r["kind"] == "train"]
+        if logged and logged[-1] >= step:
+            return
+        ended = [i for i, p in enumerate(procs) if p.poll() is not None]
+        assert not ended, f"worker {ended} ended before step {step} (rc " + ", ".join(
+            f"{procs[i].returncode}:\n{worker_log(tmp, 'first', i)}" for i in ended)
+        time.sleep(0.2)
+    pytest.fail(f"the 2-process run never reached step {step}")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_after_one_checkpoint(tmp_path):
+    """A preemption notice reaches one host: both processes stop after the same step, having
+    saved one checkpoint there together, and exit 0 (before, the other trained on into a
+    collective that never completed)."""
+    import signal
+
+    from transformers_jax.train.checkpoint import Checkpointer
+
+    run_dir, steps = tmp_path / "run", 400
+    procs = start_pair(run_dir, free_port(), steps, tmp_path, "first")
+    try:
+        wait_for_step(procs, run_dir, tmp_path, 30)
+        procs[1].send_signal(signal.SIGTERM)
+        rcs = [p.wait(timeout=EXIT_BOUND_S + 60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert rcs == [0, 0], "\n".join(worker_log(tmp_path, "first", i) for i in range(2))
+    stops = [r for r in train_records(run_dir) if r["kind"] == "stop"]
+    assert len(stops) == 1 and 30 <= stops[0]["step"] < steps, stops
+    assert Checkpointer(str(run_dir)).latest_step() == stops[0]["step"]
+    err = (tmp_path / "first0.err").read_text()
+    assert f"saved step {stops[0]['step']}, stopping" in err, err[-2000:]
 
 
 @pytest.mark.slow
@@ -158,17 +209,7 @@ def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path, victim):
     run_dir, steps, port = tmp_path / "run", 200, free_port()
     procs = start_pair(run_dir, port, steps, tmp_path, "first")
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline:  # past a checkpoint (every 20) and a log after it
-            logged = [r["step"] for r in train_records(run_dir) if r["kind"] == "train"]
-            if logged and logged[-1] >= 50:
-                break
-            ended = [i for i, p in enumerate(procs) if p.poll() is not None]
-            assert not ended, f"worker {ended} ended before the kill (rc " + ", ".join(
-                f"{procs[i].returncode}:\n{worker_log(tmp_path, 'first', i)}" for i in ended)
-            time.sleep(0.2)
-        else:
-            pytest.fail("the 2-process run never reached step 50")
+        wait_for_step(procs, run_dir, tmp_path, 50)  # past a checkpoint (every 20) and a log
         procs[victim].kill()
         killed_at = time.monotonic()
         rc = procs[survivor].wait(timeout=EXIT_BOUND_S + 60)

@@ -109,20 +109,38 @@ def evaluate(eval_step, params, batches: list[dict]) -> dict[str, float]:
 
 
 class StopSignals:
-    """Turn SIGTERM/SIGINT (TPU preemption, Ctrl-C) into a request to save and stop cleanly."""
+    """Turn SIGTERM/SIGINT (TPU preemption, Ctrl-C) into a request to save and stop cleanly.
+
+    One process: a Python handler notes the signal. Several processes must stop after the same
+    step, each saving its shards of one checkpoint; a signal reaches one host, or reaches hosts
+    at different steps. So SIGTERM is left to JAX's preemption service (it tells every process
+    and picks one step for all), and Ctrl-C is handed to it as a SIGTERM to this process.
+    ``at(step)``, called once per step, says whether to stop after it and why.
+    """
 
     def __init__(self) -> None:
         self.requested: str | None = None
         self._previous: dict = {}
+        self._agreed = multihost.agrees_on_stops()
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            signals = (signal.SIGINT,) if self._agreed else (signal.SIGTERM, signal.SIGINT)
+            for sig in signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
         self.requested = signal.Signals(signum).name
+        if self._agreed:  # through the preemption service, so that every process stops
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def at(self, step: int) -> str | None:
+        if not self._agreed:
+            return self.requested
+        if not multihost.stop_agreed(step):
+            return None
+        return self.requested or "SIGTERM (on this or another process)"
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
@@ -440,7 +458,7 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
                 pending.append((step + 1, metrics, position))
                 bar.update(1)
 
-                stopping = stop.requested  # read once: a signal may land at any line below
+                stopping = stop.at(step + 1)  # read once: a signal may land at any line below
                 done = step + 1 == cfg.steps or stopping is not None
                 if (step + 1) % cfg.log_every == 0 or done:
                     rows = jax.device_get(window)  # waits for the queued steps

@@ -116,6 +116,26 @@ def is_main_process() -> bool:
     return jax.process_index() == 0
 
 
+def agrees_on_stops() -> bool:
+    """Whether stop notices go through JAX's preemption service (``stop_agreed``): in a
+    multi-process run with the service on (``jax_enable_preemption_service``, JAX's default)."""
+    from jax._src import distributed
+
+    return (jax.process_count() > 1
+            and distributed.global_state.preemption_sync_manager is not None)
+
+
+def stop_agreed(step: int) -> bool:
+    """Whether every process is to stop after ``step`` because one of them got a stop notice
+    (SIGTERM: a preemption, or a Ctrl-C turned into one). The preemption service passes the
+    notice to every process and names one step, the same on all, where each gets True: each
+    then saves its shards of one checkpoint and stops. Call it once per step, from the same
+    first step on every process, and only where ``agrees_on_stops()``."""
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.reached_preemption_sync_point(step))
+
+
 def local_rows(sharding: Sharding, global_shape: tuple[int, ...]) -> slice:
     """The contiguous block of global batch rows held by this process's devices.
 
