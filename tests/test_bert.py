@@ -270,10 +270,13 @@ def test_masked_lm_trains_and_fill_mask_recovers_the_masked_byte():
     params = objective.init_params(model, jax.random.key(0), batch_at(corpus, 0, 0))
     evaluate = jax.jit(lambda p, b: objective.loss(model, p, b, None, True))
     first = evaluate(params, batch_at(corpus, 0, 0))[0]
-    params, _ = train(model, params, objective, (batch_at(corpus, 0, i) for i in range(300)))
+    # 600 steps: at 300 the loss is still falling fast and where it stands depends on the CPU's
+    # rounding (0.25 on AVX-512 machines, 0.61 on an AVX2 one); at 600 four init seeds gave
+    # 0.12-0.32, accuracy 0.88-0.96, on the AVX2 machine.
+    params, _ = train(model, params, objective, (batch_at(corpus, 0, i) for i in range(600)))
     _, metrics = evaluate(params, batch_at(corpus, -1, 0))
-    assert float(metrics["loss"]) < 0.1 * float(first), (first, metrics)  # 5.45 -> 0.25
-    assert float(metrics["accuracy"]) > 0.8, metrics  # 0.91 measured
+    assert float(metrics["loss"]) < 0.1 * float(first), (first, metrics)  # 5.45 -> 0.30
+    assert float(metrics["accuracy"]) > 0.8, metrics
 
     predictions = fill_mask(model, params, TOK, "the cat s[MASK]t on the m[MASK]t; the", top_k=3)
     assert len(predictions) == 2 and all(len(p) == 3 for p in predictions)
