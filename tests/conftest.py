@@ -1,12 +1,52 @@
-"""Test set-up: 8 fake CPU devices (before JAX is imported) and float32 everywhere."""
+"""Test set-up: 8 fake CPU devices (before JAX is imported), float32 everywhere, and one
+persistent compilation cache for the whole run.
+
+The suite builds the same tiny models again and again (every seed of an experiment, every
+`tjax` subprocess); XLA compiles dominate its time on 2 cores. The cache lives in a fresh
+temporary folder shared by the pytest-xdist workers and their subprocesses (through the
+environment) and is removed at the end, so a run never reads another run's executables. Set
+JAX_COMPILATION_CACHE_DIR yourself to keep it, or TJAX_TEST_NO_XLA_CACHE=1 to compile everything.
+"""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# set in the main pytest process, before xdist starts its workers: they inherit the folder
+OWN_CACHE = (not os.environ.get("TJAX_TEST_NO_XLA_CACHE")
+             and "JAX_COMPILATION_CACHE_DIR" not in os.environ)
+if OWN_CACHE:
+    CACHE_DIR = tempfile.mkdtemp(prefix="tjax-test-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = CACHE_DIR
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # tiny programs too
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_unconfigure(config):
+    if OWN_CACHE:  # only the process that made the folder (the main one) removes it
+        shutil.rmtree(CACHE_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def results_dir(tmp_path, monkeypatch):
+    """The experiments write their results into a fresh folder."""
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def split_cache(tmp_path, monkeypatch):
+    """The experiments' held-out splits are cached in a fresh folder."""
+    monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))

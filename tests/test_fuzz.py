@@ -549,6 +549,7 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integer
        value=JSON_VALUES, junk=st.binary(min_size=1, max_size=16))
 @example(how="truncate", where=0.5, value=None, junk=b"x")
 @example(how="retype", where=0.0, value="abc", junk=b"x")
+@example(how="retype", where=0.5, value=False, junk=b"x")  # n_embd: false (named d_model once)
 def test_converter_damaged_config_json(hf_dir, tmp_path_factory, how, where, value, junk):
     from transformers_jax.convert import ConversionError
 

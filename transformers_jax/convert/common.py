@@ -170,8 +170,26 @@ class HFConfig:
 
     def __getitem__(self, key: str) -> Any:
         if key in self.raw and self.raw[key] is not None:
-            return self.raw[key]
+            value = self.raw[key]
+            self._check_type(key, value)
+            return value
         return self.defaults.get(key)
+
+    def _check_type(self, key: str, value: Any) -> None:
+        """A value of another type than the class default (``"n_embd": false``) is refused
+        here, naming the Hugging Face field, not later under the ModelConfig field it maps to."""
+        default = self.defaults.get(key)
+        for kind, ok, wanted in (
+            (bool, lambda v: isinstance(v, bool), "true or false"),
+            (int, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+            (float, lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+            (str, lambda v: isinstance(v, str), "a string"),
+        ):
+            if isinstance(default, kind):
+                if not ok(value):
+                    raise unsupported(self.model_type, key, value,
+                                      f"expected {wanted}, as the class default {default!r}")
+                return
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self[key]
@@ -221,7 +239,7 @@ def build_config(model_type: str, **fields: Any) -> ModelConfig:
         return ModelConfig(**fields)
     except ConfigError as err:
         raise ConversionError(
-            f"the {model_type} config maps to a ModelConfig this project rejects: {err}"
+            f"the {model_type} config.json maps to a ModelConfig this project rejects: {err}"
         ) from err
 
 

@@ -170,6 +170,7 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
 
 
 def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
+    from transformers_jax.registry import MLPS
 
     C, H, D, F = config.d_model, config.n_heads, config.dims_per_head, config.ff_dim
     s = np.float32(config.d_model**-0.5) if scales_decoder_output(hf_config or {}) else None
@@ -200,7 +201,7 @@ def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
         ]
 
     def mlp(hf: str, ours: str) -> list[Rule]:
-        if config.mlp in ("swiglu", GEGLU):
+        if MLPS.get(config.mlp).gated:  # a gate and an up projection
             return [
                 linear(hf + "wi_0.weight", ours + "gate/kernel", (C,), (F,)),
                 linear(hf + "wi_1.weight", ours + "up/kernel", (C,), (F,)),

@@ -1,0 +1,137 @@
+"""The context experiments (RoPE context extension, context usage, synthetic length
+generalisation) run end to end at a tiny scale and write their JSON, table and plot; and the
+pieces they rest on. (A file of their own: pytest-xdist hands out whole files.)"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+
+@pytest.mark.slow
+def test_rope_extension_tiny(results_dir):
+    from experiments import rope_extension
+
+    rope_extension.main(["--scale", "tiny", "--seeds", "1", "--scalings",
+                         "none,yarn,dynamic_ntk"])
+    out = json.loads((results_dir / "rope_extension_tiny.json").read_text())
+    assert set(out["results"]) == {"none", "yarn", "dynamic_ntk"}
+    # zero-shot reference: the rule that leaves the model as trained; no PI, no tuned one
+    assert out["references"] == {"zero_shot": "none", "fine_tuned": None}
+    assert "zero_shot: yarn - none" in out["comparisons"]
+    zero_shot = {k: v[0]["zero_shot"] for k, v in out["results"].items()}
+    assert zero_shot["none"] != zero_shot["yarn"]  # the scaling changes the numbers
+    for runs in out["results"].values():  # loss from 1x to 16x the training length
+        curve = runs[0]["zero_shot_by_length"]
+        assert tuple(sorted(map(int, curve))) == rope_extension.MULTIPLES
+        assert curve[str(out["factor"])] == pytest.approx(runs[0]["zero_shot"], rel=1e-3)
+    # dynamic NTK leaves the model as trained up to its original length
+    dyn, plain = out["results"]["dynamic_ntk"][0], out["results"]["none"][0]
+    assert dyn["zero_shot_by_length"]["1"] == pytest.approx(plain["zero_shot_by_length"]["1"])
+    assert (results_dir / "rope_extension_tiny.png").exists()
+
+
+@pytest.mark.slow
+def test_context_usage_tiny(results_dir):
+    from experiments import context_usage
+
+    context_usage.main(["--scale", "tiny", "--seeds", "1"])
+    out = json.loads((results_dir / "context_usage_tiny.json").read_text())
+    assert set(out["results"]) == {"gpt", "lstm"}
+    assert out["units"] == "sentencepiece" and out["tokenizer_vocab"] == 512  # both families
+    assert out["baselines"]["unigram"] > out["baselines"]["3-gram"]  # in pieces, not bytes
+    row = out["results"]["lstm"][0]
+    assert {"truncate/4", "shuffle/16", "shuffle_spans/4", "random/16",
+            "corpus_span/16"} <= set(row)
+    assert row["targets"] == len(row["truncate/4/windows"]) * out["target"]
+    assert row["truncate/4"] == pytest.approx(np.mean(row["truncate/4/windows"]))
+    iv = out["comparisons"]["lstm/corpus_span/4"]
+    assert iv["low"] <= iv["mean"] <= iv["high"]
+    assert (results_dir / "context_usage_tiny.png").exists()
+
+
+def test_perturbations_touch_only_the_far_context():
+    import numpy as np
+
+    from experiments.context_usage import perturb
+
+    rng = np.random.default_rng(0)
+    window = np.arange(100)
+    for kind in ("shuffle", "shuffle_spans", "random"):
+        out = perturb(window, 60, kind, rng, vocab=1000)
+        assert len(out) == 100 and np.array_equal(out[60:], window[60:])
+        assert not np.array_equal(out[:60], window[:60])
+    spans = perturb(window, 60, "shuffle_spans", rng, vocab=1000)
+    for start in range(0, 60, 20):  # each span keeps its own tokens
+        assert sorted(spans[start : start + 20]) == list(range(start, start + 20))
+    assert np.array_equal(perturb(window, 60, "truncate", rng, 1000), window[60:])
+    corpus = np.arange(1000, 2000)  # the control: a run of 60 corpus tokens, then the window's
+    span = perturb(window, 60, "corpus_span", rng, 1000, corpus)
+    assert np.array_equal(span[60:], window[60:]) and np.all(np.diff(span[:60]) == 1)
+    assert span[0] >= 1000
+
+
+@pytest.mark.slow
+def test_synthetic_generalisation_tiny(results_dir):
+    from experiments import synthetic_generalisation
+
+    synthetic_generalisation.main(["--scale", "tiny"])
+    out = json.loads((results_dir / "synthetic_generalisation_tiny.json").read_text())
+    assert set(out["results"]) == {"gpt", "encdec"}
+    assert (out["train_max"], out["test_max"]) == (4, 8)
+    gpt = out["results"]["gpt"]["reverse"]
+    assert set(gpt) == {"none", "learned"}
+    none, learned = gpt["none"][0], gpt["learned"][0]
+    assert set(none["exact"]) == {str(n) for n in range(1, 9)}  # every length scored
+    assert all(0.0 <= v <= 1.0 for v in none["exact"].values())
+    assert math.isnan(learned["exact"]["5"]) and not math.isnan(learned["exact"]["4"])
+    encdec = out["results"]["encdec"]["reverse"]["t5"][0]
+    assert not math.isnan(encdec["exact"]["8"])
+    table = (results_dir / "synthetic_generalisation_tiny.md").read_text()
+    assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
+    assert (results_dir / "synthetic_generalisation_tiny.png").stat().st_size > 10_000
+
+
+def test_synthetic_exact_match_is_greedy_decoding():
+    """The teacher-forced argmax over answer + eos is right exactly when greedy decoding
+    reproduces the answer: score a random model on its own greedy continuation (all correct),
+    then on that continuation with one token changed (wrong)."""
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from experiments.synthetic_generalisation import accuracy_of
+    from transformers_jax import ModelConfig, build_model
+    from transformers_jax.sample import SamplingConfig, generate
+
+    model = build_model(ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2))
+    params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8), np.int32))["params"])
+    prompts = [[256, 97, 98, 99, 260], [256, 120, 121, 260]]  # [bos] prompt [sep]
+    answers = generate(model, params, prompts, SamplingConfig(max_new_tokens=4, temperature=0))
+    T = 10
+    rows = {k: np.zeros((4, T), np.int32) for k in ("inputs", "targets", "segment_ids")}
+    weights = np.zeros((4, T), np.float32)
+    for i in range(4):
+        prompt, answer = prompts[i % 2], list(answers[i % 2])
+        if i >= 2:  # corrupt the last answer token
+            answer[-1] = (answer[-1] + 1) % 256
+        seq = prompt + answer
+        rows["inputs"][i, : len(seq) - 1] = seq[:-1]
+        rows["targets"][i, : len(seq) - 1] = seq[1:]
+        rows["segment_ids"][i, : len(seq) - 1] = 1
+        weights[i, len(prompt) - 1 : len(seq) - 1] = 1
+    batch = {**rows, "weights": weights, "lengths": np.array([1, 2, 3, 4], np.int32)}
+    exact, tokens = accuracy_of(model, params, batch, "gpt")
+    assert exact == {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}
+    assert tokens[1] == 1.0 and tokens[3] == 0.75
+
+
+def test_length_bins():
+    from experiments.synthetic_generalisation import length_bins, summarise_bins
+
+    assert length_bins(8, 32) == [(1, 8), (9, 10), (11, 12), (13, 14), (15, 16), (17, 24),
+                                  (25, 32)]
+    assert length_bins(20, 40) == [(1, 20), (21, 25), (26, 30), (31, 35), (36, 40)]
+    assert summarise_bins({"1": 1.0, "2": 0.5, "3": 0.0, "4": float("nan")}, 2, 4) == {
+        "1-2 (train)": 0.75, "3": 0.0, "4": pytest.approx(float("nan"), nan_ok=True)}
