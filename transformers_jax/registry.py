@@ -174,25 +174,32 @@ def check_field_types(obj: Any, prefix: str = "") -> None:
             continue
         (kind,), allow_none = expected
         value = getattr(obj, f.name)
-        if value is None:
-            if allow_none:
-                continue
-            ok = False
-        elif kind is bool:
-            ok = isinstance(value, bool)
-        elif kind is int:
-            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        elif kind is float:
-            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            if ok and not math.isfinite(value):
-                raise ConfigError(f"{prefix}{f.name}={value!r}: must be a finite number")
-        else:
-            ok = isinstance(value, str)
-        if not ok:
-            wanted = {int: "an integer", float: "a number", bool: "true or false",
-                      str: "a string"}[kind]
-            raise ConfigError(f"{prefix}{f.name}={value!r}: expected {wanted}"
-                              + (" or None" if allow_none else ""))
+        if value is None and allow_none:
+            continue
+        problem = "expected " + WANTED[kind] if value is None else type_problem(kind, value)
+        if problem is not None:
+            raise ConfigError(f"{prefix}{f.name}={value!r}: {problem}"
+                              + (" or None" if allow_none and problem.startswith("expected")
+                                 else ""))
+
+
+WANTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def type_problem(kind: type, value: Any) -> str | None:
+    """What is wrong with ``value`` for a field of ``kind`` (int, float, bool or str), or None:
+    a bool is not a number, 2.5 is not an integer, a number must be finite."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if ok and not math.isfinite(value):
+            return "must be a finite number"
+    else:
+        ok = isinstance(value, str)
+    return None if ok else "expected " + WANTED[kind]
 
 
 def switch_field(registry: Registry, default: str) -> Any:

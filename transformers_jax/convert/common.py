@@ -21,7 +21,7 @@ import numpy as np
 
 from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.convert.hf_files import ConversionError
-from transformers_jax.registry import Registry, Switch
+from transformers_jax.registry import WANTED, Registry, Switch, type_problem
 
 Arrays = tuple[np.ndarray, ...]
 
@@ -179,17 +179,11 @@ class HFConfig:
         """A value of another type than the class default (``"n_embd": false``) is refused
         here, naming the Hugging Face field, not later under the ModelConfig field it maps to."""
         default = self.defaults.get(key)
-        for kind, ok, wanted in (
-            (bool, lambda v: isinstance(v, bool), "true or false"),
-            (int, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-            (float, lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
-            (str, lambda v: isinstance(v, str), "a string"),
-        ):
-            if isinstance(default, kind):
-                if not ok(value):
-                    raise unsupported(self.model_type, key, value,
-                                      f"expected {wanted}, as the class default {default!r}")
-                return
+        kind = next((k for k in WANTED if type(default) is k), None)  # bool is not an int here
+        problem = None if kind is None else type_problem(kind, value)
+        if problem is not None:
+            raise unsupported(self.model_type, key, value,
+                              f"{problem}, as the class default {default!r}")
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self[key]
