@@ -30,8 +30,10 @@ from transformers_jax.convert import (  # noqa: E402
 from transformers_jax.convert import bert as bert_convert  # noqa: E402
 from transformers_jax.convert import gpt2 as gpt2_convert  # noqa: E402
 from transformers_jax.convert import llama as llama_convert  # noqa: E402
+from transformers_jax.convert import t5 as t5_convert  # noqa: E402
 from transformers_jax.convert.hf_files import read_safetensors, write_safetensors  # noqa: E402
 from transformers_jax.models import build_model  # noqa: E402
+from transformers_jax.registry import MLPS  # noqa: E402
 from transformers_jax.runs import load_run  # noqa: E402
 from transformers_jax.sample import SamplingConfig, generate  # noqa: E402
 
@@ -537,19 +539,60 @@ def test_bert_masked_lm_logits_match_transformers(tmp_path, variant, attention):
     np.testing.assert_allclose(bert_logits(out, TOKENS, TYPES), want, atol=0, rtol=0)
 
 
-def test_bert_exact_gelu_is_named_until_the_project_has_it(tmp_path):
-    from transformers_jax.registry import MLPS
-
+def test_bert_exact_gelu_converts(tmp_path):
+    """BERT's own ``hidden_act="gelu"`` is the exact erf GELU: our ``gelu_exact``."""
     source = make_bert(tmp_path, hidden_act="gelu")
-    if "gelu_exact" in MLPS:  # once nn/layers.py registers it, real BERT checkpoints convert
-        converted = load_hf(source)
-        ours = build_model(converted.config).apply({"params": converted.params},
-                                                   jnp.asarray(TOKENS),
-                                                   token_types=jnp.asarray(TYPES))
-        assert np.max(np.abs(np.asarray(ours) - bert_logits(source, TOKENS, TYPES))) < ATOL
-    else:
-        with pytest.raises(ConversionError, match="hidden_act='gelu'.*exact erf GELU"):
-            load_hf(source)
+    converted = load_hf(source)
+    assert converted.config.mlp == "gelu_exact"
+    ours = build_model(converted.config).apply({"params": converted.params},
+                                               jnp.asarray(TOKENS),
+                                               token_types=jnp.asarray(TYPES))
+    assert np.max(np.abs(np.asarray(ours) - bert_logits(source, TOKENS, TYPES))) < ATOL
+
+
+CONVERTIBLE_MLPS = [name for name, kind in MLPS.items() if kind.hf_names]
+
+
+@pytest.mark.parametrize("mlp", CONVERTIBLE_MLPS)
+def test_every_convertible_mlp_computes_its_hugging_face_activations(mlp):
+    """The registry entry's ``hf_names`` are what conversion trusts: each must be the same
+    function in transformers (``ACT2FN``) as the entry's activation."""
+    from transformers.activations import ACT2FN
+
+    kind = MLPS.get(mlp)
+    x = np.linspace(-8.0, 8.0, 321, dtype=np.float32)
+    ours = np.asarray(kind.activation(jnp.asarray(x)))
+    for name in kind.hf_names:
+        theirs = ACT2FN[name](torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=3e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("mlp", list(MLPS))
+def test_every_mlp_round_trips_through_each_config_or_is_named(mlp):
+    """Export then import gives the MLP back where the architecture has it (GPT-2 and BERT:
+    non-gated; T5: ACT or gated-ACT); elsewhere the export names the field."""
+    kind = MLPS.get(mlp)
+    for module, takes_gated in ((gpt2_convert, False), (bert_convert, False), (t5_convert, True)):
+        base = module.config_from_hf({"is_encoder_decoder": True} if module is t5_convert else {})
+        config = base.replace(mlp=mlp)
+        if kind.hf_names and (takes_gated or not kind.gated):
+            assert module.config_from_hf(module.config_to_hf(config, None)).mlp == mlp
+        else:
+            with pytest.raises(ConversionError, match=f"mlp='{mlp}'"):
+                module.config_to_hf(config, None)
+
+
+@pytest.mark.parametrize(("module", "raw", "named"), [
+    (gpt2_convert, {"activation_function": "tanh"}, "activation_function='tanh'.*gelu_new"),
+    (bert_convert, {"hidden_act": "silu"}, "hidden_act='silu'.*non-gated"),
+    (t5_convert, {"feed_forward_proj": "gated-relu"}, "feed_forward_proj='gated-relu'.*silu"),
+    (t5_convert, {"feed_forward_proj": "gated-gelu-new"}, "expected ACT or gated-ACT"),
+])
+def test_an_activation_no_mlp_computes_is_named(module, raw, named):
+    if module is t5_convert:
+        raw = {"is_encoder_decoder": True, **raw}
+    with pytest.raises(ConversionError, match=named):
+        module.config_from_hf(raw)
 
 
 # T5 --------------------------------------------------------------------------------------------
@@ -639,13 +682,7 @@ def test_t5_round_trip_and_run_directory(t5_dirs, tmp_path):
 
 
 def test_t5_inexpressible_fields_are_named():
-    from transformers_jax.convert import t5 as t5_convert
-    from transformers_jax.registry import MLPS
-
     base = {"model_type": "t5", "d_model": 32, "d_kv": 8, "num_heads": 4, "num_layers": 2}
-    if "geglu" not in MLPS:
-        with pytest.raises(ConversionError, match="feed_forward_proj='gated-gelu'.*geglu"):
-            t5_convert.config_from_hf({**base, "feed_forward_proj": "gated-gelu"})
     if "n_decoder_layers" not in {f.name for f in dataclasses.fields(ModelConfig)}:
         with pytest.raises(ConversionError, match="num_decoder_layers=3"):
             t5_convert.config_from_hf({**base, "num_decoder_layers": 3})

@@ -195,7 +195,7 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     assert "alibi degrades less than rope: as published" in text
     assert "Warning: none do not beat the 3-gram (2.200)" in text
     assert "yarn zero-shot better than no scaling: as published (-1.600 [-1.700, -1.500]" in text
-    assert "YaRN better than PI after the fine-tune: inconclusive (-0.100 [-0.300, +0.100]" \
+    assert "yarn better than linear after the fine-tune: inconclusive (-0.100 [-0.300, +0.100]" \
         in text
     assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
     assert "gpt: it still uses context beyond b=16" in text

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.config import check_lengths as check_seq_len
-from transformers_jax.registry import ATTENTION, FAMILIES, MASKS, POSITIONS, UnknownNameError
+from transformers_jax.registry import ATTENTION, FAMILIES, MASKS, MLPS, POSITIONS, UnknownNameError
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -228,7 +228,7 @@ TINY_MODEL = {
     "norm": st.sampled_from(["layernorm", "rmsnorm"]),
     "norm_position": st.sampled_from(["pre", "post"]),
     "norm_eps": st.sampled_from([-1.0, 0.0, 1e-6, 1e-5, 10.0]),
-    "mlp": st.sampled_from(["gelu", "swiglu", "relu", "geglu", "gelu_exact"]),
+    "mlp": st.sampled_from(list(MLPS)),  # every registered MLP
     "use_bias": st.booleans(), "tie_embeddings": st.booleans(), "qk_norm": st.booleans(),
     "dropout": st.sampled_from([0.0, 0.1, 0.5, 1.0, -0.1]),
     "attn_logit_softcap": st.sampled_from([None, -1.0, 0.5, 50.0]),

@@ -414,3 +414,16 @@ def test_extension_baseline_is_position_interpolation(scaling):
         for n in (8, 16, 64, 256))
     assert rule.extension_baseline == interpolates, scaling
     assert sum(ROPE_SCALINGS.get(s).extension_baseline for s in ROPE_SCALINGS.names()) == 1
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS.names())
+def test_published_gains_are_claims_the_experiment_can_check(scaling):
+    """``published_gains`` (what run_all reads rope_extension's intervals against) names only
+    the two comparisons the experiment makes, for a rule that extends the context; a rule
+    cannot be published as beating itself (the fine-tune baseline)."""
+    rule = ROPE_SCALINGS.get(scaling)
+    assert set(rule.published_gains) <= {"zero_shot", "fine_tuned"}, scaling
+    if rule.published_gains:
+        assert rule.extends_context, scaling
+    if rule.extension_baseline:
+        assert "fine_tuned" not in rule.published_gains, scaling

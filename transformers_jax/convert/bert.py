@@ -5,11 +5,11 @@ blocks (``norm1`` after attention, ``norm2`` after the MLP, ``embed_norm`` on th
 sum), biases everywhere and the MLM head ``transform -> act -> LayerNorm -> tied projection +
 bias``. ``torch.nn.Linear`` weights are ``[out, in]``.
 
-BERT's own ``hidden_act="gelu"`` is the exact (erf) GELU. This project's ``gelu`` MLP is the tanh
-approximation, so such checkpoints convert only once an exact-GELU MLP is registered (under
-``EXACT_GELU``); until then they are an error naming the field. ``gelu_new`` (tanh) and ``relu``
-checkpoints convert now. The pooler and next-sentence head of ``BertForPreTraining`` do not
-affect masked-LM logits and are left out (an exported model has none).
+BERT's own ``hidden_act="gelu"`` is the exact (erf) GELU, our ``gelu_exact`` MLP (``gelu_new``
+is the tanh approximation, our ``gelu``); the activation is looked up in the MLP registry, where
+each entry names its Hugging Face activations. The pooler and next-sentence head of
+``BertForPreTraining`` do not affect masked-LM logits and are left out (an exported model has
+none).
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ from __future__ import annotations
 from transformers_jax.config import ModelConfig
 from transformers_jax.convert.common import (
     ARCHITECTURES,
-    EXACT_GELU,
     Architecture,
     HFConfig,
     Rule,
-    activation_from_hf,
-    activation_to_hf,
     build_config,
     copy,
     dense,
     layer_norm,
     linear,
+    mlp_from_hf,
+    mlp_to_hf,
     pinned,
     require_layout,
     require_ours,
@@ -57,7 +56,6 @@ LAYOUT = {  # what BERT fixes (see common.Layout)
     "position": ("learned", "BERT learns a position table"),
     "norm": ("layernorm", "BERT uses LayerNorm"),
     "norm_position": ("post", "BERT normalises after each block"),
-    "mlp": (("gelu", "relu", EXACT_GELU), "BERT's MLP is not gated"),
     "use_bias": (True, "BERT has biases everywhere"),
 }
 
@@ -78,7 +76,7 @@ def config_from_hf(raw: dict) -> ModelConfig:
         d_ff=hf["intermediate_size"],
         max_len=hf["max_position_embeddings"],
         norm_eps=float(hf["layer_norm_eps"]),
-        mlp=activation_from_hf("bert", "hidden_act", hf["hidden_act"]),
+        mlp=mlp_from_hf("bert", "hidden_act", hf["hidden_act"], gated=False),
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         init_std=float(hf["initializer_range"]),
         dropout=0.0,
@@ -101,7 +99,7 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
         num_hidden_layers=config.n_layers,
         num_attention_heads=config.n_heads,
         intermediate_size=config.ff_dim,
-        hidden_act=activation_to_hf(config.mlp),
+        hidden_act=mlp_to_hf(config, arch, gated=False, why="BERT's MLP is not gated"),
         max_position_embeddings=config.max_len,
         type_vocab_size=config.type_vocab_size,
         layer_norm_eps=config.norm_eps,

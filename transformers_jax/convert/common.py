@@ -21,7 +21,7 @@ import numpy as np
 
 from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.convert.hf_files import ConversionError
-from transformers_jax.registry import WANTED, Registry, Switch, type_problem
+from transformers_jax.registry import MLPS, WANTED, Registry, Switch, type_problem
 
 Arrays = tuple[np.ndarray, ...]
 
@@ -202,29 +202,36 @@ def unsupported(model_type: str, field: str, value: Any, why: str) -> Conversion
     )
 
 
-EXACT_GELU = "gelu_exact"  # the MLP registry name an exact-erf GELU would have
-TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # all equal our tanh-GELU
+def convertible_mlps(*, gated: bool | None = None) -> tuple[str, ...]:
+    """The registered MLPs whose activation has a Hugging Face name (of one gating, or any)."""
+    return tuple(name for name, kind in MLPS.items()
+                 if kind.hf_names and (gated is None or kind.gated == gated))
 
 
-def activation_from_hf(model_type: str, field: str, act: str) -> str:
-    """Our MLP name for a Hugging Face activation (non-gated MLPs), or an error naming it."""
-    from transformers_jax.nn.layers import MLPS
-
-    if act in TANH_GELUS:
-        return "gelu"
-    if act == "relu":
-        return "relu"
-    if act == "gelu" and EXACT_GELU in MLPS:
-        return EXACT_GELU
-    why = "this project's MLPs are tanh-GELU (gelu_new, gelu_pytorch_tanh, gelu_fast) or relu"
-    if act == "gelu":
-        why += ("; 'gelu' is the exact erf GELU, which they do not compute (it converts once an "
-                f"MLP named {EXACT_GELU!r} is registered in nn/layers.py)")
-    raise unsupported(model_type, field, act, why)
+def _mlp_names_text(gated: bool) -> str:
+    return "; ".join(f"{name} ({', '.join(MLPS.get(name).hf_names)})"
+                     for name in convertible_mlps(gated=gated))
 
 
-def activation_to_hf(mlp: str) -> str:
-    return {"gelu": "gelu_new", "relu": "relu", EXACT_GELU: "gelu"}[mlp]
+def mlp_from_hf(model_type: str, field: str, act: str, *, gated: bool,
+                value: str | None = None) -> str:
+    """Our MLP of that gating whose activation Hugging Face calls ``act`` (its ``hf_names`` in
+    the MLP registry), or an error naming ``field`` (and its ``value``, if not ``act``) and what
+    converts."""
+    for name, kind in MLPS.items():
+        if kind.gated == gated and act in kind.hf_names:
+            return name
+    kind = "gated" if gated else "non-gated"
+    raise unsupported(model_type, field, act if value is None else value,
+                      f"no {kind} MLP registered in nn/activations.py computes it; the {kind} "
+                      f"ones that convert, with their Hugging Face names: {_mlp_names_text(gated)}")
+
+
+def mlp_to_hf(config: ModelConfig, arch: str, *, gated: bool | None, why: str) -> str:
+    """Export check and name: ``config.mlp`` must convert (and be of that gating, unless None);
+    returns the Hugging Face name of its activation."""
+    require_ours(config, arch, "mlp", convertible_mlps(gated=gated), why)
+    return MLPS.get(config.mlp).hf_names[0]
 
 
 def build_config(model_type: str, **fields: Any) -> ModelConfig:

@@ -13,23 +13,22 @@ import numpy as np
 from transformers_jax.config import ModelConfig
 from transformers_jax.convert.common import (
     ARCHITECTURES,
-    EXACT_GELU,
-    TANH_GELUS,
     Architecture,
     HFConfig,
     Rule,
-    activation_from_hf,
-    activation_to_hf,
     build_config,
     conv1d,
     copy,
     dense,
     layer_norm,
+    mlp_from_hf,
+    mlp_to_hf,
     pinned,
     require_layout,
     require_ours,
     require_plain_attention,
 )
+from transformers_jax.registry import MLPS
 
 # GPT2Config's defaults for the fields read here (a config.json may omit any of them).
 DEFAULTS = {
@@ -61,7 +60,6 @@ LAYOUT = {  # what GPT-2 fixes (see common.Layout)
     "position": ("learned", "GPT-2 learns a position table"),
     "norm": ("layernorm", "GPT-2 uses LayerNorm"),
     "norm_position": ("pre", "GPT-2 normalises before each block"),
-    "mlp": (("gelu", "relu", EXACT_GELU), "GPT-2's MLP is not gated"),
     "use_bias": (True, "GPT-2 has biases everywhere"),
 }
 
@@ -69,7 +67,7 @@ LAYOUT = {  # what GPT-2 fixes (see common.Layout)
 def config_from_hf(raw: dict) -> ModelConfig:
     raw = {ALIASES.get(k, k): v for k, v in raw.items()}
     hf = HFConfig(raw, DEFAULTS, "gpt2")
-    mlp = activation_from_hf("gpt2", "activation_function", hf["activation_function"])
+    mlp = mlp_from_hf("gpt2", "activation_function", hf["activation_function"], gated=False)
     hf.require("scale_attn_by_inverse_layer_idx", False,
                "attention scaled by 1/(layer index + 1) differs per layer; ModelConfig has one "
                "attention_scale for all layers")
@@ -108,9 +106,9 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
     hf = dict(base or {})
     for alias in ALIASES:  # keep one spelling of each field
         hf.pop(alias, None)
-    activation = activation_to_hf(config.mlp)
-    if config.mlp == "gelu" and hf.get("activation_function") in TANH_GELUS:
-        activation = hf["activation_function"]  # keep the source's spelling of tanh-GELU
+    activation = mlp_to_hf(config, arch, gated=False, why="GPT-2's MLP is not gated")
+    if hf.get("activation_function") in MLPS.get(config.mlp).hf_names:
+        activation = hf["activation_function"]  # keep the source's spelling (of tanh-GELU)
     hf.update(
         architectures=["GPT2LMHeadModel"],
         model_type="gpt2",

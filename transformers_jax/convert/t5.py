@@ -3,8 +3,9 @@
 T5 is our encoder-decoder with ``position=t5`` (one bucketed bias table per stack, stored in
 block 0 of each, shared by its layers; the decoder's is causal), pre-RMSNorm (T5's LayerNorm
 has no mean and no bias), no biases anywhere, no attention scaling (``attention_scale=1``),
-one shared token embedding, and a ReLU (``relu``) or gated-SiLU (``gated-silu``, our ``swiglu``)
-MLP. Cross-attention has no position term, as ours.
+one shared token embedding, and an ``ACT`` or ``gated-ACT`` MLP (``relu``; ``gated-silu``, our
+``swiglu``; ``gated-gelu``, T5 v1.1 and Flan-T5, our ``geglu``: any MLP whose registry entry
+names its Hugging Face activation). Cross-attention has no position term, as ours.
 
 The head: ``transformers`` multiplies the decoder output by ``d_model**-0.5`` before the
 projection when ``scale_decoder_outputs`` (original T5, tied embeddings). ModelConfig has no
@@ -14,9 +15,8 @@ that multiplication and the head: the same function, but the stored scale is rou
 4). The head is separate exactly when the checkpoint holds a ``lm_head.weight`` that differs
 from ``shared.weight`` (as ``transformers`` 5 decides), whatever ``tie_word_embeddings`` says.
 
-Not expressible: ``gated-gelu`` (T5 v1.1, Flan-T5; needs a GEGLU MLP registered as ``geglu``),
-the exact-erf ``gelu`` (needs ``gelu_exact``), a decoder depth different from the encoder's
-(``num_decoder_layers``; needs a ModelConfig field).
+Not expressible: a decoder depth different from the encoder's (``num_decoder_layers``; needs a
+ModelConfig field).
 """
 
 from __future__ import annotations
@@ -28,22 +28,22 @@ import numpy as np
 from transformers_jax.config import ModelConfig
 from transformers_jax.convert.common import (
     ARCHITECTURES,
-    EXACT_GELU,
     Architecture,
     HFConfig,
     Rule,
-    activation_from_hf,
     build_config,
     copy,
     linear,
+    mlp_from_hf,
+    mlp_to_hf,
     pinned,
     require_layout,
     require_ours,
     require_plain_attention,
     unsupported,
 )
+from transformers_jax.registry import MLPS
 
-GEGLU = "geglu"  # the MLP registry name a tanh-GELU-gated MLP would have
 DEFAULTS = {
     "vocab_size": 32128,
     "d_model": 512,
@@ -67,7 +67,6 @@ LAYOUT = {  # what T5 fixes (see common.Layout)
     "position": ("t5", "T5 uses its bucketed relative bias"),
     "norm": ("rmsnorm", "T5's LayerNorm is an RMSNorm"),
     "norm_position": ("pre", "T5 normalises before each block"),
-    "mlp": (("relu", "swiglu", "gelu", EXACT_GELU, GEGLU), "T5's MLPs are ACT or gated-ACT"),
     "use_bias": (False, "T5 has no biases"),
 }
 
@@ -79,23 +78,17 @@ def scales_decoder_output(hf_config: Mapping) -> bool:
     return hf_config.get("tie_word_embeddings") is not False
 
 
-def _mlp(hf: HFConfig) -> str:
-    from transformers_jax.nn.layers import MLPS
+# transformers runs T5's "gated-gelu" (T5 v1.1, Flan-T5) with the tanh GELU: its name is gelu_new.
+GATED_GELU, GATED_GELU_ACT = "gated-gelu", "gelu_new"
 
+
+def _mlp(hf: HFConfig) -> str:
     proj = hf["feed_forward_proj"]
     parts = proj.split("-")
-    if len(parts) == 2 and parts[0] == "gated":
-        if parts[1] == "silu":
-            return "swiglu"
-        if parts[1] in ("gelu", "gelu_new") and GEGLU in MLPS:
-            return GEGLU  # transformers runs T5's gated-gelu with the tanh GELU (gelu_new)
-        raise unsupported("t5", "feed_forward_proj", proj,
-                          "the only gated MLP here is SwiGLU (gated-silu); a GELU-gated one "
-                          f"(T5 v1.1, Flan-T5) converts once an MLP named {GEGLU!r} is "
-                          "registered in nn/layers.py")
-    if len(parts) == 1:
-        return activation_from_hf("t5", "feed_forward_proj", proj)
-    raise unsupported("t5", "feed_forward_proj", proj, "expected ACT or gated-ACT")
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise unsupported("t5", "feed_forward_proj", proj, "expected ACT or gated-ACT")
+    act = GATED_GELU_ACT if proj == GATED_GELU else parts[-1]
+    return mlp_from_hf("t5", "feed_forward_proj", act, gated=len(parts) == 2, value=proj)
 
 
 def config_from_hf(raw: dict) -> ModelConfig:
@@ -136,8 +129,9 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
     require_layout(config, arch, LAYOUT)
     require_plain_attention(config, arch, "T5", fixed_head_dim=False)  # d_kv is free
     require_ours(config, arch, "attention_scale", 1.0, "T5 does not scale attention logits")
-    proj = {"relu": "relu", "swiglu": "gated-silu", "gelu": "gelu_new", EXACT_GELU: "gelu",
-            GEGLU: "gated-gelu"}[config.mlp]
+    proj = mlp_to_hf(config, arch, gated=None, why="no Hugging Face activation has its name")
+    if MLPS.get(config.mlp).gated:
+        proj = GATED_GELU if proj == GATED_GELU_ACT else f"gated-{proj}"
     hf = dict(base or {})
     for alias in ALIASES:
         hf.pop(alias, None)
@@ -170,8 +164,6 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
 
 
 def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
-    from transformers_jax.registry import MLPS
-
     C, H, D, F = config.d_model, config.n_heads, config.dims_per_head, config.ff_dim
     s = np.float32(config.d_model**-0.5) if scales_decoder_output(hf_config or {}) else None
 

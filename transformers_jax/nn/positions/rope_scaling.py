@@ -47,6 +47,10 @@ class RopeScaling(Switch):
     # the extension the others are published against once fine-tuned (position interpolation:
     # NTK-aware scaling and YaRN report their gains over it); experiments compare with it
     extension_baseline: ClassVar[bool] = False
+    # what the rule's paper reports, which the RoPE-extension experiment checks: "zero_shot",
+    # better than no scaling without fine-tuning; "fine_tuned", better than the extension
+    # baseline after the same fine-tune
+    published_gains: ClassVar[tuple[str, ...]] = ()
 
     def inv_freq(self, base: float, rotary_dim: int,
                  seq_len: int | jax.Array | None = None) -> tuple[jax.Array, float]:
@@ -146,6 +150,8 @@ class Linear(Extension):
 class Ntk(Extension):
     """NTK-aware: the base becomes ``base * s**(R/(R-2))``. No Hugging Face rope_type."""
 
+    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot",)
+
     def inv_freq(self, base, rotary_dim, seq_len=None):
         d = rotary_dim
         scaled = default_inv_freq(base * self.factor ** (d / (d - 2)), d)
@@ -167,6 +173,7 @@ class DynamicNtk(Extension):
 
     hf_rope_type: ClassVar[str | None] = "dynamic"
     uses_length: ClassVar[bool] = True
+    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot",)
     length: str = "sequence"
 
     def check(self, config: Any) -> None:
@@ -216,6 +223,7 @@ class Yarn(Extension):
     attention factor ``0.1 ln s + 1``."""
 
     hf_rope_type: ClassVar[str | None] = "yarn"
+    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot", "fine_tuned")
     beta_fast: float = 32.0
     beta_slow: float = 1.0
 
@@ -281,6 +289,7 @@ class Llama3(Extension):
     compared with ``L0 / high_freq_factor`` and ``L0 / low_freq_factor``)."""
 
     hf_rope_type: ClassVar[str | None] = "llama3"
+    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot",)
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
 
