@@ -1,5 +1,6 @@
-"""Test set-up: 8 fake CPU devices (before JAX is imported), float32 everywhere, and one
-persistent compilation cache for the whole run.
+"""Test set-up: 8 fake CPU devices (before JAX is imported), float32 everywhere, cheap XLA
+compiles and one persistent compilation cache for the whole run. A subprocess takes its
+environment from ``subprocess_env.single_device_env``.
 
 The suite builds the same tiny models again and again (every seed of an experiment, every
 `tjax` subprocess); XLA compiles dominate its time on 2 cores. The cache lives in a fresh
@@ -12,7 +13,16 @@ import os
 import shutil
 import tempfile
 
+# Cheap compiles: the suite compiles thousands of tiny programs and runs each briefly, so LLVM's
+# optimisation of XLA's generated loops costs more than it saves (a test 72 -> 56 s, a training
+# test no slower; matmuls are library calls, unaffected). Speed is measured by the benchmarks,
+# never here; TJAX_TEST_XLA_OPT=1 keeps XLA's default.
 os.environ.setdefault("XLA_FLAGS", "")
+FLAGS = os.environ["XLA_FLAGS"]
+if not os.environ.get("TJAX_TEST_XLA_OPT") and "backend_optimization" not in FLAGS:
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# what a subprocess (one device: `tjax`, a multi-host worker) gets; set before the device count
+os.environ.setdefault("TJAX_TEST_CHILD_XLA_FLAGS", os.environ["XLA_FLAGS"].strip())
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -50,3 +60,4 @@ def results_dir(tmp_path, monkeypatch):
 def split_cache(tmp_path, monkeypatch):
     """The experiments' held-out splits are cached in a fresh folder."""
     monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
+

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.loop import train
@@ -26,7 +27,7 @@ TINY = ["--model.n_layers=1", "--model.d_model=32", "--model.n_heads=2", "--mode
 
 def tjax(*args, env_extra=None, timeout=300):
     exe = os.path.join(os.path.dirname(sys.executable), "tjax")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = single_device_env()
     env.update(env_extra or {})
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -66,7 +67,7 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path):
 def test_sigterm_saves_then_resumes(tmp_path):
     run = str(tmp_path / "run")
     exe = os.path.join(os.path.dirname(sys.executable), "tjax")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = single_device_env()
     proc = subprocess.Popen([exe, "train", *TINY, "--steps", "100000", "--run-dir", run,
                              "--train.checkpoint_every=100000"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.evaluation import evaluate_run, passkey_needle, passkey_prompt
@@ -34,7 +35,7 @@ def gpt_run(tmp_path_factory):
 def tjax(*args):
     exe = os.path.join(os.path.dirname(sys.executable), "tjax")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "transformers_jax.cli"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = single_device_env()
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300, env=env)
 
 

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 from multihost_worker import STEPS, make_batches, model_and_optimizer
+from subprocess_env import single_device_env
 
 from transformers_jax import ConfigError
 from transformers_jax.parallel import initialize
@@ -31,7 +32,7 @@ def free_port() -> int:
 def worker_env() -> dict:
     """The parent's environment minus the 8-fake-device XLA_FLAGS of conftest.py: each worker
     sets its own device count."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = single_device_env()
     env["JAX_PLATFORMS"] = "cpu"
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

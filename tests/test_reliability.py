@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.loop import train
@@ -30,7 +31,7 @@ MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2)
 
 def tjax(*args, timeout=300):
     exe = os.path.join(os.path.dirname(sys.executable), "tjax")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = single_device_env()
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.corpus import default_corpus, read_text
@@ -95,7 +96,7 @@ def test_same_seed_same_losses(tmp_path):
 def tjax(*args, timeout=300):
     exe = os.path.join(os.path.dirname(sys.executable), "tjax")
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "transformers_jax.cli"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = single_device_env()
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout,
                           env=env)
 
