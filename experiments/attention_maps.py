@@ -6,8 +6,8 @@ distribution and its mean attention distance, so "uses long context" is seen, no
 The model runs once (compiled; not with ``scan_layers``, whose one traced layer stands for all),
 with every self-attention call observed on its way to the kernel: its queries and keys (after
 the positional scheme's rotation), bias and mask give the softmax weights ``p[b, h, q, k]`` (the
-reference formula), from which, averaged over the batch's queries, each layer hands the host
-(an ordered ``jax.debug.callback``, so layers arrive in order):
+reference formula), from which, averaged over the batch's queries, each layer adds its outputs
+to the compiled function's (in the order the layers are traced: the model's):
 
 - entropy ``-sum_k p log p`` in nats (0: one key; ``log(q + 1)``: uniform over the prefix),
 - mean distance ``sum_k p |q - k|`` in tokens (how far back the weight sits).
@@ -17,7 +17,6 @@ Cross-attention (encoder-decoder) is not observed: its distances have no meaning
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from unittest import mock
 
 import jax
@@ -45,37 +44,33 @@ def _head_stats(p_BNGQK: jax.Array) -> tuple[jax.Array, jax.Array]:
     return per_head(entropy), per_head(mean_distance)
 
 
-def attention_statistics(model, params, tokens_BT, apply: Callable | None = None) -> dict:
+def attention_statistics(model, params, tokens_BT) -> dict:
     """``{"entropy": [layers][heads], "distance": [layers][heads], "length": T}`` for the
-    self-attention of ``model`` on ``tokens_BT`` (``apply`` calls the model if it needs more
-    than its tokens)."""
+    self-attention of ``model`` on ``tokens_BT``. The statistics are outputs of one jitted
+    function (not host callbacks), so its executable is cached like any other."""
     cfg = model.config
     if cfg.scan_layers:
         raise ValueError("attention_statistics observes each layer's call: use a model built "
                          "with scan_layers=False (its scanned parameters are stacked; train "
                          "it unscanned to analyse it)")
     original = layers.dot_product_attention
-    found: list[tuple[np.ndarray, np.ndarray]] = []
-
-    def keep(entropy, distance):
-        found.append((np.asarray(entropy), np.asarray(distance)))
+    found: list[tuple[jax.Array, jax.Array]] = []  # traced (entropy, distance) per layer
 
     def observed(q, k, v, *, bias=None, mask=None, scale=None, logit_softcap=None, **rest):
         if q.shape[1] == k.shape[1]:  # self-attention over the same window
             d = q.shape[-1]
             p = _reference_probs(q, k, bias, as_dense(mask), scale or d ** -0.5, logit_softcap)
-            jax.debug.callback(keep, *_head_stats(p), ordered=True)
+            found.append(_head_stats(p))
         return original(q, k, v, bias=bias, mask=mask, scale=scale,
                         logit_softcap=logit_softcap, **rest)
 
+    def statistics(p, t):
+        found.clear()
+        model.apply({"params": p}, t)  # only the statistics are kept: XLA drops the rest
+        return list(found)
+
     with mock.patch.object(layers, "dot_product_attention", observed):
-        if apply is None:
-            out = jax.jit(lambda p, t: model.apply({"params": p}, t))(params,
-                                                                      jnp.asarray(tokens_BT))
-        else:
-            out = apply()
-        jax.block_until_ready(out)
-    jax.effects_barrier()  # every callback has run
-    return {"entropy": [e.tolist() for e, _ in found],
-            "distance": [d.tolist() for _, d in found],
+        per_layer = jax.jit(statistics)(params, jnp.asarray(tokens_BT))
+    return {"entropy": [np.asarray(e).tolist() for e, _ in per_layer],
+            "distance": [np.asarray(d).tolist() for _, d in per_layer],
             "length": int(np.asarray(tokens_BT).shape[1])}

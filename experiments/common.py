@@ -4,6 +4,7 @@ and writing results (JSON, a markdown table headed by the exact command, a PNG p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -132,8 +133,10 @@ def text_tokens(tokenizer, data: str | None, max_tokens: int, role: str = "eval"
     return np.concatenate(parts)[:max_tokens].astype(np.int32)
 
 
+@functools.lru_cache(maxsize=64)
 def window_losses(model):
-    """A jitted ``(params, inputs, targets) -> per-token loss [B, T]``."""
+    """A jitted ``(params, inputs, targets) -> per-token loss [B, T]``, one per model (modules
+    with equal configs are equal): every seed and scheme of that shape reuses its traces."""
 
     @jax.jit
     def losses(params, inputs, targets):

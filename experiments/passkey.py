@@ -21,6 +21,7 @@ decoding (each digit is predicted from the right previous ones exactly when all 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -127,9 +128,10 @@ def examples(heldout: bytes, tokenizer, length: int, depth: float, n: int,
     return np.stack(windows), answer
 
 
+@functools.lru_cache(maxsize=64)
 def predictor(model):
-    """A jitted ``(params, inputs) -> argmax token per position`` (one per model: compiles once
-    per window length)."""
+    """A jitted ``(params, inputs) -> argmax token per position``, one per model (equal configs:
+    the same function, so seeds reuse its traces; it compiles once per window length)."""
     return jax.jit(lambda params, inputs: model.apply({"params": params}, inputs).argmax(-1))
 
 

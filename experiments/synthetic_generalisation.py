@@ -23,6 +23,7 @@ copy or reverse there.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import time
 
@@ -100,12 +101,18 @@ def eval_batches(task: str, family: str, tokenizer, lengths, seq_len: int, per_l
     return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
 
 
+@functools.lru_cache(maxsize=64)
+def _logits_fn(model, keys: tuple[str, ...]):
+    """The jitted forward pass of ``model`` (one per model: seeds reuse its traces)."""
+    return jax.jit(lambda p, b: apply_model(model, p, b, keys))
+
+
 def accuracy_of(model, params, batch: dict, family: str) -> tuple[dict, dict]:
     """Exact match (teacher-forced argmax over answer + eos == greedy decoding) and answer-token
     accuracy, per task length."""
     keys = objective_for(family).input_keys
     inputs = {k: v for k, v in batch.items() if k in (*keys, "inputs")}
-    logits = jax.jit(lambda p, b: apply_model(model, p, b, keys))(params, inputs)
+    logits = _logits_fn(model, tuple(keys))(params, inputs)
     predictions = np.asarray(np.argmax(logits, axis=-1))
     correct = exact_match(predictions, batch["targets"], batch["weights"])
     w = batch["weights"] > 0

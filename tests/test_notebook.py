@@ -7,6 +7,7 @@ saying so, without them).
 import os
 
 import pytest
+from subprocess_env import single_device_env
 
 nbformat = pytest.importorskip("nbformat", reason="pip install nbformat to execute the notebook")
 nbclient = pytest.importorskip("nbclient", reason="pip install nbclient to execute the notebook")
@@ -43,7 +44,8 @@ def test_quickstart_notebook_runs_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device, not the suite's fake eight
+    # one CPU device, not the suite's fake eight; the suite's cheap compiles
+    monkeypatch.setenv("XLA_FLAGS", single_device_env()["XLA_FLAGS"])
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
