@@ -190,6 +190,16 @@ def test_llama_logits_match_transformers(llama_dirs, variant, attention):
                             or (2 if variant == "legacy_rope_scaling" else 4))
 
 
+def test_llama_with_a_tanh_gelu_gate_is_our_geglu(tmp_path):
+    """The MLP comes from the registry by its Hugging Face activation: a Llama whose gate is
+    the tanh GELU (as Gemma's) is our ``geglu``, logits equal, and exports back."""
+    directory = make_llama(tmp_path / "source", hidden_act="gelu_pytorch_tanh")
+    converted = assert_parity(directory, TOKENS, "xla")
+    assert converted.config.mlp == "geglu"
+    hf = llama_convert.config_to_hf(converted.config, None)
+    assert hf["hidden_act"] == "gelu_new"  # the registry's first spelling of the same function
+
+
 @pytest.mark.parametrize("attention", ["reference", "xla"])
 def test_mistral_sliding_window_logits_match_transformers(mistral_dir, attention):
     converted = assert_parity(mistral_dir, TOKENS, attention)  # 16 tokens, window 6
@@ -570,12 +580,13 @@ def test_every_convertible_mlp_computes_its_hugging_face_activations(mlp):
 @pytest.mark.parametrize("mlp", list(MLPS))
 def test_every_mlp_round_trips_through_each_config_or_is_named(mlp):
     """Export then import gives the MLP back where the architecture has it (GPT-2 and BERT:
-    non-gated; T5: ACT or gated-ACT); elsewhere the export names the field."""
+    non-gated; Llama: gated; T5: ACT or gated-ACT); elsewhere the export names the field."""
     kind = MLPS.get(mlp)
-    for module, takes_gated in ((gpt2_convert, False), (bert_convert, False), (t5_convert, True)):
+    for module, takes in ((gpt2_convert, (False,)), (bert_convert, (False,)),
+                          (llama_convert, (True,)), (t5_convert, (False, True))):
         base = module.config_from_hf({"is_encoder_decoder": True} if module is t5_convert else {})
         config = base.replace(mlp=mlp)
-        if kind.hf_names and (takes_gated or not kind.gated):
+        if kind.hf_names and kind.gated in takes:
             assert module.config_from_hf(module.config_to_hf(config, None)).mlp == mlp
         else:
             with pytest.raises(ConversionError, match=f"mlp='{mlp}'"):

@@ -1,7 +1,9 @@
 """Llama (``LlamaForCausalLM``, ``LlamaModel``) and Mistral <-> our ``gpt`` family.
 
 Llama is our GPT with ``position=rope`` (rotate-half pairing, so Hugging Face's q/k layout
-needs no permutation), RMSNorm, SwiGLU, optional GQA, no biases and an untied head by default.
+needs no permutation), RMSNorm, a gated MLP (``hidden_act="silu"``: SwiGLU; any gated MLP whose
+registry entry names that activation, e.g. ``gelu_pytorch_tanh``: our ``geglu``), optional GQA,
+no biases and an untied head by default.
 ``torch.nn.Linear`` weights are ``[out, in]``; our kernels are ``[in, out]`` with heads split
 out (query ``[C, H, D]``, key/value ``[C, N, D]``, output ``[H, D, C]``).
 
@@ -22,6 +24,8 @@ from transformers_jax.convert.common import (
     build_config,
     copy,
     linear,
+    mlp_from_hf,
+    mlp_to_hf,
     require_ours,
     reshape,
     unsupported,
@@ -65,8 +69,6 @@ def config_from_hf(raw: dict, model_type: str = "llama") -> ModelConfig:
     else:
         hf = HFConfig(raw, DEFAULTS, model_type)
         window = None
-    hf.require("hidden_act", "silu",
-               "this project's gated MLP is SwiGLU (silu); other gates are not implemented")
     if bool(hf["attention_bias"]) != bool(hf["mlp_bias"]):
         raise unsupported(
             model_type, "attention_bias", hf["attention_bias"],
@@ -91,7 +93,7 @@ def config_from_hf(raw: dict, model_type: str = "llama") -> ModelConfig:
         norm="rmsnorm",
         norm_position="pre",
         norm_eps=float(hf["rms_norm_eps"]),
-        mlp="swiglu",
+        mlp=mlp_from_hf(model_type, "hidden_act", hf["hidden_act"], gated=True),  # silu: swiglu
         use_bias=bool(hf["attention_bias"]),
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         init_std=float(hf["initializer_range"]),
@@ -113,7 +115,7 @@ def config_to_hf(config: ModelConfig, base: dict | None, model_type: str = "llam
     require_ours(config, arch, "position.fraction", 1.0, "Llama rotates whole heads")
     require_ours(config, arch, "norm", "rmsnorm", "Llama uses RMSNorm")
     require_ours(config, arch, "norm_position", "pre", "Llama normalises before each block")
-    require_ours(config, arch, "mlp", "swiglu", "Llama's MLP is SwiGLU")
+    hidden_act = mlp_to_hf(config, arch, gated=True, why="Llama's MLP is gated (SwiGLU)")
     require_ours(config, arch, "qk_norm", False, "Llama does not normalise q and k")
     for name in ("attn_logit_softcap", "final_logit_softcap"):
         require_ours(config, arch, name, None, "Llama does not soft-cap logits")
@@ -132,7 +134,7 @@ def config_to_hf(config: ModelConfig, base: dict | None, model_type: str = "llam
         num_attention_heads=config.n_heads,
         num_key_value_heads=config.kv_heads,
         head_dim=config.dims_per_head,
-        hidden_act="silu",
+        hidden_act=hidden_act,
         max_position_embeddings=pinned_len or config.max_len,
         rms_norm_eps=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings,
