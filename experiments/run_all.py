@@ -167,13 +167,11 @@ def finding_rope_extension(out: dict) -> str:
     from experiments.stats import Interval, verdict
     from transformers_jax.registry import ROPE_SCALINGS
 
-    claims = []
-    for k, rule in ROPE_SCALINGS.items():
-        if "zero_shot" in rule.published_gains:
-            claims.append((f"zero_shot: {k} - {none}", f"{k} zero-shot better than no scaling"))
-    for k, rule in ROPE_SCALINGS.items():
-        if "fine_tuned" in rule.published_gains:
-            claims.append((f"fine_tuned: {k} - {pi}", f"{k} better than {pi} after the fine-tune"))
+    against = {"zero_shot": (none, "{k} zero-shot better than no scaling"),
+               "fine_tuned": (pi, "{k} better than {ref} after the fine-tune")}
+    claims = [(f"{gain}: {k} - {ref}", text.format(k=k, ref=ref))
+              for gain, (ref, text) in against.items()
+              for k, rule in ROPE_SCALINGS.items() if gain in rule.published_gains]
     for key, claim in claims:
         found = out.get("comparisons", {}).get(key)
         if found is None:

@@ -60,4 +60,3 @@ def results_dir(tmp_path, monkeypatch):
 def split_cache(tmp_path, monkeypatch):
     """The experiments' held-out splits are cached in a fresh folder."""
     monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
-
