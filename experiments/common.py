@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,6 +69,53 @@ def command_line() -> str:
     args = " ".join(shlex.quote(a) for a in sys.argv[1:])
     module = os.path.splitext(os.path.relpath(sys.argv[0]))[0].replace(os.sep, ".")
     return f"python -m {module} {args}".strip()
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``"i/n"`` (``--shard``: this process computes runs i, i + n, i + 2n, ...) as ``(i, n)``."""
+    if text is None:
+        return None
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise ValueError(f"--shard {text!r}: expected i/n with 0 <= i < n, e.g. 0/2")
+    return index, count
+
+
+def in_shard(k: int, shard: tuple[int, int] | None) -> bool:
+    """Whether run number ``k`` belongs to ``shard`` (every run when there is none)."""
+    return shard is None or k % shard[1] == shard[0]
+
+
+def without_option(argv: Sequence[str], option: str) -> list[str]:
+    """``argv`` without ``option`` and its value (``--opt V`` or ``--opt=V``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
+
+
+def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
+    """Compute an experiment's runs in ``workers`` processes at once (``module`` with ``argv``
+    and ``--shard i/workers`` each), and return once all have finished: every run is then in
+    the cache (``cached_run``), so the caller's own pass only reads and reports. Small models
+    leave cores idle: on 2 cores two trainings at once give 1.15-1.2x the tokens/s of one
+    (BENCHMARKS.md section 3); with more cores the gain grows."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = [subprocess.Popen([sys.executable, "-m", module, *argv, "--shard", f"{i}/{workers}"],
+                              cwd=root) for i in range(workers)]
+    codes = [p.wait() for p in procs]
+    failed = [f"{i}/{workers} (exit {c})" for i, c in enumerate(codes) if c]
+    if failed:
+        raise SystemExit(f"{module}: worker {', '.join(failed)} failed (its output is above); "
+                         "finished runs are cached, so running the same command again resumes")
 
 
 def position_for(scheme: str, train_len: int, max_eval: int) -> dict:

@@ -64,6 +64,55 @@ def test_cached_run_resumes_by_key(results_dir, monkeypatch):
     assert common.cached_run("x", key, lambda: {"loss": 2.0}) == {"loss": 2.0}
 
 
+def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
+    from experiments import length_extrapolation
+
+    class Split:
+        seed, sha256 = 0, "x"
+
+        def meta(self):
+            return {}
+
+    done = []
+    monkeypatch.setattr(length_extrapolation, "heldout_split",
+                        lambda *a: (Split(), np.zeros(8, np.int32), {}))
+    monkeypatch.setattr(length_extrapolation, "one_run", lambda scheme, L, seed, *a: done.append(
+        (L, scheme, seed)) or {})
+    sweep = ("default", 3, ["alibi", "rope"], None)
+    assert length_extrapolation.run(*sweep, shard=(0, 4)) is None  # a shard only caches
+    shards = [list(done)]
+    for i in (1, 2, 3):
+        done.clear()
+        length_extrapolation.run(*sweep, shard=(i, 4))
+        shards.append(list(done))
+    done.clear()
+    assert length_extrapolation.run(*sweep)["results"]  # no shard: every run, and the report
+    every = sorted(done)
+    assert len(every) == 18 and sorted(sum(shards, [])) == every  # each run in one shard
+    assert [len(s) for s in shards] == [5, 5, 4, 4]
+    assert common.parse_shard("1/2") == (1, 2) and common.parse_shard(None) is None
+    for bad in ("2/2", "1", "a/b", "-1/2"):
+        with pytest.raises(ValueError, match="expected i/n"):
+            common.parse_shard(bad)
+    argv = ["--seeds", "2", "--workers", "2", "--workers=3", "--scale", "tiny"]
+    assert common.without_option(argv, "--workers") == ["--seeds", "2", "--scale", "tiny"]
+    started = []
+
+    class Proc:
+        def __init__(self, command, cwd):
+            started.append(command[command.index("-m") + 1:])
+            self.code = 3 if command[-1] == "1/2" else 0
+
+        def wait(self):
+            return self.code
+
+    monkeypatch.setattr(common.subprocess, "Popen", Proc)
+    with pytest.raises(SystemExit, match="worker 1/2 \\(exit 3\\) failed"):
+        common.run_workers("experiments.length_extrapolation", ["--seeds", "2"], 2)
+    assert started == [["experiments.length_extrapolation", "--seeds", "2", "--shard", s]
+                       for s in ("0/2", "1/2")]
+
+
 def test_position_losses_pair_the_same_positions(monkeypatch):
     import numpy as np
 

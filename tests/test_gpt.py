@@ -9,6 +9,7 @@ from model_helpers import POSITIONS, attention, init, tiny
 from transformers_jax import ModelConfig, Rope
 from transformers_jax.config import ConfigError
 from transformers_jax.nn.layers import Attention
+from transformers_jax.registry import NORM_PLACEMENTS
 
 
 @pytest.mark.parametrize("position", POSITIONS)
@@ -18,6 +19,25 @@ def test_forward_shape_finite_deterministic(position):
     assert logits.shape == (2, 12, 32) and logits.dtype == jnp.float32
     assert np.isfinite(np.asarray(logits)).all()
     np.testing.assert_array_equal(logits, model.apply({"params": params}, tokens))
+
+
+# one residual branch, x + f(norm(x)) or norm(x + f(x)), worked by hand for x = (3, -1),
+# f(h) = 2h and norm(h) = h / max|h|
+RESIDUAL_BY_HAND = {"pre": [5.0, -5.0 / 3.0], "post": [1.0, -1.0 / 3.0]}
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS.names())
+def test_norm_placement_hooks(placement):
+    entry = NORM_PLACEMENTS.get(placement)
+    x = jnp.array([3.0, -1.0])
+    out = entry.residual(x, lambda h: 2 * h, lambda h: h / jnp.abs(h).max(), lambda h: h)
+    if placement in RESIDUAL_BY_HAND:
+        np.testing.assert_allclose(out, RESIDUAL_BY_HAND[placement], rtol=1e-6)
+    model, params, tokens = init(tiny(norm_position=placement))
+    names = {"/".join(str(getattr(k, "key", k)) for k in path)
+             for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    assert any("final_norm" in n for n in names) == entry.final_norm
+    assert np.isfinite(np.asarray(model.apply({"params": params}, tokens))).all()
 
 
 def embedding_jacobian(model, params, tokens, query: int):

@@ -22,6 +22,7 @@ from transformers_jax.registry import (
     FAMILIES,
     MASKS,
     MLPS,
+    NORM_PLACEMENTS,
     NORMS,
     POSITIONS,
     ROPE_SCALINGS,
@@ -34,7 +35,6 @@ from transformers_jax.registry import (
 )
 
 DTYPES = ("float32", "bfloat16", "float16")
-NORM_POSITIONS = ("pre", "post")
 REMAT_POLICIES = ("none", "full", "nothing_saveable", "dots_saveable",
                   "dots_with_no_batch_dims_saveable", "everything_saveable",
                   "save_attention_out", "save_qkv_proj")
@@ -75,7 +75,7 @@ class ModelConfig:
 
     # Block options.
     norm: str = "layernorm"  # layernorm, rmsnorm
-    norm_position: str = "pre"  # pre, post
+    norm_position: str = "pre"  # pre, post: a NORM_PLACEMENTS name
     norm_eps: float = 1e-5  # added to the variance inside the norm
     mlp: str = "gelu"  # gelu, swiglu, relu
     use_bias: bool = True  # biases in dense layers and norms (GPT-2 yes, Llama no)
@@ -121,7 +121,7 @@ class ModelConfig:
             _fail("type_vocab_size", self.type_vocab_size, "must be >= 0 (0: no token types)")
         if self.n_decoder_layers is not None and self.n_decoder_layers <= 0:
             _fail("n_decoder_layers", self.n_decoder_layers, "must be positive or None")
-        _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        NORM_PLACEMENTS.check(self.norm_position, "norm_position")
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("param_dtype", self.param_dtype, DTYPES)
         _check_choice("remat", self.remat, REMAT_POLICIES)

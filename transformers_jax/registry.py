@@ -1,10 +1,10 @@
 """Name -> object registries behind every switch of the config, and the base of switch values.
 
 Every switch value (a positional scheme, a mask kind, an attention implementation, a RoPE
-scaling, a norm, an MLP, a model family) is one registered object that carries its own
-settings and the hooks the model calls; code outside it never tests its name. Adding one is
-one class (or function) plus one ``@REGISTRY.register("name")`` line, in its own file; looking
-up an unknown name raises an error that lists the valid ones.
+scaling, a norm and where it sits, an MLP, a model family) is one registered object that
+carries its own settings and the hooks the model calls; code outside it never tests its name.
+Adding one is one class (or function) plus one ``@REGISTRY.register("name")`` line, in its own
+file; looking up an unknown name raises an error that lists the valid ones.
 
 This module imports no JAX: the registries are declared here and fill themselves on first use
 by importing the module named in ``load`` (so ``config.py`` can resolve ``"rope"`` without
@@ -254,5 +254,6 @@ ROPE_SCALINGS: Registry = Registry("RoPE scaling", load="transformers_jax.nn.pos
 MASKS: Registry = Registry("mask kind", load="transformers_jax.nn.masks")
 ATTENTION: Registry = Registry("attention implementation", load="transformers_jax.nn.attention")
 NORMS: Registry = Registry("norm", load="transformers_jax.nn.norms")
+NORM_PLACEMENTS: Registry = Registry("norm placement", load="transformers_jax.nn.norms")
 MLPS: Registry = Registry("mlp", load="transformers_jax.nn.activations")
 FAMILIES: Registry = Registry("model family", load="transformers_jax.models")

@@ -29,7 +29,7 @@ from transformers_jax.models.family import Family
 from transformers_jax.models.gpt import check_length, default_positions
 from transformers_jax.nn.layers import Dense, Embedder, dtype_of, make_embed, softcap
 from transformers_jax.nn.masks import build_mask
-from transformers_jax.nn.norms import make_norm
+from transformers_jax.nn.norms import make_norm, norm_placement
 from transformers_jax.nn.stack import LayerStack, encoding_positions
 from transformers_jax.registry import FAMILIES, MLPS
 
@@ -60,7 +60,7 @@ class BertEncoder(nn.Module):
         self.embed = Embedder(cfg)
         if cfg.type_vocab_size:
             self.token_type_embed = make_embed(cfg, cfg.type_vocab_size, (None, "embed"))
-        if cfg.norm_position == "post":
+        if norm_placement(cfg).embedding_norm:
             self.embed_norm = make_norm(cfg)
         # One bias module for the whole stack, as in T5 (None for schemes without a bias).
         self.relative_bias = cfg.position.bias(cfg, not cfg.mask.causal)
@@ -94,7 +94,7 @@ class BertEncoder(nn.Module):
                              "(type_vocab_size=0)")
         # A zero "perturbation" hook: lets tests take gradients w.r.t. the embedded inputs.
         x_BTC = self.perturb("embeddings", x_BTC)
-        if cfg.norm_position == "post":
+        if norm_placement(cfg).embedding_norm:
             x_BTC = self.embed_norm(x_BTC)
         x_BTC = self.dropout(x_BTC, deterministic=deterministic)
         x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))

@@ -25,7 +25,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.nn.attention import attend_to_cache, dot_product_attention
 from transformers_jax.nn.kvcache import CacheWrite, LayerKV, RowSlot, write_row_slot, write_slots
 from transformers_jax.nn.masks import AttentionMask
-from transformers_jax.nn.norms import make_norm
+from transformers_jax.nn.norms import make_norm, norm_placement
 from transformers_jax.registry import MLPS
 
 Mask = AttentionMask | jax.Array | None
@@ -265,10 +265,8 @@ class Block(nn.Module):
         drop = nn.Dropout(cfg.dropout)
 
         def residual(x, f, norm_name):
-            norm = make_norm(cfg, norm_name)
-            if cfg.norm_position == "pre":
-                return x + drop(f(norm(x)), deterministic=deterministic)
-            return norm(x + drop(f(x), deterministic=deterministic))
+            return norm_placement(cfg).residual(
+                x, f, make_norm(cfg, norm_name), lambda h: drop(h, deterministic=deterministic))
 
         caches = {}
 

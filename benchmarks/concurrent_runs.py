@@ -1,0 +1,95 @@
+"""Is it faster to train small models side by side? One ``tjax train`` process against N at
+once (what ``experiments.length_extrapolation --workers N`` does), alternating rounds; prints
+one JSON object.
+
+    python benchmarks/concurrent_runs.py --workers 2 --rounds 3
+    python benchmarks/concurrent_runs.py --workers 2 -- --train.seq_len=128 --train.batch_size=8
+
+Every process is a plain ``tjax train`` with the library's default threading (XLA's pool over
+every core), the experiments' model and batch (width 128, 4 layers, batch 16 x 64) unless
+arguments after ``--`` change them. Per round: one process alone, then N started together.
+Reported per side: training tokens/s as each process logs it (its steady state) and the
+whole side's tokens over its wall time (start-up and compile included: what an experiment
+sees), with the median, min and max over rounds, the per-round ratio N-together / alone, and
+the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+DEFAULT_ARGS = ["--steps", "400", "--train.batch_size=16", "--train.seq_len=64",
+                "--train.eval_every=400", "--train.log_every=400"]
+
+
+def start(train_args: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "transformers_jax.cli", "train", "--no-progress", "--json",
+               *train_args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def side(n: int, train_args: list[str]) -> dict:
+    """``n`` processes started together: their logged tokens/s and the side's wall rate."""
+    began = time.perf_counter()
+    finals = [finish(p) for p in [start(train_args) for _ in range(n)]]
+    wall = time.perf_counter() - began
+    tokens = sum(f["steps"] * f["tokens_per_step"] for f in finals)
+    return {"logged_tokens_per_s": sum(f["tokens_per_s"] for f in finals),
+            "wall_s": wall, "wall_tokens_per_s": tokens / wall}
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": values}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, train_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) \
+        if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args(ours)
+    if args.workers < 2:
+        parser.error("--workers: at least 2 (one is the 'alone' side)")
+    train_args = DEFAULT_ARGS + train_args  # later options win
+    start_load = os.getloadavg()
+    rounds = {"alone": [], "together": []}
+    for _ in range(args.rounds):
+        rounds["alone"].append(side(1, train_args))
+        rounds["together"].append(side(args.workers, train_args))
+    result = {"command": " ".join([os.path.basename(sys.argv[0]), *argv]),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cores": os.cpu_count(),
+              "workers": args.workers, "rounds": args.rounds, "tjax_train_args": train_args,
+              "load_average_start": list(start_load), "load_average_end": list(os.getloadavg())}
+    keys = ("logged_tokens_per_s", "wall_tokens_per_s", "wall_s")
+    for name, rs in rounds.items():
+        result[name] = {k: spread([r[k] for r in rs]) for k in keys}
+    for k in ("logged_tokens_per_s", "wall_tokens_per_s"):
+        result[f"ratio_{k}"] = spread([t[k] / a[k] for a, t in zip(
+            rounds["alone"], rounds["together"], strict=True)])
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
