@@ -26,6 +26,7 @@ from transformers_jax.registry import (
     NORMS,
     POSITIONS,
     ROPE_SCALINGS,
+    TOKENIZERS,
     ConfigError,
     Switch,
     check_field_types,
@@ -243,7 +244,7 @@ class TrainConfig:
     data: str | None = None  # PATH, lines:PATH, tfds:NAME; None: the embedded default corpus
     data_dir: str | None = None  # tfds data_dir (catalog datasets, prepared local text)
     text_key: str | None = None  # tfds text feature (auto-detected when None)
-    tokenizer: str = "byte"  # byte, char, sentencepiece, sentencepiece_bpe
+    tokenizer: str = "byte"  # byte, char, sentencepiece, sentencepiece_bpe: a TOKENIZERS name
     tokenizer_vocab: int | None = None  # vocabulary size of a trained tokenizer
     pack: str = "concat"  # concat, first_fit, none
     task: str | None = None  # a synthetic task instead of text (copy, reverse, addition, ...)
@@ -301,8 +302,8 @@ class TrainConfig:
                   "must be positive (the largest global gradient norm kept)")
         if not 0.0 < self.val_fraction < 1.0:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
-        _check_choice("train.tokenizer", self.tokenizer,
-                      ("byte", "char", "sentencepiece", "sentencepiece_bpe"))
+        _check_choice("train.tokenizer", self.tokenizer, tuple(  # those built here
+            name for name, kind in TOKENIZERS.items() if kind.train is not None))
         _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
         _check_choice("train.strategy", self.strategy, STRATEGIES)
         if not 0 < self.mlm_rate <= 1 or not 0 <= self.mlm_mask_fraction <= 1 or not (

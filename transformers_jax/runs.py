@@ -8,8 +8,9 @@ from typing import Any
 import jax
 
 from transformers_jax.config import ModelConfig, TrainConfig, from_dict
-from transformers_jax.data.tokenizers import ByteTokenizer, load_tokenizer
+from transformers_jax.data.tokenizers import load_tokenizer, train_tokenizer
 from transformers_jax.models import build_model, family_of
+from transformers_jax.registry import TOKENIZERS
 from transformers_jax.train.checkpoint import Checkpointer, abstract_like
 from transformers_jax.train.data import TOKENIZER_DIR
 from transformers_jax.train.objectives import objective_for
@@ -20,13 +21,14 @@ from transformers_jax.train.step import init_state
 def run_tokenizer(run_dir: str, spec: dict):
     """The tokenizer saved beside the checkpoints (byte-level needs no files); None when the
     checkpoint came from elsewhere with a tokenizer this project cannot load (ids only)."""
-    if spec.get("kind") == "external":  # converted weights whose tokenizer we cannot load
+    kind = spec.get("kind")
+    if kind == "external":  # converted weights whose tokenizer we cannot load
         return None
     directory = os.path.join(run_dir, spec.get("dir", TOKENIZER_DIR))
     if os.path.isdir(directory):
         return load_tokenizer(directory)
-    if spec.get("kind") == "byte":
-        return ByteTokenizer()
+    if kind in TOKENIZERS and not TOKENIZERS.get(kind).needs_text:  # byte: no files needed
+        return train_tokenizer(kind)
     raise FileNotFoundError(
         f"the run uses a {spec.get('kind')!r} tokenizer but {directory} is missing; copy the "
         "whole run directory, not only its checkpoints"

@@ -25,7 +25,7 @@ from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, from_dict
 from transformers_jax.convert.common import flatten, param_shapes, unflatten
 from transformers_jax.convert.hf_files import ConversionError
-from transformers_jax.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from transformers_jax.data.tokenizers import Tokenizer, trainable
 from transformers_jax.train.checkpoint import Checkpointer, abstract_like, checkpoint_dir
 from transformers_jax.train.data import TOKENIZER_DIR
 
@@ -132,23 +132,6 @@ def read_run_meta(run_dir: str, step: int | None = None) -> dict:
         ckpt.close()
 
 
-def run_tokenizer(run_dir: str, spec: dict) -> Tokenizer | None:
-    """The run's tokenizer, including kinds ``huggingface`` and ``external`` (None)."""
-    kind = spec.get("kind")
-    if kind == EXTERNAL:
-        return None
-    directory = os.path.join(run_dir, spec.get("dir", TOKENIZER_DIR))
-    if kind == "huggingface":
-        from transformers_jax.convert.tokenizer import HFTokenizer
-
-        return HFTokenizer.load(directory)
-    if os.path.isdir(directory):
-        return load_tokenizer(directory)
-    if kind == "byte":
-        return ByteTokenizer()
-    raise FileNotFoundError(f"the run's {kind!r} tokenizer is missing from {directory}")
-
-
 def load_converted_run(run_dir: str, step: int | None = None):
     """``(model, params, tokenizer, config)`` like ``runs.load_run``, for any run, also one
     whose tokenizer is a Hugging Face one (kind ``huggingface``) or absent (``external``:
@@ -157,11 +140,11 @@ def load_converted_run(run_dir: str, step: int | None = None):
     Other runs (our own tokenizers, decoder-only or BERT) go straight through
     ``runs.load_run``.
     """
-    from transformers_jax.runs import load_run
+    from transformers_jax.runs import load_run, run_tokenizer
 
     meta = read_run_meta(run_dir, step)
     config = from_dict(ModelConfig, meta["model"])
-    if meta["tokenizer"].get("kind") not in ("huggingface", EXTERNAL):
+    if meta["tokenizer"].get("kind") in trainable():  # a tokenizer of ours: a run of ours
         return load_run(run_dir, step)
     from transformers_jax.models import build_model
     from transformers_jax.train.optim import make_optimizer

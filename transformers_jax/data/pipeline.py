@@ -38,6 +38,7 @@ import numpy as np
 from transformers_jax.data.sources import Documents, Piece, open_documents
 from transformers_jax.data.synthetic import FORMATS, task_source
 from transformers_jax.data.tokenizers import Tokenizer, train_tokenizer
+from transformers_jax.registry import TOKENIZERS
 
 PACKINGS = ("concat", "first_fit", "none")
 _STATE_VERSION = 1
@@ -488,8 +489,8 @@ def make_tokenizer(
     ``cache_dir`` (default: ``<data dir>/tokenizers``), so a second run does not train again.
     ``source_kwargs`` go to ``open_documents`` (``data_dir``, ``val_fraction``, ...).
     """
-    if kind == "byte":
-        return train_tokenizer("byte")
+    if not TOKENIZERS.get(kind).needs_text:
+        return train_tokenizer(kind)
     from transformers_jax.data.local_text import default_data_dir
 
     docs = open_documents(source_spec, "train", **source_kwargs)

@@ -24,9 +24,12 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+from transformers_jax.registry import TOKENIZERS
 
 SPECIAL_TOKENS = ("pad", "bos", "eos", "mask", "cls", "sep")
 TOKENIZER_FILE = "tokenizer.json"
@@ -332,7 +335,9 @@ class SentencePieceTokenizer(Tokenizer):
         }
 
 
-TOKENIZERS = ("byte", "char", "sentencepiece", "sentencepiece_bpe")
+def trainable() -> tuple[str, ...]:
+    """The ``train.tokenizer`` values: the registered kinds that can be built here."""
+    return tuple(name for name, kind in TOKENIZERS.items() if kind.train is not None)
 
 
 def train_tokenizer(
@@ -342,21 +347,23 @@ def train_tokenizer(
     *,
     cache_dir: str | None = None,
 ) -> Tokenizer:
-    """Build a tokenizer of ``kind`` (one of ``TOKENIZERS``) from ``texts``.
+    """Build a tokenizer of ``kind`` (one of ``trainable()``) from ``texts``.
 
     ``byte`` needs no text. ``char`` keeps the most frequent characters (all of them when
     ``vocab_size`` is None). ``sentencepiece`` (unigram) and ``sentencepiece_bpe`` need
     ``vocab_size``. With ``cache_dir``, a trained tokenizer is saved under a hash of the text and
     settings, and a second call with the same inputs loads it instead of training again.
     """
-    if kind not in TOKENIZERS:
-        raise ValueError(f"tokenizer={kind!r} is not known; valid choices: {', '.join(TOKENIZERS)}")
-    if kind == "byte":
-        return ByteTokenizer()
+    entry = TOKENIZERS.get(kind) if kind in TOKENIZERS else None
+    if entry is None or entry.train is None:
+        raise ValueError(f"tokenizer={kind!r} is not known; valid choices: "
+                         f"{', '.join(trainable())}")
+    if not entry.needs_text:
+        return entry.train([], vocab_size)
     if texts is None:
         raise ValueError(f"tokenizer={kind!r} is trained on text: pass texts")
     texts = list(texts)
-    if kind.startswith("sentencepiece") and vocab_size is None:
+    if entry.needs_vocab_size and vocab_size is None:
         raise ValueError(f"tokenizer={kind!r} needs a vocab_size (e.g. 1024)")
     cached = None
     if cache_dir is not None:
@@ -368,11 +375,7 @@ def train_tokenizer(
         cached = os.path.join(cache_dir, f"{kind}-{h.hexdigest()}")
         if os.path.exists(os.path.join(cached, TOKENIZER_FILE)):
             return load_tokenizer(cached)
-    if kind == "char":
-        tok: Tokenizer = CharTokenizer.train(texts, vocab_size)
-    else:
-        model_type = "bpe" if kind == "sentencepiece_bpe" else "unigram"
-        tok = SentencePieceTokenizer.train(texts, vocab_size, model_type)
+    tok = entry.train(texts, vocab_size)
     if cached is not None:
         tok.save(cached)
     return tok
@@ -389,21 +392,9 @@ def load_tokenizer(directory: str) -> Tokenizer:
     with open(path) as f:
         meta = json.load(f)
     kind = meta.get("kind")
-    if kind == "huggingface":  # a converted checkpoint's own tokenizer (needs transformers)
-        return HFTokenizer.load(directory)
-    if kind == "byte":
-        tok: Tokenizer = ByteTokenizer()
-    elif kind == "char":
-        tok = CharTokenizer(list(meta["chars"]))
-    elif kind == "sentencepiece":
-        with open(os.path.join(directory, meta["model_file"]), "rb") as f:
-            proto = f.read()
-        if hashlib.sha256(proto).hexdigest() != meta["sha256"]:
-            raise ValueError(f"{directory!r}: the SentencePiece model does not match its hash")
-        tok = SentencePieceTokenizer(proto)
-        tok.model_type = meta.get("model_type")
-    else:
+    if kind not in TOKENIZERS:
         raise ValueError(f"{path}: unknown tokenizer kind {kind!r}")
+    tok = TOKENIZERS.get(kind).restore(directory, meta)
     if tok.vocab_size != meta["vocab_size"] or tok.special != meta["special"]:
         raise ValueError(f"{path}: the restored tokenizer's ids differ from the saved ones")
     return tok
@@ -502,3 +493,45 @@ def copy_hf_tokenizer_files(source: str, target: str) -> list[str]:
             shutil.copyfile(path, os.path.join(target, name))
             copied.append(name)
     return copied
+
+
+# The kinds (registry.TOKENIZERS) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenizerKind:
+    """A tokenizer kind: a ``train.tokenizer`` value, or one only restored (a converted
+    checkpoint's own tokenizer). Saved tokenizers name their kind (``Tokenizer.name``) and are
+    restored by it; code elsewhere asks the entry and never tests the name."""
+
+    # (directory, its tokenizer.json) -> the tokenizer ``save(directory)`` wrote
+    restore: Callable[[str, dict], Tokenizer]
+    # (texts, vocab_size) -> a new tokenizer; None: not built here (restored only)
+    train: Callable[[list, int | None], Tokenizer] | None = None
+    needs_text: bool = True  # False: the same tokenizer whatever the text (byte)
+    needs_vocab_size: bool = False
+
+
+def _restore_sentencepiece(directory: str, meta: dict) -> SentencePieceTokenizer:
+    with open(os.path.join(directory, meta["model_file"]), "rb") as f:
+        proto = f.read()
+    if hashlib.sha256(proto).hexdigest() != meta["sha256"]:
+        raise ValueError(f"{directory!r}: the SentencePiece model does not match its hash")
+    tok = SentencePieceTokenizer(proto)
+    tok.model_type = meta.get("model_type")
+    return tok
+
+
+TOKENIZERS.add("byte", TokenizerKind(lambda directory, meta: ByteTokenizer(),
+                                     lambda texts, vocab: ByteTokenizer(), needs_text=False))
+TOKENIZERS.add("char", TokenizerKind(lambda directory, meta: CharTokenizer(list(meta["chars"])),
+                                     CharTokenizer.train))
+TOKENIZERS.add("sentencepiece", TokenizerKind(  # unigram; saved as "sentencepiece" either way
+    _restore_sentencepiece, lambda texts, vocab: SentencePieceTokenizer.train(texts, vocab),
+    needs_vocab_size=True))
+TOKENIZERS.add("sentencepiece_bpe", TokenizerKind(
+    _restore_sentencepiece,
+    lambda texts, vocab: SentencePieceTokenizer.train(texts, vocab, "bpe"),
+    needs_vocab_size=True))
+TOKENIZERS.add("huggingface", TokenizerKind(  # needs transformers
+    lambda directory, meta: HFTokenizer.load(directory)))
