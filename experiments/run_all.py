@@ -1,6 +1,6 @@
 """Run every ablation experiment, then rebuild ``experiments/README.md`` from the results.
 
-    python -m experiments.run_all                      # default scale: 5-6 hours on 2 cores
+    python -m experiments.run_all --workers 2          # default scale, on 2 CPU cores
     python -m experiments.run_all --scale large        # accelerator-sized runs
     python -m experiments.run_all --only synthetic_generalisation,attention_variants
     python -m experiments.run_all --rebuild-only       # only regenerate the README
@@ -585,6 +585,7 @@ class Experiment:
     published: str
     sections: tuple[Section, ...]
     runtime: str
+    workers: bool = False  # takes --workers N: its runs train in N processes at once (CPU)
 
 
 EXPERIMENTS = (
@@ -605,6 +606,7 @@ EXPERIMENTS = (
         "36 runs of 3.1M tokens: 131 min measured on 2 CPU cores (2026-12-01; the test suite "
         "ran beside the first 55 min; about 150-210 s per run quiet, so about 1.8 hours), "
         "resumable; --train-lens 64 takes a third",
+        workers=True,
     ),
     Experiment(
         "rope_extension", "RoPE context extension",
@@ -791,12 +793,13 @@ def _done_key(name: str, scale: str) -> str:
 
 
 def run_experiments(names: list[str], scale: str, results: str,
-                    fresh: bool = False) -> dict[str, dict]:
+                    fresh: bool = False, workers: int = 1) -> dict[str, dict]:
     """Run each experiment as its own process from the repository root, writing to
     ``results``; returns the exit status and wall time of each. An experiment that finished
     with the same code and scale is skipped (``results/.cache/run_all.json``), and wired
     experiments resume inside from their per-run cache, so an interrupted ``run_all``
-    continues where it stopped; ``fresh`` recomputes everything."""
+    continues where it stopped; ``fresh`` recomputes everything. ``workers`` > 1 goes to the
+    experiments that train their runs in parallel processes (``Experiment.workers``)."""
     root = os.path.dirname(HERE)
     env = {**os.environ, "TJAX_RESULTS_DIR": os.path.abspath(results)}
     if fresh:
@@ -814,6 +817,8 @@ def run_experiments(names: list[str], scale: str, results: str,
             status[name] = {"returncode": 0, "wall_s": 0.0, "skipped": True}
             continue
         cmd = [sys.executable, "-m", f"experiments.{name}", "--scale", scale]
+        if workers > 1 and any(e.workers for e in EXPERIMENTS if e.module == name):
+            cmd += ["--workers", str(workers)]
         print(f"== {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
         rc = subprocess.call(cmd, cwd=root, env=env)
@@ -839,7 +844,12 @@ def main(argv=None) -> int:
     parser.add_argument("--readme", default=README)
     parser.add_argument("--fresh", action="store_true",
                         help="rerun finished experiments and cached runs")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="on CPUs: train this many runs at once where an experiment can "
+                             "(length_extrapolation; 2 on 2 cores); 1 on an accelerator")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: must be at least 1")
     results = args.results or _results_dir()
     status = {}
     if not args.rebuild_only:
@@ -850,7 +860,7 @@ def main(argv=None) -> int:
             if unknown:
                 parser.error(f"unknown experiments {unknown}; valid: {', '.join(names)}")
             names = [n for n in names if n in wanted]
-        status = run_experiments(names, args.scale, results, args.fresh)
+        status = run_experiments(names, args.scale, results, args.fresh, args.workers)
     build_readme(results, args.readme)
     print(f"wrote {args.readme}")
     failed = [n for n, s in status.items() if s["returncode"]]

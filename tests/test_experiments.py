@@ -383,6 +383,12 @@ def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_RESULTS_DIR"] == str(tmp_path) for _, env in calls)
     assert readme.exists()
+    calls.clear()  # --workers reaches only the experiments that train in parallel processes
+    assert run_all.main(["--only", "length_extrapolation,context_usage", "--scale", "tiny",
+                         "--results", str(tmp_path), "--readme", str(readme),
+                         "--workers", "2"]) == 0
+    assert [c[0] for c in calls] == [  # (context_usage finished above: skipped)
+        ["-m", "experiments.length_extrapolation", "--scale", "tiny", "--workers", "2"]]
 
 
 def test_run_all_skips_experiments_it_finished(tmp_path, monkeypatch):
