@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import emit, spread  # noqa: E402
 
 DEFAULT_ARGS = ["--steps", "400", "--train.batch_size=16", "--train.seq_len=64",
                 "--train.eval_every=400", "--train.log_every=400"]
@@ -49,11 +51,6 @@ def side(n: int, train_args: list[str]) -> dict:
     tokens = sum(f["steps"] * f["tokens_per_step"] for f in finals)
     return {"logged_tokens_per_s": sum(f["tokens_per_s"] for f in finals),
             "wall_s": wall, "wall_tokens_per_s": tokens / wall}
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": values}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,12 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("logged_tokens_per_s", "wall_tokens_per_s"):
         result[f"ratio_{k}"] = spread([t[k] / a[k] for a, t in zip(
             rounds["alone"], rounds["together"], strict=True)])
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
 from transformers_jax import host_memory
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import emit, spread  # noqa: E402
 
 SIDES = {"system_malloc": {host_memory.OPT_OUT: "system"}, "tjax_default": {}}
 
@@ -39,11 +41,6 @@ def one_process(extra_env: dict, bench_args: list[str]) -> dict:
             "minor_page_faults_per_step": training["minor_page_faults_per_step"],
             "compile_s": training["compile_s"], "peak_rss_mib": out["peak_rss_bytes"] / 2**20,
             "host_malloc": out["host_malloc"], "load_average": out["load_average"][0]}
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": values}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,12 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [b["tokens_per_s"] / a["tokens_per_s"]
               for a, b in zip(runs["system_malloc"], runs["tjax_default"], strict=True)]
     result["speedup_tjax_default_over_system"] = spread(ratios)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,26 @@ def test_every_subcommand_answers_help(flag, capsys):
         assert code == 0 and ("usage" in out or "options" in out), (command, flag, out[:200])
 
 
+def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
+    """Side by side against alone: the sides' rates and per-round ratios from what each
+    process reports (processes faked: 10 steps x 100 tokens, the clock advanced by hand)."""
+    bench = _load("concurrent_runs")
+    clock = iter([0.0, 2.0, 10.0, 13.0])  # alone: 2 s; two together: 3 s
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    started = []
+    monkeypatch.setattr(bench, "start", lambda args: started.append(args) or len(started))
+    monkeypatch.setattr(bench, "finish", lambda proc: {"steps": 10, "tokens_per_step": 100,
+                                                       "tokens_per_s": 600.0})
+    out = tmp_path / "c.json"
+    assert bench.main(["--rounds", "1", "--out", str(out), "--", "--steps", "10"]) == 0
+    result = json.loads(out.read_text())
+    assert len(started) == 3 and started[0][-2:] == ["--steps", "10"]  # later options win
+    assert result["alone"]["wall_tokens_per_s"]["median"] == 500.0  # 1,000 tokens in 2 s
+    assert result["together"]["wall_tokens_per_s"]["median"] == pytest.approx(2000 / 3)
+    assert result["ratio_wall_tokens_per_s"]["values"] == [pytest.approx(4 / 3)]
+    assert result["ratio_logged_tokens_per_s"]["median"] == 2.0  # two logs of 600 against one
+
+
 def test_host_memory_ab_runs_both_sides_as_whole_processes(tmp_path):
     """The A/B of tjax's malloc setting: one round at a toy size; each side says which malloc
     it ran with (the figures themselves are benchmarks, not asserted)."""
