@@ -48,7 +48,6 @@ from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.host_memory import relaunch_with_tunables
 
-PERTURBATIONS = ["truncate", "shuffle", "shuffle_spans", "random", "corpus_span"]
 SPAN = 20
 
 SCALES = {
@@ -63,26 +62,39 @@ SCALES = {
 }
 
 
+def _shuffled_spans(far: np.ndarray, rng) -> np.ndarray:
+    """Order kept across SPAN-token spans, lost within each."""
+    for start in range(0, len(far), SPAN):
+        rng.shuffle(far[start : start + SPAN])
+    return far
+
+
+def _corpus_span(far: np.ndarray, rng, vocab: int, corpus: np.ndarray | None) -> np.ndarray:
+    if corpus is None or len(corpus) <= len(far):
+        raise ValueError("corpus_span needs a corpus longer than the replaced context")
+    start = int(rng.integers(0, len(corpus) - len(far)))
+    return corpus[start : start + len(far)].astype(far.dtype)
+
+
+# kind -> (far context (a copy), rng, vocab, corpus) -> what replaces it
+PERTURB = {
+    "truncate": lambda far, rng, vocab, corpus: far[:0],
+    "shuffle": lambda far, rng, vocab, corpus: rng.permutation(far),
+    "shuffle_spans": lambda far, rng, vocab, corpus: _shuffled_spans(far, rng),
+    "random": lambda far, rng, vocab, corpus: rng.integers(0, vocab, len(far)).astype(far.dtype),
+    "corpus_span": _corpus_span,  # the in-distribution control: real text, not this one's
+}
+PERTURBATIONS = list(PERTURB)
+
+
 def perturb(window: np.ndarray, cut: int, kind: str, rng, vocab: int,
             corpus: np.ndarray | None = None) -> np.ndarray:
     """Perturb ``window[:cut]`` (the context beyond the boundary); keep the rest as is.
     ``corpus_span`` takes the replacement from ``corpus`` at a random place."""
-    far, near = window[:cut].copy(), window[cut:]
-    if kind == "corpus_span":
-        if corpus is None or len(corpus) <= cut:
-            raise ValueError("corpus_span needs a corpus longer than the replaced context")
-        start = int(rng.integers(0, len(corpus) - cut))
-        return np.concatenate([corpus[start : start + cut].astype(window.dtype), near])
-    if kind == "truncate":
-        return near
-    if kind == "shuffle":
-        rng.shuffle(far)
-    elif kind == "shuffle_spans":  # order kept across spans, lost within each 20-token span
-        for start in range(0, len(far), SPAN):
-            rng.shuffle(far[start : start + SPAN])
-    elif kind == "random":
-        far = rng.integers(0, vocab, size=len(far)).astype(window.dtype)
-    return np.concatenate([far, near])
+    if kind not in PERTURB:
+        raise ValueError(f"unknown perturbation {kind!r}; valid: {', '.join(PERTURB)}")
+    far = PERTURB[kind](window[:cut].copy(), rng, vocab, corpus)
+    return np.concatenate([far, window[cut:]])
 
 
 def target_loss(losses_fn, params, windows: list[np.ndarray], target: int) -> np.ndarray:

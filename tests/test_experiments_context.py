@@ -70,6 +70,8 @@ def test_perturbations_touch_only_the_far_context():
     span = perturb(window, 60, "corpus_span", rng, 1000, corpus)
     assert np.array_equal(span[60:], window[60:]) and np.all(np.diff(span[:60]) == 1)
     assert span[0] >= 1000
+    with pytest.raises(ValueError, match="unknown perturbation 'reverse'; valid: truncate"):
+        perturb(window, 60, "reverse", rng, 1000)
 
 
 @pytest.mark.slow
