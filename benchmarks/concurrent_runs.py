@@ -21,33 +21,46 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
+from transformers_jax.overrides import print_json
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rounds import emit, spread  # noqa: E402
+from rounds import spread  # noqa: E402
 
 DEFAULT_ARGS = ["--steps", "400", "--train.batch_size=16", "--train.seq_len=64",
                 "--train.eval_every=400", "--train.log_every=400"]
 
 
-def start(train_args: list[str]) -> subprocess.Popen:
+clock = time.perf_counter
+
+
+def start(train_args: list[str]) -> tuple[subprocess.Popen, object, object]:
+    """One ``tjax train``, its output to files (a full pipe would stall it while another
+    process is waited for)."""
     command = [sys.executable, "-m", "transformers_jax.cli", "train", "--no-progress", "--json",
                *train_args]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    return subprocess.Popen(command, stdout=out, stderr=err, text=True), out, err
 
 
-def finish(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate()
+def finish(started: tuple[subprocess.Popen, object, object]) -> dict:
+    """The final metrics ``tjax train --json`` printed (its last line)."""
+    proc, out, err = started
+    proc.wait()
+    out.seek(0)
+    err.seek(0)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-2000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+        raise SystemExit(f"{' '.join(proc.args)} failed:\n{err.read()[-2000:]}")
+    return json.loads(out.read().strip().splitlines()[-1])
 
 
 def side(n: int, train_args: list[str]) -> dict:
     """``n`` processes started together: their logged tokens/s and the side's wall rate."""
-    began = time.perf_counter()
+    began = clock()
     finals = [finish(p) for p in [start(train_args) for _ in range(n)]]
-    wall = time.perf_counter() - began
+    wall = clock() - began
     tokens = sum(f["steps"] * f["tokens_per_step"] for f in finals)
     return {"logged_tokens_per_s": sum(f["tokens_per_s"] for f in finals),
             "wall_s": wall, "wall_tokens_per_s": tokens / wall}
@@ -80,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("logged_tokens_per_s", "wall_tokens_per_s"):
         result[f"ratio_{k}"] = spread([t[k] / a[k] for a, t in zip(
             rounds["alone"], rounds["together"], strict=True)])
-    return emit(result, args.out)
+    print_json(result, args.out, indent=1)
+    return 0
 
 
 if __name__ == "__main__":

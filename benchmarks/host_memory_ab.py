@@ -21,9 +21,10 @@ import sys
 import time
 
 from transformers_jax import host_memory
+from transformers_jax.overrides import print_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rounds import emit, spread  # noqa: E402
+from rounds import spread  # noqa: E402
 
 SIDES = {"system_malloc": {host_memory.OPT_OUT: "system"}, "tjax_default": {}}
 
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [b["tokens_per_s"] / a["tokens_per_s"]
               for a, b in zip(runs["system_malloc"], runs["tjax_default"], strict=True)]
     result["speedup_tjax_default_over_system"] = spread(ratios)
-    return emit(result, args.out)
+    print_json(result, args.out, indent=1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from transformers_jax.runs import load_run
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
 FRESH = os.environ.get("TJAX_FRESH", "") not in ("", "0")  # ignore cached runs
+READ_ONLY = False  # set after run_workers: a run missing from the cache is an error, not a run
 _STARTED = time.monotonic()  # the experiment process started about here: its measured time
 
 
@@ -55,6 +56,10 @@ def cached_run(experiment: str, key: str, compute: Callable[[], dict]) -> dict:
     if not FRESH and os.path.exists(path):
         with open(path) as f:
             return json.load(f)
+    if READ_ONLY:
+        raise RuntimeError(f"{experiment}: run {key} is not in {os.path.dirname(path)} after the "
+                           "workers finished; they wrote another cache (a different "
+                           "TJAX_RESULTS_DIR or --data path?): run once without --workers")
     result = compute()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -104,18 +109,24 @@ def without_option(argv: Sequence[str], option: str) -> list[str]:
 
 def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
     """Compute an experiment's runs in ``workers`` processes at once (``module`` with ``argv``
-    and ``--shard i/workers`` each), and return once all have finished: every run is then in
-    the cache (``cached_run``), so the caller's own pass only reads and reports. Small models
-    leave cores idle: on 2 cores two trainings at once give 1.15-1.2x the tokens/s of one
-    (BENCHMARKS.md section 3); with more cores the gain grows."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    procs = [subprocess.Popen([sys.executable, "-m", module, *argv, "--shard", f"{i}/{workers}"],
-                              cwd=root) for i in range(workers)]
-    codes = [p.wait() for p in procs]
+    and ``--shard i/workers`` each, in this process's directory and environment), and return
+    once all have finished: every run is then in the cache (``cached_run``), and the caller's
+    own pass only reads and reports (``READ_ONLY``). Small models leave cores idle: measured
+    in BENCHMARKS.md section 2d (``benchmarks/concurrent_runs.py``)."""
+    global READ_ONLY
+    procs = [subprocess.Popen([sys.executable, "-m", module, *argv, "--shard", f"{i}/{workers}"])
+             for i in range(workers)]
+    try:
+        codes = [p.wait() for p in procs]
+    finally:  # stopped (Ctrl-C, an error): no worker goes on training on its own
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
     failed = [f"{i}/{workers} (exit {c})" for i, c in enumerate(codes) if c]
     if failed:
         raise SystemExit(f"{module}: worker {', '.join(failed)} failed (its output is above); "
                          "finished runs are cached, so running the same command again resumes")
+    READ_ONLY = True
 
 
 def position_for(scheme: str, train_len: int, max_eval: int) -> dict:

@@ -47,6 +47,7 @@ from experiments.common import (
 from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.registry import TOKENIZERS
 
 SPAN = 20
 
@@ -186,7 +187,7 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
                                     log_every=max(train_fields["steps"] // 10, 1),
                                     **train_fields)
             model, params, tokenizer, final = trained("context_usage", model_cfg, train_cfg)
-            if kind != "byte":
+            if TOKENIZERS.get(kind).needs_text:  # a trained vocabulary: its own units
                 probe = list(tokenizer.encode("the context of a word"))
                 if pieces is None:  # the first run's tokenizer: held-out text in its units
                     pieces = probe

@@ -13,6 +13,7 @@ attention entropy and mean attention distance, at L and at the longest length), 
 
     python -m experiments.length_extrapolation                  # default: 3 seeds, 4 schemes,
                                                                 # 36 runs, 131 min measured
+    python -m experiments.length_extrapolation --workers 2      # two runs at a time (CPU)
     python -m experiments.length_extrapolation --train-lens 64  # one training length, ~1/3
     python -m experiments.length_extrapolation --scale large    # a GPU/TPU-sized run
     python -m experiments.length_extrapolation --schemes alibi,rope,sinusoidal,none,xpos,kerple
@@ -380,8 +381,8 @@ def main(argv=None) -> None:
                         help="also score sliding windows (stride n/4; about 4x the eval time)")
     parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
     parser.add_argument("--workers", type=int, default=1,
-                        help="train this many runs at once, each in its own process (2 on "
-                             "2 cores: about 1.15x faster; more where there are more cores)")
+                        help="train this many runs at once, each in its own process (CPUs: "
+                             "2 on 2 cores; BENCHMARKS.md section 2d; 1 on an accelerator)")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # set by --workers
     args = parser.parse_args(argv)
     if args.fresh:
@@ -394,6 +395,7 @@ def main(argv=None) -> None:
         parser.error(str(e))
     lens = tuple(int(x) for x in args.train_lens.split(",")) if args.train_lens else None
     if args.workers > 1 and shard is None:
+        heldout_split(args.data, SCALES[args.scale][4], args.split_seed)  # once, not per worker
         rest = common.without_option(sys.argv[1:] if argv is None else argv, "--workers")
         common.run_workers("experiments.length_extrapolation", rest, args.workers)
         common.FRESH = False  # what the workers just computed is what the report reads

@@ -136,7 +136,7 @@ def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
     process reports (processes faked: 10 steps x 100 tokens, the clock advanced by hand)."""
     bench = _load("concurrent_runs")
     clock = iter([0.0, 2.0, 10.0, 13.0])  # alone: 2 s; two together: 3 s
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(bench, "clock", lambda: next(clock))
     started = []
     monkeypatch.setattr(bench, "start", lambda args: started.append(args) or len(started))
     monkeypatch.setattr(bench, "finish", lambda proc: {"steps": 10, "tokens_per_step": 100,

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from transformers_jax.config import ConfigError, TrainConfig
 from transformers_jax.data.corpus import default_corpus
 from transformers_jax.data.pipeline import make_tokenizer
 from transformers_jax.data.tokenizers import (
@@ -149,9 +150,14 @@ def test_make_tokenizer_trains_on_the_training_text_once(tmp_path):
 
 def test_tokenizer_errors():
     assert trainable() == ("byte", "char", "sentencepiece", "sentencepiece_bpe")
-    for name in ("wordpiece", "huggingface"):  # huggingface: restored with a converted run only
-        with pytest.raises(ValueError, match="valid choices: " + ", ".join(trainable())):
-            train_tokenizer(name, ["text"])
+    with pytest.raises(ValueError, match="not known; valid choices: " + ", ".join(trainable())):
+        train_tokenizer("wordpiece", ["text"])
+    for make in (train_tokenizer, make_tokenizer):  # refused before any text is read
+        with pytest.raises(ValueError, match="'huggingface' is restored with the converted run "
+                           "it came with, not trained; train with one of byte, char"):
+            make("huggingface", "no/such/corpus")
+    with pytest.raises(ConfigError, match="train.tokenizer='huggingface': restored with"):
+        TrainConfig(tokenizer="huggingface")
     with pytest.raises(ValueError, match="needs a vocab_size"):
         train_tokenizer("sentencepiece", ["text"])
     with pytest.raises(ValueError, match="too small"):

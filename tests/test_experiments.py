@@ -99,11 +99,14 @@ def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
     started = []
 
     class Proc:
-        def __init__(self, command, cwd):
+        def __init__(self, command):
             started.append(command[command.index("-m") + 1:])
             self.code = 3 if command[-1] == "1/2" else 0
 
         def wait(self):
+            return self.code
+
+        def poll(self):
             return self.code
 
     monkeypatch.setattr(common.subprocess, "Popen", Proc)
@@ -111,6 +114,32 @@ def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
         common.run_workers("experiments.length_extrapolation", ["--seeds", "2"], 2)
     assert started == [["experiments.length_extrapolation", "--seeds", "2", "--shard", s]
                        for s in ("0/2", "1/2")]
+
+
+def test_workers_then_one_reading_pass(results_dir, monkeypatch):
+    """``--workers 2``: the split once, the workers with the same arguments (less --workers),
+    then a pass that reads the cache (FRESH off) and reports once; a run missing from the cache
+    after the workers is an error, not a silent retrain."""
+    from experiments import length_extrapolation
+
+    calls = []
+    monkeypatch.setattr(length_extrapolation, "heldout_split",
+                        lambda *a: calls.append(("split", a)))
+    monkeypatch.setattr(common, "run_workers", lambda module, argv, n: calls.append(
+        ("workers", module, argv, n)) or monkeypatch.setattr(common, "READ_ONLY", True))
+    monkeypatch.setattr(length_extrapolation, "run", lambda *a: calls.append(
+        ("run", common.FRESH, a[-1])) or {"scale": "tiny"})
+    monkeypatch.setattr(length_extrapolation, "report", lambda out: calls.append(("report",)))
+    length_extrapolation.main(["--scale", "tiny", "--workers", "2", "--fresh", "--seeds", "2"])
+    assert calls == [("split", (None, 2_000, 0)),
+                     ("workers", "experiments.length_extrapolation",
+                      ["--scale", "tiny", "--fresh", "--seeds", "2"], 2),
+                     ("run", False, None), ("report",)]
+    assert common.READ_ONLY
+    with pytest.raises(RuntimeError, match="not in .* after the workers finished"):
+        common.cached_run("x", "missing", lambda: pytest.fail("computed a missing run"))
+    with pytest.raises(SystemExit):  # a worker's own pass never starts workers
+        length_extrapolation.main(["--scale", "tiny", "--shard", "2/2"])
 
 
 def test_position_losses_pair_the_same_positions(monkeypatch):

@@ -89,6 +89,10 @@ class Registry(Generic[T]):
         self._ensure_loaded()
         return sorted(self._entries)
 
+    def names_where(self, keep: Callable[[T], bool]) -> tuple[str, ...]:
+        """The names of the entries for which ``keep(entry)`` holds, sorted."""
+        return tuple(name for name, entry in self.items() if keep(entry))
+
     def items(self) -> list[tuple[str, T]]:
         return [(name, self._entries[name]) for name in self.names()]
 

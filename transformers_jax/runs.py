@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from transformers_jax.config import ModelConfig, TrainConfig, from_dict
-from transformers_jax.data.tokenizers import load_tokenizer, train_tokenizer
+from transformers_jax.data.tokenizers import EXTERNAL, load_tokenizer, train_tokenizer
 from transformers_jax.models import build_model, family_of
 from transformers_jax.registry import TOKENIZERS
 from transformers_jax.train.checkpoint import Checkpointer, abstract_like
@@ -22,7 +22,7 @@ def run_tokenizer(run_dir: str, spec: dict):
     """The tokenizer saved beside the checkpoints (byte-level needs no files); None when the
     checkpoint came from elsewhere with a tokenizer this project cannot load (ids only)."""
     kind = spec.get("kind")
-    if kind == "external":  # converted weights whose tokenizer we cannot load
+    if kind == EXTERNAL:  # converted weights whose tokenizer we cannot load
         return None
     directory = os.path.join(run_dir, spec.get("dir", TOKENIZER_DIR))
     if os.path.isdir(directory):

@@ -42,6 +42,7 @@ from transformers_jax.convert.hf_files import (
 from transformers_jax.convert.run_io import load_converted_run, read_run_meta, write_run
 from transformers_jax.convert.tokenizer import HFTokenizer, has_hf_tokenizer, is_tjax_tokenizer_file
 from transformers_jax.data.tokenizers import (
+    EXTERNAL,
     TOKENIZER_FILE,
     ByteTokenizer,
     Tokenizer,
@@ -170,7 +171,7 @@ def convert_hf_directory(
         "architecture": hf.hf_class,
         "params": n_params,
         "config": hf.config,
-        "tokenizer": tokenizer.name if tokenizer is not None else "external",
+        "tokenizer": tokenizer.name if tokenizer is not None else EXTERNAL,
         "tokenizer_note": note,
     }
 

@@ -25,11 +25,9 @@ from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, from_dict
 from transformers_jax.convert.common import flatten, param_shapes, unflatten
 from transformers_jax.convert.hf_files import ConversionError
-from transformers_jax.data.tokenizers import Tokenizer, trainable
+from transformers_jax.data.tokenizers import EXTERNAL, Tokenizer, trainable
 from transformers_jax.train.checkpoint import Checkpointer, abstract_like, checkpoint_dir
 from transformers_jax.train.data import TOKENIZER_DIR
-
-EXTERNAL = "external"  # meta["tokenizer"]["kind"] when the run has no tokenizer of its own
 
 
 def train_config_for(config: ModelConfig) -> TrainConfig:

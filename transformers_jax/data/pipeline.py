@@ -37,8 +37,7 @@ import numpy as np
 
 from transformers_jax.data.sources import Documents, Piece, open_documents
 from transformers_jax.data.synthetic import FORMATS, task_source
-from transformers_jax.data.tokenizers import Tokenizer, train_tokenizer
-from transformers_jax.registry import TOKENIZERS
+from transformers_jax.data.tokenizers import Tokenizer, train_tokenizer, trainable_kind
 
 PACKINGS = ("concat", "first_fit", "none")
 _STATE_VERSION = 1
@@ -489,7 +488,7 @@ def make_tokenizer(
     ``cache_dir`` (default: ``<data dir>/tokenizers``), so a second run does not train again.
     ``source_kwargs`` go to ``open_documents`` (``data_dir``, ``val_fraction``, ...).
     """
-    if not TOKENIZERS.get(kind).needs_text:
+    if not trainable_kind(kind).needs_text:
         return train_tokenizer(kind)
     from transformers_jax.data.local_text import default_data_dir
 

@@ -100,7 +100,7 @@ class Tokenizer:
             **self._config(),
         }
         path = os.path.join(directory, TOKENIZER_FILE)
-        tmp = path + ".tmp"
+        tmp = f"{path}.tmp{os.getpid()}"  # two processes saving the same cache entry
         with open(tmp, "w") as f:
             json.dump(meta, f, indent=1)
         os.replace(tmp, path)
@@ -335,9 +335,24 @@ class SentencePieceTokenizer(Tokenizer):
         }
 
 
+EXTERNAL = "external"  # a run's tokenizer kind when it has none of its own (converted ids)
+
+
 def trainable() -> tuple[str, ...]:
     """The ``train.tokenizer`` values: the registered kinds that can be built here."""
-    return tuple(name for name, kind in TOKENIZERS.items() if kind.train is not None)
+    return TOKENIZERS.names_where(lambda kind: kind.train is not None)
+
+
+def trainable_kind(kind: str) -> TokenizerKind:
+    """The entry of ``kind``, refused with the valid choices unless it can be trained."""
+    entry = TOKENIZERS.get(kind) if kind in TOKENIZERS else None
+    if entry is None:
+        raise ValueError(f"tokenizer={kind!r} is not known; valid choices: "
+                         f"{', '.join(trainable())}")
+    if entry.train is None:
+        raise ValueError(f"tokenizer={kind!r} is restored with the converted run it came with, "
+                         f"not trained; train with one of {', '.join(trainable())}")
+    return entry
 
 
 def train_tokenizer(
@@ -354,10 +369,7 @@ def train_tokenizer(
     ``vocab_size``. With ``cache_dir``, a trained tokenizer is saved under a hash of the text and
     settings, and a second call with the same inputs loads it instead of training again.
     """
-    entry = TOKENIZERS.get(kind) if kind in TOKENIZERS else None
-    if entry is None or entry.train is None:
-        raise ValueError(f"tokenizer={kind!r} is not known; valid choices: "
-                         f"{', '.join(trainable())}")
+    entry = trainable_kind(kind)
     if not entry.needs_text:
         return entry.train([], vocab_size)
     if texts is None:
