@@ -603,9 +603,10 @@ EXPERIMENTS = (
         "/ 21.37 / 35.54 / 79.25, T5 bias 19.65 / 18.79 / 22.91 / OOM, ALiBi 19.73 / 18.73 / "
         "18.40 / 18.31. ALiBi stays flat, T5 close, rotary and sinusoidal degrade.",
         (Section("length_extrapolation", None, finding_length_extrapolation),),
-        "36 runs of 3.1M tokens: 131 min measured on 2 CPU cores (2026-12-01; the test suite "
-        "ran beside the first 55 min; about 150-210 s per run quiet, so about 1.8 hours), "
-        "resumable; --train-lens 64 takes a third",
+        "36 runs of 3.1M tokens: 131 min measured on 2 CPU cores one run at a time (2026-12-01, "
+        "the test suite beside it for 55 min), **88 min with `--workers 2`** (2026-12-02, the "
+        "committed results: every loss the same to the last digit), resumable; --train-lens 64 "
+        "takes a third",
         workers=True,
     ),
     Experiment(
