@@ -7,7 +7,7 @@ import pytest
 from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.cli import build_configs
 from transformers_jax.config import ConfigError, apply_overrides, check_lengths
-from transformers_jax.registry import UnknownNameError
+from transformers_jax.registry import Registry, UnknownNameError
 
 
 def test_defaults_are_valid_and_frozen():
@@ -56,6 +56,22 @@ def test_unknown_names_list_valid_ones(field, valid):
         ModelConfig(**{field: "nonsense"})
     assert f"{field}='nonsense'" in str(err.value)
     assert valid in str(err.value)
+
+
+def test_registry_select_refuses_what_a_config_may_not_name():
+    reg = Registry("widget")
+    reg.add("built", {"can_build": True})
+    reg.add("restored", {"can_build": False})
+    assert reg.select("restored", "w") == {"can_build": False}  # no refusal set: any entry
+    reg.refusal = lambda entry: None if entry["can_build"] else "only restored"
+    assert reg.selectable() == ("built",) and reg.select("built", "w") == {"can_build": True}
+    with pytest.raises(ConfigError, match="x.w='restored': only restored; valid choices: built$"):
+        reg.select("restored", "x.w")
+    with pytest.raises(ConfigError, match="x.w='gizmo': not known; valid choices: built$"):
+        reg.select("gizmo", "x.w")
+    with pytest.raises(ConfigError, match="train.tokenizer='wordpiece': not known; valid "
+                       "choices: byte, char, sentencepiece, sentencepiece_bpe$"):
+        TrainConfig(tokenizer="wordpiece")
 
 
 def test_rope_config_checks():

@@ -153,8 +153,8 @@ def test_tokenizer_errors():
     with pytest.raises(ValueError, match="not known; valid choices: " + ", ".join(trainable())):
         train_tokenizer("wordpiece", ["text"])
     for make in (train_tokenizer, make_tokenizer):  # refused before any text is read
-        with pytest.raises(ValueError, match="'huggingface' is restored with the converted run "
-                           "it came with, not trained; train with one of byte, char"):
+        with pytest.raises(ValueError, match="'huggingface': restored with the converted run "
+                           "it came with, not trained; valid choices: byte, char"):
             make("huggingface", "no/such/corpus")
     with pytest.raises(ConfigError, match="train.tokenizer='huggingface': restored with"):
         TrainConfig(tokenizer="huggingface")

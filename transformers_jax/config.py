@@ -302,11 +302,7 @@ class TrainConfig:
                   "must be positive (the largest global gradient norm kept)")
         if not 0.0 < self.val_fraction < 1.0:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
-        trainable = TOKENIZERS.names_where(lambda kind: kind.train is not None)
-        if self.tokenizer in TOKENIZERS and self.tokenizer not in trainable:
-            _fail("train.tokenizer", self.tokenizer, "restored with the converted run it came "
-                  f"with, not trained; train with one of {', '.join(trainable)}")
-        _check_choice("train.tokenizer", self.tokenizer, trainable)
+        TOKENIZERS.select(self.tokenizer, "train.tokenizer")  # only kinds that can be trained
         _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
         _check_choice("train.strategy", self.strategy, STRATEGIES)
         if not 0 < self.mlm_rate <= 1 or not 0 <= self.mlm_mask_fraction <= 1 or not (

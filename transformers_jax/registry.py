@@ -46,6 +46,10 @@ class Registry(Generic[T]):
         self.kind = kind
         self._load = load
         self._entries: dict[str, T] = {}
+        # Set by the loading module where a config may name only some entries (tokenizers
+        # restored with a converted run, never built): entry -> None if a config may name it,
+        # else why not.
+        self.refusal: Callable[[T], str | None] = lambda entry: None
 
     def _ensure_loaded(self) -> None:
         if self._load is not None:
@@ -84,6 +88,20 @@ class Registry(Generic[T]):
                 f"{field}={name!r} is not a known {self.kind}; "
                 f"valid choices: {', '.join(self.names())}"
             )
+
+    def select(self, name: str, field: str) -> T:
+        """The entry of ``name`` for config field ``field``: a ``ConfigError`` naming the field,
+        the reason and the names a config may use, if it is unknown or ``refusal`` refuses it."""
+        self._ensure_loaded()
+        why = "not known" if name not in self._entries else self.refusal(self._entries[name])
+        if why is not None:
+            raise ConfigError(f"{field}={name!r}: {why}; valid choices: "
+                              f"{', '.join(self.selectable())}")
+        return self._entries[name]
+
+    def selectable(self) -> tuple[str, ...]:
+        """The names a config may use (every entry ``refusal`` admits), sorted."""
+        return self.names_where(lambda entry: self.refusal(entry) is None)
 
     def names(self) -> list[str]:
         self._ensure_loaded()

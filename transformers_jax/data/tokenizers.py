@@ -340,19 +340,13 @@ EXTERNAL = "external"  # a run's tokenizer kind when it has none of its own (con
 
 def trainable() -> tuple[str, ...]:
     """The ``train.tokenizer`` values: the registered kinds that can be built here."""
-    return TOKENIZERS.names_where(lambda kind: kind.train is not None)
+    return TOKENIZERS.selectable()
 
 
-def trainable_kind(kind: str) -> TokenizerKind:
-    """The entry of ``kind``, refused with the valid choices unless it can be trained."""
-    entry = TOKENIZERS.get(kind) if kind in TOKENIZERS else None
-    if entry is None:
-        raise ValueError(f"tokenizer={kind!r} is not known; valid choices: "
-                         f"{', '.join(trainable())}")
-    if entry.train is None:
-        raise ValueError(f"tokenizer={kind!r} is restored with the converted run it came with, "
-                         f"not trained; train with one of {', '.join(trainable())}")
-    return entry
+def trainable_kind(kind: str, field: str = "tokenizer") -> TokenizerKind:
+    """The entry of ``kind``, refused (naming ``field`` and the valid choices) unless it can be
+    trained here."""
+    return TOKENIZERS.select(kind, field)
 
 
 def train_tokenizer(
@@ -547,3 +541,6 @@ TOKENIZERS.add("sentencepiece_bpe", TokenizerKind(
     needs_vocab_size=True))
 TOKENIZERS.add("huggingface", TokenizerKind(  # needs transformers
     lambda directory, meta: HFTokenizer.load(directory)))
+TOKENIZERS.refusal = lambda kind: (
+    None if kind.train is not None
+    else "restored with the converted run it came with, not trained")
