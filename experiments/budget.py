@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     print(json.dumps({"data": split.meta(), "baselines": base}), flush=True)
     model_cfg = ModelConfig(position=args.position, max_len=args.seq_len, d_model=args.d_model,
                             n_layers=args.layers, n_heads=args.heads)
-    extra = {} if args.lr is None else {"lr": args.lr}
+    extra = {} if args.lr is None else {"learning_rate": args.lr}
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run_dir or os.path.join(tmp, "run")
         cfg = TrainConfig(data=split.train_data, seq_len=args.seq_len, steps=args.steps,
