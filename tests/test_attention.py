@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transformers_jax import ModelConfig
 from transformers_jax.nn import masks
 from transformers_jax.nn.attention import (
     ATTENTION,
@@ -23,7 +24,7 @@ from transformers_jax.nn.attention import (
     attention_weights,
     dot_product_attention,
 )
-from transformers_jax.registry import UnknownNameError
+from transformers_jax.registry import ConfigError, UnknownNameError
 
 CPU_IMPLEMENTATIONS = ("reference", "xla", "chunked")
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -324,6 +325,28 @@ def test_chunked_any_lengths(q_len, k_len, chunk, causal):
     ref = _attend("reference", q, k, v, bias=bias, mask=mask)
     got = _attend("chunked", q, k, v, bias=bias, mask=mask, chunk_size=chunk)
     np.testing.assert_allclose(got, ref, **TOL)
+
+
+@pytest.mark.parametrize("unroll_tiles", [0, 16])
+def test_chunked_rolled_and_unrolled_tile_loops_agree(unroll_tiles):
+    """The 16 tiles of a 13-token problem in 4-wide tiles (padding in the last ones), as
+    lax loops (unroll_tiles=0) and unrolled (16), against the reference: packed causal rows
+    with padding, a bias, grouped heads and a soft cap, outputs and gradients."""
+    impl = ATTENTION.get("chunked")(chunk_size=CHUNK, unroll_tiles=unroll_tiles)
+    q, k, v, bias, cotangent = _random_problem(9, T, T, "GQA", "BHQK")
+    mask = _self_attention_mask("causal_segments_padding")
+    ref = _outputs_and_grads("reference", q, k, v, bias, mask, cotangent, chunk_size=CHUNK,
+                             logit_softcap=3.0)
+    got = _jit_outputs_and_grads(impl, q, k, v, bias, mask, cotangent, chunk_size=None,
+                                 logit_softcap=3.0)
+    for name, g, r in zip(["out", "dq", "dk", "dv", "dbias"], [got[0], *got[1]],
+                          [ref[0], *ref[1]], strict=True):
+        np.testing.assert_allclose(g, r, err_msg=name, **TOL)
+    lowered = jax.jit(lambda *a: dot_product_attention(
+        *a, mask=mask, implementation=impl)).lower(q, k, v).as_text()
+    assert ("stablehlo.while" in lowered) == (unroll_tiles == 0)  # unrolled: no loop left
+    with pytest.raises(ConfigError, match="unroll_tiles=-1: must be >= 0"):
+        ModelConfig(attention={"name": "chunked", "unroll_tiles": -1})
 
 
 # --------------------------------------------------------------------------------------------

@@ -494,8 +494,14 @@ def _per_shard(kernel, q, k, v, ab, segments):
 #   fully visible tiles (no masking work) measured no faster and compiles slower.
 
 
-def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128):
-    """Blockwise online-softmax attention; any lengths (padded to whole tiles internally)."""
+def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128,
+                      unroll_tiles=16):
+    """Blockwise online-softmax attention; any lengths (padded to whole tiles internally).
+
+    With at most ``unroll_tiles`` tiles (query blocks x key blocks) the tile loops are unrolled:
+    every tile's offsets are constants, so the loops' dynamic slices, updates and bookkeeping
+    go, at the price of a compile that grows with the tile count (BENCHMARKS.md, section 2e).
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     b, q_len, h, d = q.shape
@@ -514,7 +520,9 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
     elif mask is not None:
         mask = _pad_scores(_group_heads(mask, n), q_pad, k_pad)
 
-    tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, k_len)
+    tiles = (q_len + q_pad) // q_chunk * ((k_len + k_pad) // k_chunk)
+    tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, k_len,
+                     True if tiles <= unroll_tiles else 1)
     out = _flash(tiling, q, k, v, bias, mask)  # [B, N, G, Qp, D]; padded queries dropped next
     return out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d)
 
@@ -527,6 +535,7 @@ class _Tiling(NamedTuple):
     q_chunk: int
     k_chunk: int
     k_len: int  # the true key length: keys at or past it are padding
+    unroll: bool | int  # lax.scan's unroll of the tile loops: True (all) or 1 (a loop)
 
 
 def _pad_axis(x: jax.Array, axis: int, amount: int, value=0) -> jax.Array:
@@ -674,14 +683,15 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
             jnp.zeros((b, n, g, t.q_chunk), jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk, d), jnp.float32),
         ), vma)
-        (m, l, acc), _ = lax.scan(visit_key_block, init, jnp.arange(num_k))
+        (m, l, acc), _ = lax.scan(visit_key_block, init, jnp.arange(num_k), unroll=t.unroll)
         seen = l > 0  # False for rows that no key was visible to: output 0
         safe_l = jnp.where(seen, l, 1.0)
         out = (acc / safe_l[..., None]).astype(q.dtype)  # [B, N, G, cq, D]
         lse = jnp.where(seen, m + jnp.log(safe_l), 0.0)  # [B, N, G, cq]
         return out, lse
 
-    out, lse = lax.map(one_query_block, jnp.arange(num_q))  # [nq, B, N, G, cq, (D)]
+    _, (out, lse) = lax.scan(lambda c, qi: (c, one_query_block(qi)), None, jnp.arange(num_q),
+                             unroll=t.unroll)  # [nq, B, N, G, cq, (D)]
     out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
     return out, jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
 
@@ -757,7 +767,8 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
 
         zeros_kv = _vary(jnp.zeros(k_blk.shape, jnp.float32), vma)
         (dk, dv, dq, d_bias), _ = lax.scan(
-            visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), jnp.arange(num_q)
+            visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), jnp.arange(num_q),
+            unroll=t.unroll,
         )
         return (dq, d_bias), (dk, dv)
 
@@ -765,7 +776,8 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
         jnp.zeros(q.shape, jnp.float32),
         None if bias is None else jnp.zeros(bias.shape, jnp.float32),
     ), vma)
-    (dq, d_bias), (dk, dv) = lax.scan(one_key_block, init, jnp.arange(num_k))
+    (dq, d_bias), (dk, dv) = lax.scan(one_key_block, init, jnp.arange(num_k),
+                                      unroll=t.unroll)
     dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape).astype(k.dtype)  # [nk, B, N, ck, D] -> k
     dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape).astype(v.dtype)
     d_bias = None if bias is None else d_bias.astype(bias.dtype)
@@ -864,15 +876,20 @@ class Pallas(AttentionImpl):
 @ATTENTION.register("chunked")
 @dataclasses.dataclass(frozen=True)
 class Chunked(AttentionImpl):
-    """``chunk_size``: the tile length (queries and keys)."""
+    """``chunk_size``: the tile length (queries and keys). ``unroll_tiles``: unroll the tile
+    loops of a call with at most this many tiles (faster steps, longer compiles; 0: never)."""
 
     kernel = staticmethod(chunked_attention)
     chunk_size: int = 128
+    unroll_tiles: int = 16
 
     def kernel_options(self) -> dict:
-        return {"chunk_size": self.chunk_size}
+        return {"chunk_size": self.chunk_size, "unroll_tiles": self.unroll_tiles}
 
     def check(self, config: Any) -> None:
         super().check(config)
         if self.chunk_size <= 0:
             raise ConfigError(f"attention.chunk_size={self.chunk_size!r}: must be positive")
+        if self.unroll_tiles < 0:
+            raise ConfigError(f"attention.unroll_tiles={self.unroll_tiles!r}: must be >= 0 "
+                              "(0 keeps the tile loops rolled)")
