@@ -69,7 +69,10 @@ SCALES = {
     # 1.426 held-out): NoPE at L=32 needs it (1.925 after 2.0M tokens, 1.735 after 3.1M; a
     # 2-layer model, faster, reached only 2.114 after 2.0M). Measured in the committed run:
     # NoPE does not fit L=64 or 128 at this budget (2.02, 2.25); every other scheme beats the
-    # 3-gram at every L, and ALiBi/RoPE at L>=64 the 4-gram
+    # 3-gram at every L, and ALiBi/RoPE at L>=64 the 4-gram. Not the learning rate: NoPE at
+    # L=128 after 1.5M tokens scored 2.40 / 2.39 / 2.39 held-out at lr 1e-3 / 2e-3 / 4e-3
+    # (python -m experiments.budget --position none --seq-len 128 --tokens-per-step 1024
+    # --steps 1500 --every 500 --d-model 128 --lr X; 2026-12-02)
     "default": (dict(d_model=128, n_layers=4, n_heads=4), dict(steps=3000, tokens=1024),
                 (32, 64, 128), (1, 2, 4, 8, 16), 200_000),
     # 11M parameters, 24.6M tokens per run (not measured here: no accelerator); use a corpus
