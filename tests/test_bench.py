@@ -166,3 +166,30 @@ def test_host_memory_ab_runs_both_sides_as_whole_processes(tmp_path):
         assert _positive(result[side]["tokens_per_s"]["median"])
         assert result[side]["minor_page_faults_per_step"]["median"] >= 0
     assert len(result["speedup_tjax_default_over_system"]["values"]) == 1
+
+
+def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
+    profile = _load("profile_step")
+    events = [  # one thread: a while loop (10 us) holding a fusion (4 us) and a copy (1 us)
+        {"ph": "X", "name": "while.3", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "ynn_fusion.7", "ts": 2, "dur": 4, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "copy.2", "ts": 7, "dur": 1, "pid": 1, "tid": 1},
+        # another thread overlaps in time but is not nested: counted whole
+        {"ph": "X", "name": "ynn_fusion.9", "ts": 3, "dur": 5, "pid": 1, "tid": 2},
+        {"ph": "X", "name": "ThunkExecutor::Execute", "ts": 0, "dur": 20, "pid": 1, "tid": 3},
+        {"ph": "i", "name": "instant", "ts": 1, "pid": 1, "tid": 1},
+    ]
+    times = profile.self_times(events)
+    assert times == {"while.3": 5, "ynn_fusion.7": 4, "copy.2": 1, "ynn_fusion.9": 5}
+    summary = profile.summarise(times, {"ynn_fusion.7": "f32[8,16]", "ynn_fusion.9": "f32[8,16]"},
+                                runs=1, top=5)
+    assert summary["self_ms_per_run"] == 0.015
+    assert summary["by_kind_ms"][0] == ["ynn_fusion", 0.009]
+    assert summary["library_matmuls_by_output_shape_ms"] == [["f32[8,16]", 0.009]]
+
+    monkeypatch.setenv("TJAX_HOST_MALLOC", "system")  # no re-exec of the test process
+    profile.main(["--tiny", "--runs", "1", "--top", "5"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["training_step"]["batch_size"] == int(bench.TINY_TRAIN["batch_size"])
+    assert result["self_ms_per_run"] > 0 and len(result["by_kind_ms"]) == 5
+    assert any(kind.endswith("fusion") for kind, _ in result["by_kind_ms"])
