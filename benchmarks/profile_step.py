@@ -81,11 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     import jax
     import jax.numpy as jnp
 
-    from transformers_jax.bench import bench_configs, training_batch
-    from transformers_jax.models import build_model
-    from transformers_jax.train.objectives import objective_for
-    from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
-    from transformers_jax.train.step import init_state, make_train_step
+    from transformers_jax.bench import bench_configs, training_setup
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--decode-batch", type=int, default=None,
@@ -94,14 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=25, help="rows per table")
     args, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     model_cfg, cfg, _, _ = bench_configs(rest)
-    model = build_model(model_cfg)
     if args.decode_batch is None:
-        objective = objective_for(model_cfg.family)
-        optimizer = make_optimizer(cfg)
-        batch = training_batch(model_cfg, cfg)
-        state = init_state(model, optimizer, 0, batch, objective)
-        step = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg), objective),
-                       donate_argnums=0)
+        step, state, batch = training_setup(model_cfg, cfg)
         compiled = step.lower(state, batch).compile()
 
         def run():
@@ -110,8 +100,10 @@ def main(argv: list[str] | None = None) -> None:
             return state
         what = {"training_step": {"batch_size": cfg.batch_size, "seq_len": cfg.seq_len}}
     else:
+        from transformers_jax.models import build_model
         from transformers_jax.sample import SamplingConfig, generate_tokens
 
+        model = build_model(model_cfg)
         params = nn.meta.unbox(
             model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
         prompts = jnp.ones((args.decode_batch, 16), jnp.int32)

@@ -106,7 +106,9 @@ def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0) -> d
     return {"inputs": inputs, "targets": np.roll(inputs, -1, axis=1)}
 
 
-def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup: int = 3):
+def training_setup(model_cfg: ModelConfig, cfg: TrainConfig):
+    """``(jitted train step donating its state, initial state, a random batch)``: what
+    ``bench_training`` times (and ``benchmarks/profile_step.py`` traces)."""
     from transformers_jax.train.objectives import objective_for
 
     if family_of(model_cfg).needs_task:
@@ -119,6 +121,11 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
     state = init_state(model, optimizer, 0, batch, objective)
     step_fn = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg), objective),
                       donate_argnums=0)
+    return step_fn, state, batch
+
+
+def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup: int = 3):
+    step_fn, state, batch = training_setup(model_cfg, cfg)
     wall, cpu = time.perf_counter(), time.process_time()
     compiled = step_fn.lower(state, batch).compile()
     compile_s, compile_cpu_s = time.perf_counter() - wall, time.process_time() - cpu
