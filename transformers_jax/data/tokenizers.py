@@ -343,10 +343,9 @@ def trainable() -> tuple[str, ...]:
     return TOKENIZERS.selectable()
 
 
-def trainable_kind(kind: str, field: str = "tokenizer") -> TokenizerKind:
-    """The entry of ``kind``, refused (naming ``field`` and the valid choices) unless it can be
-    trained here."""
-    return TOKENIZERS.select(kind, field)
+def trainable_kind(kind: str) -> TokenizerKind:
+    """The entry of ``kind``, refused with the valid choices unless it can be trained here."""
+    return TOKENIZERS.select(kind, "tokenizer")
 
 
 def train_tokenizer(

@@ -521,8 +521,7 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
         mask = _pad_scores(_group_heads(mask, n), q_pad, k_pad)
 
     tiles = (q_len + q_pad) // q_chunk * ((k_len + k_pad) // k_chunk)
-    tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, k_len,
-                     True if tiles <= unroll_tiles else 1)
+    tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, k_len, tiles <= unroll_tiles)
     out = _flash(tiling, q, k, v, bias, mask)  # [B, N, G, Qp, D]; padded queries dropped next
     return out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d)
 
@@ -535,7 +534,7 @@ class _Tiling(NamedTuple):
     q_chunk: int
     k_chunk: int
     k_len: int  # the true key length: keys at or past it are padding
-    unroll: bool | int  # lax.scan's unroll of the tile loops: True (all) or 1 (a loop)
+    unroll: bool  # the tile loops unrolled (lax.scan's unroll=True) or kept as loops
 
 
 def _pad_axis(x: jax.Array, axis: int, amount: int, value=0) -> jax.Array:
