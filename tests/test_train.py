@@ -134,6 +134,23 @@ def test_trained_tokenizer_is_saved_with_the_run_and_restored(tmp_path):
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
+def test_run_tokenizer_builds_when_another_process_is_still_saving(tmp_path):
+    """Two processes of a run share its directory: one may see ``tokenizer/`` before the other
+    has written ``tokenizer.json`` into it. That half-saved directory is not read (it failed
+    a two-process run with "no tokenizer saved"): the tokenizer is built and saved, then
+    restored by the next call."""
+    from transformers_jax.data.tokenizers import TOKENIZER_FILE
+    from transformers_jax.train.data import TOKENIZER_DIR, run_tokenizer
+
+    (tmp_path / TOKENIZER_DIR).mkdir()  # the other process has made the folder, no file yet
+    cfg = TrainConfig(run_dir=str(tmp_path), tokenizer="byte")
+    first = run_tokenizer(cfg)
+    assert first.name == "byte" and (tmp_path / TOKENIZER_DIR / TOKENIZER_FILE).is_file()
+    again = run_tokenizer(cfg)  # now restored from the file
+    assert again.name == "byte" and again.vocab_size == first.vocab_size
+    assert not list((tmp_path / TOKENIZER_DIR).glob("*.tmp*"))  # no temporary file left
+
+
 def test_prefix_lm_on_text_and_a_synthetic_task_train():
     prefix = TrainConfig(steps=3, batch_size=2, seq_len=16, log_every=1, eval_every=3,
                          eval_batches=1, progress=False)

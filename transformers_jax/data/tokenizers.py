@@ -323,8 +323,11 @@ class SentencePieceTokenizer(Tokenizer):
 
     def save(self, directory: str) -> str:
         os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, self.MODEL_FILE), "wb") as f:
+        path = os.path.join(directory, self.MODEL_FILE)
+        tmp = f"{path}.tmp{os.getpid()}"  # another process may be reading the same file
+        with open(tmp, "wb") as f:
             f.write(self.model_proto)
+        os.replace(tmp, path)
         return super().save(directory)
 
     def _config(self) -> dict:

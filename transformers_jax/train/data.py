@@ -25,7 +25,7 @@ from transformers_jax.data.pipeline import (
 )
 from transformers_jax.data.prefix_lm import PrefixBatches, eval_prefix_batches
 from transformers_jax.data.synthetic import FORMATS
-from transformers_jax.data.tokenizers import Tokenizer, load_tokenizer
+from transformers_jax.data.tokenizers import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from transformers_jax.models import family_of
 
 TOKENIZER_DIR = "tokenizer"
@@ -71,7 +71,9 @@ def tokenizer_spec(tokenizer: Tokenizer) -> dict:
 def run_tokenizer(cfg: TrainConfig) -> Tokenizer:
     """The run's tokenizer: restored from the run directory when there is one, else built."""
     saved = os.path.join(cfg.run_dir, TOKENIZER_DIR) if cfg.run_dir else None
-    if saved and os.path.isdir(saved):
+    # The JSON is written last and atomically: a directory without it is another process of
+    # the same run still saving, so build the same tokenizer here rather than read half of it.
+    if saved and os.path.isfile(os.path.join(saved, TOKENIZER_FILE)):
         return load_tokenizer(saved)
     source = None if cfg.task else cfg.data
     tokenizer = make_tokenizer(cfg.tokenizer, source, cfg.tokenizer_vocab,
