@@ -19,6 +19,18 @@ previous-token head and a head that attends to what followed the earlier marker)
 budget does not grow at any of those densities; so the control fails at the default scale, and
 retrieval is read at ``--scale large`` (an accelerator's budget).
 
+Easier forms fail the same way (2026-12-03, same model, seed 0): a one-digit key with every
+digit taken out of the text (the key the only digit in its window, one attention from the
+query to it would do), pairs every 128, 32 or 8 bytes, 1,500-3,000 steps, learning rate 2e-3
+or 6e-3: right at chance (0.00-0.23 per depth at L=64, chance 0.10; after the query the model
+puts 0.99 of its mass on digits, 0.10 on the right one). On a synthetic text of random letters
+and ``$d`` pairs, where the query's digit is always the latest digit, 800 steps left RoPE,
+ALiBi and learned positions at chance, and so did the plain PyTorch GPT of
+``benchmarks/torch_gpt.py`` on the same text: not a defect of this library, a plateau longer than
+the budget. Random strings of 6-19 characters written twice stayed uncopied after 3,000 steps
+(loss 3.32; copying gives about 1.75), while strings of one fixed length were copied after 600
+(by their fixed offset, not by content).
+
 Why not ``tjax eval --passkey`` (``transformers_jax.evaluation.passkey_accuracy``): its needle
 and question are the original prompt's sentences, over 100 bytes together, so no pair fits the
 64-byte training windows of the default scale; the compact marker here fits, and the filler is
