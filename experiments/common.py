@@ -219,10 +219,13 @@ def eval_loss(model, params, tokens: np.ndarray, length: int, stride: int | None
 
 
 def position_losses(model, params, tokens: np.ndarray, length: int, stride: int | None = None,
-                    batch_size: int = 8) -> np.ndarray:
+                    batch_size: int = 8, bos_id: int | None = None) -> np.ndarray:
     """Per-position losses ``[N]`` of the stream (``[i]``: the loss of predicting
     ``tokens[i]``; NaN where no window scores it), with the windows of ``eval_loss``: the
-    same positions of every model and length can then be paired (``stats.block_means``)."""
+    same positions of every model and length can then be paired (``stats.block_means``).
+    ``bos_id``: each window's first input is bos instead of the token before its first target
+    (as a model trained with ``TrainConfig.bos_per_row`` saw every window); the same
+    positions are scored."""
     step = stride or length
     starts = list(range(0, len(tokens) - length - 1, step))
     if not starts:
@@ -233,6 +236,8 @@ def position_losses(model, params, tokens: np.ndarray, length: int, stride: int 
         chunk = starts[i : i + batch_size]
         chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # fixed shape: one compile
         windows = np.stack([tokens[s : s + length + 1] for s in chunk])
+        if bos_id is not None:
+            windows[:, 0] = bos_id
         loss_BT = np.asarray(losses_fn(params, windows[:, :-1], windows[:, 1:]))
         real = min(batch_size, len(starts) - i)
         for row in range(real):

@@ -53,6 +53,7 @@ from experiments.common import (
 )
 from experiments.stats import block_means, paired_interval, verdict
 from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.host_memory import relaunch_with_tunables
 
 SCHEMES = ["alibi", "rope", "sinusoidal", "none"]  # the paper's core four, at default budget
@@ -92,7 +93,8 @@ def learned_scalars(params) -> dict[str, float]:
     return out
 
 
-def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, sliding):
+def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, sliding,
+            bos=False):
     model_fields, train_fields, _, _, _ = SCALES[scale]
     train_fields = dict(train_fields)
     tokens_per_step = train_fields.pop("tokens", None)
@@ -103,7 +105,8 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
     steps = train_fields["steps"]
     train_cfg = TrainConfig(seed=seed, data=split.train_data, seq_len=train_len,
                             eval_every=steps, log_every=max(steps // 4, 1), val_fraction=0.01,
-                            **train_fields)
+                            bos_per_row=bos, **train_fields)
+    bos_id = ByteTokenizer().bos_id if bos else None  # held-out windows start as trained
     key = cache_key(model=model_cfg, train=train_cfg, data=split.sha256, split=split.seed,
                     eval=[len(eval_tokens), int(eval_tokens.sum()), lengths, block, sliding])
 
@@ -121,14 +124,17 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
                     row[mode][n], row[f"{mode}_blocks"][n] = math.nan, []  # no table rows
                     continue
                 stride = None if stride_of is None else max(n // 4, 1)
-                losses = position_losses(model, params, eval_tokens, n, stride=stride)
+                losses = position_losses(model, params, eval_tokens, n, stride=stride,
+                                         bos_id=bos_id)
                 row[mode][n] = float(np.nanmean(losses))
                 row[f"{mode}_blocks"][n] = block_means(losses, block).tolist()
         row["attention"] = {}  # where it attends: at L, and at the longest length it can run
         for n, windows in ((train_len, 8), (lengths[-1], 2)):
             if (limit is None or n <= limit) and eval_tokens.size >= n * windows:
-                row["attention"][n] = attention_statistics(
-                    model, params, eval_tokens[: n * windows].reshape(windows, n))
+                tokens_BT = eval_tokens[: n * windows].reshape(windows, n).copy()
+                if bos_id is not None:
+                    tokens_BT[:, 0] = bos_id
+                row["attention"][n] = attention_statistics(model, params, tokens_BT)
         return row
 
     row = cached_run("length_extrapolation", key, compute)
@@ -140,7 +146,7 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
 
 def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: bool = False,
         split_seed: int = 0, train_lens: tuple[int, ...] | None = None,
-        shard: tuple[int, int] | None = None) -> dict | None:
+        shard: tuple[int, int] | None = None, bos: bool = False) -> dict | None:
     """Every run of the sweep, and what the report needs; with ``shard`` (i, n), only runs
     i, i + n, ... (cached for the process that reports) and None."""
     _, _, default_lens, multiples, n_eval = SCALES[scale]
@@ -159,12 +165,13 @@ def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: b
                 if eval_tokens is None:
                     split, eval_tokens, base = heldout_split(data, n_eval, split_seed)
                 row = one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths,
-                              block, sliding)
+                              block, sliding, bos)
                 results.setdefault(str(train_len), {}).setdefault(scheme, []).append(row)
     if shard is not None:
         return None
     return {"scale": scale, "seeds": seeds, "train_lens": list(train_lens),
             "multiples": list(multiples), "block": block, "sliding": sliding,
+            "bos_per_row": bos,
             "data": split.meta(), "heldout_tokens": int(eval_tokens.size),
             "baselines": base, "model": SCALES[scale][0], "train": SCALES[scale][1],
             "positions": {str(L): {s: position_for(s, L, max_eval) for s in schemes}
@@ -277,7 +284,9 @@ def tables_and_figure(out: dict):
         f"Data: {out['data']['corpus']} (sha256 {out['data']['sha256'][:12]}), split by "
         f"{out['data']['split_unit']} (seed {out['data']['split_seed']}): "
         f"{out['heldout_tokens']} held-out tokens. Model {out['model']}, training "
-        f"{out['train']} ({out['seeds']} seeds). Positions: "
+        f"{out['train']} ({out['seeds']} seeds)"
+        + ("; every training and held-out window starts with bos (--bos-per-row)"
+           if out.get("bos_per_row") else "") + ". Positions: "
         + "; ".join(f"L={L}: " + ", ".join(f"{p}" for p in by.values())
                     for L, by in out["positions"].items()) + ".",
         baselines_line(base),
@@ -383,6 +392,9 @@ def main(argv=None) -> None:
                         help="comma list of training lengths (default: the scale's sweep)")
     parser.add_argument("--sliding", action="store_true",
                         help="also score sliding windows (stride n/4; about 4x the eval time)")
+    parser.add_argument("--bos-per-row", action="store_true",
+                        help="every training and held-out window starts with bos, not only "
+                             "each document (NoPE reads positions off it)")
     parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
     parser.add_argument("--workers", type=int, default=1,
                         help="train this many runs at once, each in its own process (CPUs: "
@@ -404,7 +416,7 @@ def main(argv=None) -> None:
         common.run_workers("experiments.length_extrapolation", rest, args.workers)
         common.FRESH = False  # what the workers just computed is what the report reads
     out = run(args.scale, args.seeds, args.schemes.split(","), args.data, args.sliding,
-              args.split_seed, lens, shard)
+              args.split_seed, lens, shard, args.bos_per_row)
     if out is not None:
         report(out)
 

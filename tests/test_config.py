@@ -99,6 +99,8 @@ def test_train_config_checks():
         TrainConfig(steps=10, warmup_steps=10)
     with pytest.raises(ConfigError, match="train.batch_size=0"):
         TrainConfig(batch_size=0)
+    with pytest.raises(ConfigError, match="train.bos_per_row=True: applies to text"):
+        TrainConfig(task="copy", bos_per_row=True)
 
 
 def test_overrides_coerce_types_and_nest():

@@ -105,6 +105,33 @@ def test_one_epoch_packs_every_token_exactly_once(mode):
     assert fill > {"concat": 0.95, "first_fit": 0.75, "none": 0.3}[mode]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_bos_per_row_leads_every_window_with_bos_and_keeps_every_target(mode):
+    """The same batches as without the option except the first input of each row and of each
+    packed piece, which is bos: every target is still predicted once, in the same place."""
+    plain = list(make_lm_iterator(DOCS, CHAR, 24, 4, seed=5, pack=mode, shard=(0, 1),
+                                  num_epochs=1))
+    led = list(make_lm_iterator(DOCS, CHAR, 24, 4, seed=5, pack=mode, shard=(0, 1),
+                                num_epochs=1, bos_per_row=True))
+    assert len(plain) == len(led)
+    changed = 0
+    for a, b in zip(plain, led, strict=True):
+        for key in ("targets", "weights", "segment_ids", "positions"):
+            np.testing.assert_array_equal(a[key], b[key])
+        seg = b["segment_ids"]
+        starts = (seg > 0) & (seg != np.pad(seg, ((0, 0), (1, 0)), constant_values=-1)[:, :-1])
+        assert (b["inputs"][starts] == CHAR.bos_id).all()
+        np.testing.assert_array_equal(a["inputs"][~starts], b["inputs"][~starts])
+        assert (b["inputs"][seg == 0] == CHAR.pad_id).all()
+        changed += int((a["inputs"][starts] != CHAR.bos_id).sum())
+    assert changed > 0  # windows that began inside a document now begin with bos
+    # a saved position of one layout does not restore into the other
+    state = make_lm_iterator(DOCS, CHAR, 24, 4, seed=5, pack=mode, shard=(0, 1)).get_state()
+    other = make_lm_iterator(DOCS, CHAR, 24, 4, seed=5, pack=mode, shard=(0, 1), bos_per_row=True)
+    with pytest.raises(ValueError):
+        other.set_state(state)
+
+
 def test_every_epoch_is_a_new_permutation_of_the_documents():
     it = make_lm_iterator(DOCS, CHAR, 100, 10, seed=2, pack=False, shard=(0, 1))
     rows = np.concatenate([b["inputs"] for b in take(it, 6)])  # 60 rows: two epochs

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -156,6 +157,46 @@ def test_position_losses_pair_the_same_positions(monkeypatch):
         assert np.array_equal(losses[scored], tokens[scored]) and not scored[0]
     assert (~np.isnan(flat))[1:33].all() and np.isnan(flat[33:]).all()  # 4 whole windows
     assert (~np.isnan(sliding))[1:39].all()  # windows every 2 tokens score up to the end
+
+
+def test_position_losses_lead_each_window_with_bos_when_asked(monkeypatch):
+    """bos_id replaces each window's first input (the token before its first target) and
+    nothing else: the same positions are scored, with the same targets."""
+    import numpy as np
+
+    def losses_of(model):
+        def losses(params, inputs, targets):
+            np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])  # context untouched
+            return targets + 1000.0 * (inputs[:, :1] == 99)
+
+        return losses
+
+    monkeypatch.setattr(common, "window_losses", losses_of)
+    tokens = np.arange(40)
+    for stride in (None, 2):
+        plain = common.position_losses(None, None, tokens, 8, stride=stride)
+        led = common.position_losses(None, None, tokens, 8, stride=stride, bos_id=99)
+        scored = ~np.isnan(plain)
+        assert np.array_equal(scored, ~np.isnan(led))
+        np.testing.assert_array_equal(led[scored], plain[scored] + 1000.0)
+
+
+@pytest.mark.slow
+def test_length_extrapolation_bos_per_row(results_dir, split_cache):
+    """--bos-per-row trains with TrainConfig.bos_per_row and scores windows led by bos; the
+    result and its table say so."""
+    from experiments import length_extrapolation
+
+    length_extrapolation.main(["--scale", "tiny", "--seeds", "1", "--schemes", "none",
+                               "--bos-per-row"])
+    out = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
+    assert out["bos_per_row"] is True
+    assert 0 < out["results"]["16"]["none"][0]["flat"]["16"] < 10
+    table = (results_dir / "length_extrapolation_tiny.md").read_text()
+    assert "every training and held-out window starts with bos" in table
+    runs = os.path.join(str(results_dir), ".cache", "length_extrapolation", "runs")
+    [run] = os.listdir(runs)
+    assert json.load(open(os.path.join(runs, run, "tjax_config.json")))["train"]["bos_per_row"]
 
 
 def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):

@@ -194,6 +194,23 @@ def test_resume_refuses_changed_data_contents_unless_accepted(tmp_path):
     assert any("other data" in m and "(the files changed)" in m for m in warned)
 
 
+def test_resume_refuses_a_changed_window_layout(tmp_path):
+    """bos_per_row changes what every row holds: a resume that flips it is refused, and a
+    checkpoint saved without the option on record reads as saved with it off."""
+    cfg = text_cfg(tmp_path)
+    train(MODEL, cfg)
+    with pytest.raises(ValueError, match="bos_per_row"):
+        train(MODEL, cfg.replace(steps=4, bos_per_row=True))
+    meta_file = os.path.join(cfg.run_dir, "checkpoints", "2", "meta", "metadata")  # orbax JSON
+    meta = json.load(open(meta_file))
+    del meta["data"]["spec"]["bos_per_row"]
+    json.dump(meta, open(meta_file, "w"))
+    os.remove(os.path.join(cfg.run_dir, "checkpoints", "2", "tjax_files.json"))  # none then
+    with pytest.raises(ValueError, match="bos_per_row"):
+        train(MODEL, cfg.replace(steps=4, bos_per_row=True))
+    assert train(MODEL, cfg.replace(steps=4))["steps"] == 4
+
+
 def test_resume_with_the_same_settings_reports_no_difference(tmp_path):
     from transformers_jax.train.checkpoint import config_differences
 

@@ -247,6 +247,7 @@ class TrainConfig:
     tokenizer: str = "byte"  # byte, char, sentencepiece, sentencepiece_bpe: a TOKENIZERS name
     tokenizer_vocab: int | None = None  # vocabulary size of a trained tokenizer
     pack: str = "concat"  # concat, first_fit, none
+    bos_per_row: bool = False  # every row (window) starts with bos, not only each document
     task: str | None = None  # a synthetic task instead of text (copy, reverse, addition, ...)
     train_lengths: tuple[int, int] = (1, 20)  # task lengths seen in training
     test_lengths: tuple[int, int] = (21, 80)  # task lengths for the extrapolation test
@@ -304,6 +305,10 @@ class TrainConfig:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
         TOKENIZERS.select(self.tokenizer, "train.tokenizer")  # only kinds that can be trained
         _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
+        if self.bos_per_row and self.task:
+            _fail("train.bos_per_row", self.bos_per_row,
+                  f"applies to text: the synthetic task {self.task!r} lays out its own rows; "
+                  "drop --train.bos_per_row")
         _check_choice("train.strategy", self.strategy, STRATEGIES)
         if not 0 < self.mlm_rate <= 1 or not 0 <= self.mlm_mask_fraction <= 1 or not (
             0 <= self.mlm_random_fraction <= 1 - self.mlm_mask_fraction + 1e-9

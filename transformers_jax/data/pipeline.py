@@ -7,6 +7,7 @@ The LM pipeline, per host::
       --> to_iter_dataset (threads)
       --> pack: "concat" ConcatThenSplit | "first_fit" split+FirstFitPack | "none" split+pad
       --> batch(global_batch / count) --> batch dict (weights, pad ids, fixed shape)
+      --> bos_per_row: every row's (and packed piece's) first input replaced by bos
 
 Batches follow the model contract: numpy ``inputs``, ``targets``, ``segment_ids``,
 ``positions`` (int32 ``[B, T]``), ``weights`` (float32 ``[B, T]``, 0 on padding). Segment ids
@@ -237,6 +238,18 @@ def _pad_row(element: dict, lengths: dict[str, int], pad_id: int) -> dict:
     return out
 
 
+def _lead_with_bos(batch: dict, bos_id: int) -> dict:
+    """The first input of every row, and of every piece of text packed into it (segment),
+    replaced by bos; padding is left alone. The replaced token is the previous window's last
+    target, so every token is still predicted exactly once; what changes is that each window,
+    not only each document, starts at a token every position can attend to (NoPE reads
+    positions off it; an attention sink)."""
+    seg_BT = batch["segment_ids"]
+    before_BT = np.pad(seg_BT, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]
+    starts_BT = (seg_BT > 0) & (seg_BT != before_BT)
+    return {**batch, "inputs": np.where(starts_BT, bos_id, batch["inputs"]).astype(np.int32)}
+
+
 def _finalize(batch: dict, batch_size: int, pad_id: int) -> dict:
     """Grain's packed keys -> the model's batch contract; pad a short last batch with empty
     rows."""
@@ -315,10 +328,12 @@ def lm_dataset(
     shuffle: bool = True,
     add_bos: bool = True,
     add_eos: bool = True,
+    bos_per_row: bool = False,
     num_threads: int = 2,
     prefetch: int = 64,
 ) -> grain.IterDataset:
-    """The per-host LM ``IterDataset`` (``batch_size`` rows per batch) over ``documents``."""
+    """The per-host LM ``IterDataset`` (``batch_size`` rows per batch) over ``documents``;
+    ``bos_per_row``: each row's first input is bos (``_lead_with_bos``)."""
     mode = _resolve_packing(pack)
     check_sequence_length(seq_len, None)
     index, count = shard
@@ -359,7 +374,10 @@ def lm_dataset(
             lambda e: _pad_row(e, {"inputs": seq_len}, tokenizer.pad_id)
         )
     it = it.batch(batch_size, drop_remainder=False)
-    return it.map(lambda b: _finalize(b, batch_size, tokenizer.pad_id))
+    it = it.map(lambda b: _finalize(b, batch_size, tokenizer.pad_id))
+    if bos_per_row:
+        it = it.map(lambda b: _lead_with_bos(b, tokenizer.bos_id))
+    return it
 
 
 def _fingerprint(tokenizer: Tokenizer, **kwargs) -> dict:
@@ -391,6 +409,7 @@ def make_lm_iterator(
     download: bool = False,
     add_bos: bool = True,
     add_eos: bool = True,
+    bos_per_row: bool = False,
     num_threads: int = 2,
 ) -> grain.DatasetIterator:
     """A resumable iterator of LM batches for this host.
@@ -403,6 +422,8 @@ def make_lm_iterator(
     default ``(jax.process_index(), jax.process_count())``; each host reads a disjoint share of
     the documents and yields ``global_batch_size / count`` rows. ``shuffle`` defaults to True
     for training and False for eval. ``max_len``: the model's maximum length, checked.
+    ``bos_per_row``: every row (and every piece packed into it) starts with bos, not only
+    the rows where a document starts.
     """
     check_sequence_length(seq_len, max_len)
     index, count = _resolve_shard(shard)
@@ -436,6 +457,7 @@ def make_lm_iterator(
         shuffle=shuffle,
         add_bos=add_bos,
         add_eos=add_eos,
+        bos_per_row=bos_per_row,
         num_threads=num_threads,
     )
     fingerprint = _fingerprint(
@@ -452,6 +474,8 @@ def make_lm_iterator(
         num_epochs=num_epochs,
         shuffle=shuffle,
         documents=len(documents),
+        # only when set: iterator states saved before the option existed still restore
+        **({"bos_per_row": True} if bos_per_row else {}),
     )
     return iter(_Resumable(ds, fingerprint))
 
