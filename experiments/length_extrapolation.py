@@ -19,6 +19,12 @@ attention entropy and mean attention distance, at L and at the longest length), 
     python -m experiments.length_extrapolation --scale large    # a GPU/TPU-sized run
     python -m experiments.length_extrapolation --schemes alibi,rope,sinusoidal,none,xpos,kerple
     python -m experiments.length_extrapolation --data /path/tiny_shakespeare.txt --seeds 5
+    python -m experiments.length_extrapolation --bos-per-row    # every training and held-out
+                                                                # window starts with bos
+
+Without ``--bos-per-row`` a window starts wherever the stream was cut, so a model without
+positions has no fixed token to count from; NoPE then fails to fit L=64 and 128 at this budget
+(the committed run). With it NoPE fits (SCALES says what was measured).
 
 Runs are cached by config under ``results/.cache/``: finished trainings (so a new evaluation
 setting such as ``--sliding`` re-scores without retraining) and their scores (so an

@@ -101,6 +101,10 @@ def test_train_config_checks():
         TrainConfig(batch_size=0)
     with pytest.raises(ConfigError, match="train.bos_per_row=True: applies to text"):
         TrainConfig(task="copy", bos_per_row=True)
+    with pytest.raises(ConfigError, match="train.shuffle_rows=-1: must be >= 0"):
+        TrainConfig(shuffle_rows=-1)
+    with pytest.raises(ConfigError, match="train.shuffle_rows=64: applies to text"):
+        TrainConfig(task="copy", shuffle_rows=64)
 
 
 def test_overrides_coerce_types_and_nest():

@@ -132,6 +132,36 @@ def test_bos_per_row_leads_every_window_with_bos_and_keeps_every_target(mode):
         other.set_state(state)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_shuffle_rows_mixes_documents_within_a_batch_and_keeps_every_row(mode):
+    """Packing cuts a document into consecutive rows; shuffle_rows reorders the rows within
+    windows, so a batch mixes documents. One epoch holds the same rows either way; the
+    held-out pass is never shuffled."""
+    rng = np.random.default_rng(0)
+    docs = ["".join(rng.choice(list("abcdefgh"), 300)) for _ in range(12)]  # long documents
+    tok = CharTokenizer.train(docs)
+
+    def rows(shuffle_rows, **kw):
+        kw = {"shuffle": True, **kw}
+        batches = list(make_lm_iterator(docs, tok, 16, 8, seed=3, pack=mode, shard=(0, 1),
+                                        num_epochs=1, shuffle_rows=shuffle_rows, **kw))
+        return [b["inputs"][r].tobytes() + b["targets"][r].tobytes()
+                for b in batches for r in range(8) if b["weights"][r].any()]
+
+    plain, mixed = rows(0), rows(64)
+    assert sorted(plain) == sorted(mixed) and plain != mixed
+
+    # how far apart, in the plain order, each batch's rows lie (plain: 7 neighbouring rows)
+    index = {row: i for i, row in enumerate(plain)}
+    spread = [np.ptp([index[r] for r in mixed[i:i + 8]]) for i in range(0, len(mixed) - 8, 8)]
+    assert np.median(spread) > 16
+    held_out = list(make_lm_eval_iterator(docs, tok, 16, 8, pack=mode, shard=(0, 1),
+                                          shuffle_rows=64))
+    plain_eval = list(make_lm_eval_iterator(docs, tok, 16, 8, pack=mode, shard=(0, 1)))
+    for a, b in zip(held_out, plain_eval, strict=True):
+        np.testing.assert_array_equal(a["inputs"], b["inputs"])
+
+
 def test_every_epoch_is_a_new_permutation_of_the_documents():
     it = make_lm_iterator(DOCS, CHAR, 100, 10, seed=2, pack=False, shard=(0, 1))
     rows = np.concatenate([b["inputs"] for b in take(it, 6)])  # 60 rows: two epochs
@@ -159,9 +189,11 @@ def test_host_shards_are_disjoint_and_cover_the_data(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_resume_continues_with_exactly_the_next_batch(mode):
+@pytest.mark.parametrize("shuffle_rows", [0, 10])
+def test_resume_continues_with_exactly_the_next_batch(mode, shuffle_rows):
     def make():
-        return make_lm_iterator(DOCS, CHAR, 16, 4, seed=7, pack=mode, shard=(0, 1))
+        return make_lm_iterator(DOCS, CHAR, 16, 4, seed=7, pack=mode, shard=(0, 1),
+                                shuffle_rows=shuffle_rows)
 
     for k in (0, 3, 40):  # 40 batches cross an epoch boundary (about 25 per epoch)
         it = make()

@@ -195,19 +195,22 @@ def test_resume_refuses_changed_data_contents_unless_accepted(tmp_path):
 
 
 def test_resume_refuses_a_changed_window_layout(tmp_path):
-    """bos_per_row changes what every row holds: a resume that flips it is refused, and a
-    checkpoint saved without the option on record reads as saved with it off."""
+    """bos_per_row and shuffle_rows change what the rows hold and their order: a resume that
+    changes either is refused, and a checkpoint saved without them on record reads as saved
+    with both off."""
     cfg = text_cfg(tmp_path)
     train(MODEL, cfg)
-    with pytest.raises(ValueError, match="bos_per_row"):
-        train(MODEL, cfg.replace(steps=4, bos_per_row=True))
+    for change in ({"bos_per_row": True}, {"shuffle_rows": 8}):
+        with pytest.raises(ValueError, match=next(iter(change))):
+            train(MODEL, cfg.replace(steps=4, **change))
     meta_file = os.path.join(cfg.run_dir, "checkpoints", "2", "meta", "metadata")  # orbax JSON
     meta = json.load(open(meta_file))
-    del meta["data"]["spec"]["bos_per_row"]
+    del meta["data"]["spec"]["bos_per_row"], meta["data"]["spec"]["shuffle_rows"]
     json.dump(meta, open(meta_file, "w"))
     os.remove(os.path.join(cfg.run_dir, "checkpoints", "2", "tjax_files.json"))  # none then
-    with pytest.raises(ValueError, match="bos_per_row"):
-        train(MODEL, cfg.replace(steps=4, bos_per_row=True))
+    for change in ({"bos_per_row": True}, {"shuffle_rows": 8}):
+        with pytest.raises(ValueError, match=next(iter(change))):
+            train(MODEL, cfg.replace(steps=4, **change))
     assert train(MODEL, cfg.replace(steps=4))["steps"] == 4
 
 

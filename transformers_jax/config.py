@@ -248,6 +248,7 @@ class TrainConfig:
     tokenizer_vocab: int | None = None  # vocabulary size of a trained tokenizer
     pack: str = "concat"  # concat, first_fit, none
     bos_per_row: bool = False  # every row (window) starts with bos, not only each document
+    shuffle_rows: int = 0  # shuffle packed rows within windows of this many (0: off)
     task: str | None = None  # a synthetic task instead of text (copy, reverse, addition, ...)
     train_lengths: tuple[int, int] = (1, 20)  # task lengths seen in training
     test_lengths: tuple[int, int] = (21, 80)  # task lengths for the extrapolation test
@@ -305,6 +306,13 @@ class TrainConfig:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
         TOKENIZERS.select(self.tokenizer, "train.tokenizer")  # only kinds that can be trained
         _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
+        if self.shuffle_rows < 0:
+            _fail("train.shuffle_rows", self.shuffle_rows,
+                  "must be >= 0 (rows per shuffle window; 0 turns it off)")
+        if self.shuffle_rows and self.task:
+            _fail("train.shuffle_rows", self.shuffle_rows,
+                  f"applies to text: the synthetic task {self.task!r} draws its examples "
+                  "independently already; drop --train.shuffle_rows")
         if self.bos_per_row and self.task:
             _fail("train.bos_per_row", self.bos_per_row,
                   f"applies to text: the synthetic task {self.task!r} lays out its own rows; "

@@ -227,7 +227,7 @@ def _check_same_data(meta: dict, cfg: TrainConfig, data: RunData, log) -> bool:
     now_tok = tokenizer_spec(data.tokenizer)
     spec = saved_data.get("spec") or {k: meta["train"][k] for k in DATA_FIELDS
                                        if k in meta.get("train", {})}
-    spec = {"bos_per_row": False, **spec}  # saved before the option existed: it was off
+    spec = {"bos_per_row": False, "shuffle_rows": 0, **spec}  # saved before these options
     diffs = config_differences(spec, {k: getattr(cfg, k) for k in DATA_FIELDS if k in spec})
     unknown = []
     if saved_data.get("fingerprint") is None:

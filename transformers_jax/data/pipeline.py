@@ -329,11 +329,13 @@ def lm_dataset(
     add_bos: bool = True,
     add_eos: bool = True,
     bos_per_row: bool = False,
+    shuffle_rows: int = 0,
     num_threads: int = 2,
     prefetch: int = 64,
 ) -> grain.IterDataset:
     """The per-host LM ``IterDataset`` (``batch_size`` rows per batch) over ``documents``;
-    ``bos_per_row``: each row's first input is bos (``_lead_with_bos``)."""
+    ``bos_per_row``: each row's first input is bos (``_lead_with_bos``); ``shuffle_rows``:
+    packed rows shuffled within windows of that many rows (with ``shuffle``)."""
     mode = _resolve_packing(pack)
     check_sequence_length(seq_len, None)
     index, count = shard
@@ -373,6 +375,12 @@ def lm_dataset(
         it = _SplitIterDataset(it, seq_len, ("inputs", "targets")).map(
             lambda e: _pad_row(e, {"inputs": seq_len}, tokenizer.pad_id)
         )
+    if shuffle and shuffle_rows > 1:
+        # packing cuts each document into consecutive rows: without this a batch is mostly
+        # one document's neighbouring windows
+        it = grain.experimental.WindowShuffleIterDataset(
+            it, window_size=shuffle_rows, seed=(seed + 2) % 2**32
+        )
     it = it.batch(batch_size, drop_remainder=False)
     it = it.map(lambda b: _finalize(b, batch_size, tokenizer.pad_id))
     if bos_per_row:
@@ -410,6 +418,7 @@ def make_lm_iterator(
     add_bos: bool = True,
     add_eos: bool = True,
     bos_per_row: bool = False,
+    shuffle_rows: int = 0,
     num_threads: int = 2,
 ) -> grain.DatasetIterator:
     """A resumable iterator of LM batches for this host.
@@ -423,7 +432,9 @@ def make_lm_iterator(
     the documents and yields ``global_batch_size / count`` rows. ``shuffle`` defaults to True
     for training and False for eval. ``max_len``: the model's maximum length, checked.
     ``bos_per_row``: every row (and every piece packed into it) starts with bos, not only
-    the rows where a document starts.
+    the rows where a document starts. ``shuffle_rows``: when shuffling, packed rows are
+    shuffled within windows of that many rows, so a batch mixes many documents (0: off; the
+    rows of a long document then come one after another).
     """
     check_sequence_length(seq_len, max_len)
     index, count = _resolve_shard(shard)
@@ -458,6 +469,7 @@ def make_lm_iterator(
         add_bos=add_bos,
         add_eos=add_eos,
         bos_per_row=bos_per_row,
+        shuffle_rows=shuffle_rows,
         num_threads=num_threads,
     )
     fingerprint = _fingerprint(
@@ -476,6 +488,7 @@ def make_lm_iterator(
         documents=len(documents),
         # only when set: iterator states saved before the option existed still restore
         **({"bos_per_row": True} if bos_per_row else {}),
+        **({"shuffle_rows": shuffle_rows} if shuffle and shuffle_rows > 1 else {}),
     )
     return iter(_Resumable(ds, fingerprint))
 

@@ -32,7 +32,7 @@ TOKENIZER_DIR = "tokenizer"
 # The TrainConfig fields that choose what the run reads: a resume that changes one reads other
 # data (refused unless train.accept_data_change).
 DATA_FIELDS = ("data", "data_dir", "text_key", "tokenizer", "tokenizer_vocab", "pack", "task",
-               "train_lengths", "val_fraction", "bos_per_row")
+               "train_lengths", "val_fraction", "bos_per_row", "shuffle_rows")
 _PROBE = "def f(x):\n    return 'Ünïcode' + x  # 0123456789 \t\r\n" * 4
 
 
@@ -143,7 +143,8 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
     common = dict(data_dir=cfg.data_dir, text_key=cfg.text_key, val_fraction=cfg.val_fraction,
                   max_len=max_len)
     train = make_lm_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size, seed=cfg.seed,
-                             pack=cfg.pack, bos_per_row=cfg.bos_per_row, **common)
+                             pack=cfg.pack, bos_per_row=cfg.bos_per_row,
+                             shuffle_rows=cfg.shuffle_rows, **common)
     eval_batches = make_eval_batches(model_cfg, cfg, tokenizer)
     if family.masked_lm:  # corrupt 15% of tokens: the masked-LM batches
         train = MaskedBatches(train, cfg.seed, tokenizer, masking_of(cfg))
@@ -152,5 +153,7 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
     name = cfg.data or "the default corpus (Python's pydoc topics)"
     return RunData(tokenizer, train, eval_batches,
                    f"{name}, {tokenizer.name} tokens (vocab {tokenizer.vocab_size}), "
-                   f"pack={cfg.pack}" + (", bos every row" if cfg.bos_per_row else ""),
+                   f"pack={cfg.pack}" + (", bos every row" if cfg.bos_per_row else "")
+                   + (f", rows shuffled in windows of {cfg.shuffle_rows}"
+                      if cfg.shuffle_rows > 1 else ""),
                    data_fingerprint(cfg))
