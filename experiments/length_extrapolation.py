@@ -21,6 +21,7 @@ attention entropy and mean attention distance, at L and at the longest length), 
     python -m experiments.length_extrapolation --data /path/tiny_shakespeare.txt --seeds 5
     python -m experiments.length_extrapolation --bos-per-row    # every training and held-out
                                                                 # window starts with bos
+    python -m experiments.length_extrapolation --shuffle-rows 4096  # batches mix documents
 
 Without ``--bos-per-row`` a window starts wherever the stream was cut, so a model without
 positions has no fixed token to count from; NoPE then fails to fit L=64 and 128 at this budget
@@ -100,7 +101,7 @@ def learned_scalars(params) -> dict[str, float]:
 
 
 def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, sliding,
-            bos=False):
+            bos=False, shuffle_rows=0):
     model_fields, train_fields, _, _, _ = SCALES[scale]
     train_fields = dict(train_fields)
     tokens_per_step = train_fields.pop("tokens", None)
@@ -111,7 +112,7 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
     steps = train_fields["steps"]
     train_cfg = TrainConfig(seed=seed, data=split.train_data, seq_len=train_len,
                             eval_every=steps, log_every=max(steps // 4, 1), val_fraction=0.01,
-                            bos_per_row=bos, **train_fields)
+                            bos_per_row=bos, shuffle_rows=shuffle_rows, **train_fields)
     bos_id = ByteTokenizer().bos_id if bos else None  # held-out windows start as trained
     key = cache_key(model=model_cfg, train=train_cfg, data=split.sha256, split=split.seed,
                     eval=[len(eval_tokens), int(eval_tokens.sum()), lengths, block, sliding])
@@ -152,7 +153,8 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
 
 def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: bool = False,
         split_seed: int = 0, train_lens: tuple[int, ...] | None = None,
-        shard: tuple[int, int] | None = None, bos: bool = False) -> dict | None:
+        shard: tuple[int, int] | None = None, bos: bool = False,
+        shuffle_rows: int = 0) -> dict | None:
     """Every run of the sweep, and what the report needs; with ``shard`` (i, n), only runs
     i, i + n, ... (cached for the process that reports) and None."""
     _, _, default_lens, multiples, n_eval = SCALES[scale]
@@ -171,13 +173,13 @@ def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: b
                 if eval_tokens is None:
                     split, eval_tokens, base = heldout_split(data, n_eval, split_seed)
                 row = one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths,
-                              block, sliding, bos)
+                              block, sliding, bos, shuffle_rows)
                 results.setdefault(str(train_len), {}).setdefault(scheme, []).append(row)
     if shard is not None:
         return None
     return {"scale": scale, "seeds": seeds, "train_lens": list(train_lens),
             "multiples": list(multiples), "block": block, "sliding": sliding,
-            "bos_per_row": bos,
+            "bos_per_row": bos, "shuffle_rows": shuffle_rows,
             "data": split.meta(), "heldout_tokens": int(eval_tokens.size),
             "baselines": base, "model": SCALES[scale][0], "train": SCALES[scale][1],
             "positions": {str(L): {s: position_for(s, L, max_eval) for s in schemes}
@@ -292,7 +294,9 @@ def tables_and_figure(out: dict):
         f"{out['heldout_tokens']} held-out tokens. Model {out['model']}, training "
         f"{out['train']} ({out['seeds']} seeds)"
         + ("; every training and held-out window starts with bos (--bos-per-row)"
-           if out.get("bos_per_row") else "") + ". Positions: "
+           if out.get("bos_per_row") else "")
+        + (f"; training rows shuffled in windows of {out['shuffle_rows']} (--shuffle-rows)"
+           if out.get("shuffle_rows") else "") + ". Positions: "
         + "; ".join(f"L={L}: " + ", ".join(f"{p}" for p in by.values())
                     for L, by in out["positions"].items()) + ".",
         baselines_line(base),
@@ -401,6 +405,9 @@ def main(argv=None) -> None:
     parser.add_argument("--bos-per-row", action="store_true",
                         help="every training and held-out window starts with bos, not only "
                              "each document (NoPE reads positions off it)")
+    parser.add_argument("--shuffle-rows", type=int, default=0,
+                        help="shuffle the packed training rows within windows of this many "
+                             "(TrainConfig.shuffle_rows; 0: off, the committed results)")
     parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
     parser.add_argument("--workers", type=int, default=1,
                         help="train this many runs at once, each in its own process (CPUs: "
@@ -422,7 +429,7 @@ def main(argv=None) -> None:
         common.run_workers("experiments.length_extrapolation", rest, args.workers)
         common.FRESH = False  # what the workers just computed is what the report reads
     out = run(args.scale, args.seeds, args.schemes.split(","), args.data, args.sliding,
-              args.split_seed, lens, shard, args.bos_per_row)
+              args.split_seed, lens, shard, args.bos_per_row, args.shuffle_rows)
     if out is not None:
         report(out)
 

@@ -182,21 +182,23 @@ def test_position_losses_lead_each_window_with_bos_when_asked(monkeypatch):
 
 
 @pytest.mark.slow
-def test_length_extrapolation_bos_per_row(results_dir, split_cache):
-    """--bos-per-row trains with TrainConfig.bos_per_row and scores windows led by bos; the
-    result and its table say so."""
+def test_length_extrapolation_bos_per_row_and_shuffled_rows(results_dir, split_cache):
+    """--bos-per-row trains with TrainConfig.bos_per_row and scores windows led by bos,
+    --shuffle-rows shuffles the training rows; the result and its table say so."""
     from experiments import length_extrapolation
 
     length_extrapolation.main(["--scale", "tiny", "--seeds", "1", "--schemes", "none",
-                               "--bos-per-row"])
+                               "--bos-per-row", "--shuffle-rows", "64"])
     out = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
-    assert out["bos_per_row"] is True
+    assert out["bos_per_row"] is True and out["shuffle_rows"] == 64
     assert 0 < out["results"]["16"]["none"][0]["flat"]["16"] < 10
     table = (results_dir / "length_extrapolation_tiny.md").read_text()
     assert "every training and held-out window starts with bos" in table
+    assert "training rows shuffled in windows of 64" in table
     runs = os.path.join(str(results_dir), ".cache", "length_extrapolation", "runs")
     [run] = os.listdir(runs)
-    assert json.load(open(os.path.join(runs, run, "tjax_config.json")))["train"]["bos_per_row"]
+    train = json.load(open(os.path.join(runs, run, "tjax_config.json")))["train"]
+    assert train["bos_per_row"] and train["shuffle_rows"] == 64
 
 
 def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
