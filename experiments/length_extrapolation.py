@@ -80,7 +80,13 @@ SCALES = {
     # 3-gram at every L, and ALiBi/RoPE at L>=64 the 4-gram. Not the learning rate: NoPE at
     # L=128 after 1.5M tokens scored 2.40 / 2.39 / 2.39 held-out at lr 1e-3 / 2e-3 / 4e-3
     # (python -m experiments.budget --position none --seq-len 128 --tokens-per-step 1024
-    # --steps 1500 --every 500 --d-model 128 --lr X; 2026-12-02)
+    # --steps 1500 --every 500 --d-model 128 --lr X; 2026-12-02). The batches were: packing
+    # cuts each document (about 3.5 KB) into consecutive rows, so a batch of 1 KB is mostly one
+    # document's neighbouring windows. NoPE at L=128, seed 0, 3.1M tokens, held-out loss at
+    # L / 2L / 4L (2026-12-03): as committed 2.25 / 2.33 / 2.41 (mean of 3 seeds); with
+    # --bos-per-row 2.117 / 2.264 / 2.462; with --shuffle-rows 4096 1.757 / 1.958 / 2.331 (beats
+    # the 3-gram); with both 1.617 / 2.107 / 2.637. RoPE gains too: 1.309 / 1.547 / 2.095 as
+    # committed, 1.205 / 1.386 / 1.839 with --shuffle-rows 4096. Re-run with --shuffle-rows.
     "default": (dict(d_model=128, n_layers=4, n_heads=4), dict(steps=3000, tokens=1024),
                 (32, 64, 128), (1, 2, 4, 8, 16), 200_000),
     # 11M parameters, 24.6M tokens per run (not measured here: no accelerator); use a corpus
