@@ -435,7 +435,7 @@ def main(argv=None) -> None:
         common.run_workers("experiments.length_extrapolation", rest, args.workers)
         common.FRESH = False  # what the workers just computed is what the report reads
     out = run(args.scale, args.seeds, args.schemes.split(","), args.data, args.sliding,
-              args.split_seed, lens, shard, args.bos_per_row, args.shuffle_rows)
+              args.split_seed, lens, shard, bos=args.bos_per_row, shuffle_rows=args.shuffle_rows)
     if out is not None:
         report(out)
 

@@ -128,7 +128,7 @@ def test_workers_then_one_reading_pass(results_dir, monkeypatch):
                         lambda *a: calls.append(("split", a)))
     monkeypatch.setattr(common, "run_workers", lambda module, argv, n: calls.append(
         ("workers", module, argv, n)) or monkeypatch.setattr(common, "READ_ONLY", True))
-    monkeypatch.setattr(length_extrapolation, "run", lambda *a: calls.append(
+    monkeypatch.setattr(length_extrapolation, "run", lambda *a, **k: calls.append(
         ("run", common.FRESH, a[-1])) or {"scale": "tiny"})
     monkeypatch.setattr(length_extrapolation, "report", lambda out: calls.append(("report",)))
     length_extrapolation.main(["--scale", "tiny", "--workers", "2", "--fresh", "--seeds", "2"])
