@@ -23,9 +23,10 @@ attention entropy and mean attention distance, at L and at the longest length), 
                                                                 # window starts with bos
     python -m experiments.length_extrapolation --shuffle-rows 4096  # batches mix documents
 
-Without ``--bos-per-row`` a window starts wherever the stream was cut, so a model without
-positions has no fixed token to count from; NoPE then fails to fit L=64 and 128 at this budget
-(the committed run). With it NoPE fits (SCALES says what was measured).
+The committed run used neither: its batches were mostly one document's neighbouring windows,
+and NoPE did not fit L=64 and 128 at this budget. Shuffling the rows alone makes NoPE beat the
+3-gram at L=128; a bos at each window start helps it less at L and hurts it past L (SCALES says
+what was measured).
 
 Runs are cached by config under ``results/.cache/``: finished trainings (so a new evaluation
 setting such as ``--sliding`` re-scores without retraining) and their scores (so an

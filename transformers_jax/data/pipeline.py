@@ -6,8 +6,9 @@ The LM pipeline, per host::
       --> tokenize: [bos] piece [eos] -> inputs = t[:-1], targets = t[1:]     (MapDataset)
       --> to_iter_dataset (threads)
       --> pack: "concat" ConcatThenSplit | "first_fit" split+FirstFitPack | "none" split+pad
+      --> shuffle_rows: rows shuffled within windows (optional, training)
       --> batch(global_batch / count) --> batch dict (weights, pad ids, fixed shape)
-      --> bos_per_row: every row's (and packed piece's) first input replaced by bos
+      --> bos_per_row: every row's (and packed piece's) first input replaced by bos (optional)
 
 Batches follow the model contract: numpy ``inputs``, ``targets``, ``segment_ids``,
 ``positions`` (int32 ``[B, T]``), ``weights`` (float32 ``[B, T]``, 0 on padding). Segment ids
@@ -334,8 +335,8 @@ def lm_dataset(
     prefetch: int = 64,
 ) -> grain.IterDataset:
     """The per-host LM ``IterDataset`` (``batch_size`` rows per batch) over ``documents``;
-    ``bos_per_row``: each row's first input is bos (``_lead_with_bos``); ``shuffle_rows``:
-    packed rows shuffled within windows of that many rows (with ``shuffle``)."""
+    ``bos_per_row``: each row's and packed piece's first input is bos (``_lead_with_bos``);
+    ``shuffle_rows``: packed rows shuffled within windows of that many rows (with ``shuffle``)."""
     mode = _resolve_packing(pack)
     check_sequence_length(seq_len, None)
     index, count = shard
