@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from experiments import common
 from experiments.common import (
     baselines_line,
     heldout_split,
@@ -86,8 +87,9 @@ class _Text:
     """The seed-drawn split of the corpus (``experiments.splits``), its held-out tokens and
     baselines (unigram, Kneser-Ney n-grams), made once per process."""
 
-    def __init__(self, n_eval: int, data: str | None = None):
+    def __init__(self, n_eval: int, data: str | None = None, shuffle_rows: int | None = None):
         self.split, self.tokens, self.baselines = heldout_split(data, n_eval)
+        self.shuffle_rows = shuffle_rows  # TrainConfig.shuffle_rows (None: the library's)
         self.unigram = self.baselines["unigram"]
 
     def get(self, tokenizer) -> tuple[np.ndarray, float]:
@@ -95,7 +97,8 @@ class _Text:
 
     def meta(self) -> dict:
         return {"data": self.split.meta(), "baselines": self.baselines,
-                "heldout_tokens": int(self.tokens.size)}
+                "heldout_tokens": int(self.tokens.size),
+                "shuffle_rows": common.resolved_shuffle_rows(self.shuffle_rows)}
 
 
 def _scored(model, params, tokens: np.ndarray, seq_len: int) -> dict:
@@ -118,6 +121,7 @@ def _train_text(cfg: dict, seed: int, model_extra: dict, train_extra: dict | Non
     data = None if text is None else text.split.train_data
     train_cfg = TrainConfig(seed=seed, eval_every=steps, log_every=max(steps // 10, 1),
                             data=data, val_fraction=0.01,
+                            shuffle_rows=None if text is None else text.shuffle_rows,
                             **{**cfg["train"], **(train_extra or {})})
     return trained("attention_variants", model_cfg, train_cfg)
 
@@ -403,10 +407,10 @@ REPORTS = {"heads": report_heads, "window": report_window, "prefix": report_pref
 
 
 def run(scale: str, parts=tuple(PARTS), seeds: int | None = None,
-        data: str | None = None) -> dict:
+        data: str | None = None, shuffle_rows: int | None = None) -> dict:
     cfg = SCALES[scale]
     seeds = cfg["seeds"] if seeds is None else seeds
-    text = _Text(cfg["n_eval"], data) if set(parts) - {"prefix"} else None
+    text = _Text(cfg["n_eval"], data, shuffle_rows) if set(parts) - {"prefix"} else None
     outs = {}
     for part in parts:
         start = time.perf_counter()
@@ -434,7 +438,8 @@ def run(scale: str, parts=tuple(PARTS), seeds: int | None = None,
 def report(out: dict) -> None:
     table, fig = REPORTS[out["part"]](out)
     training = (f"task training: {out['task']}" if out["part"] == "prefix"
-                else f"text training: {out['train']}")
+                else f"text training: {out['train']}, "
+                     f"{common.rows_line(out.get('shuffle_rows', 0))}")
     table += f"\n\nModel: {out['model']}; {training}; wall time {out['wall_s'] / 60:.1f} min."
     if out.get("baselines"):
         table += "\n\n" + baselines_line(out["baselines"])
@@ -449,12 +454,13 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=None, help="default: the scale's")
     parser.add_argument("--data", default=None, help="text for the text parts: a file/folder/"
                         "glob, lines:PATH or tfds:NAME (default: the embedded corpus)")
+    common.add_shuffle_rows_option(parser)
     args = parser.parse_args(argv)
     parts = args.part.split(",")
     for part in parts:
         if part not in PARTS:
             parser.error(f"--part {part!r}: valid choices: {', '.join(PARTS)}")
-    run(args.scale, parts, args.seeds, args.data)
+    run(args.scale, parts, args.seeds, args.data, shuffle_rows=args.shuffle_rows)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--shuffle-rows", type=int, default=0,
+                   help="shuffle packed training rows within windows of this many "
+                        "(TrainConfig.shuffle_rows)")
     p.add_argument("--heldout", type=int, default=200_000)
     p.add_argument("--run-dir", default=None, help="keep the run (and its checkpoints) here")
     p.add_argument("--eval-only", action="store_true", help="score --run-dir's checkpoints")
@@ -49,7 +52,8 @@ def main(argv=None) -> None:
                           batch_size=max(args.tokens_per_step // args.seq_len, 1),
                           eval_every=args.steps, log_every=args.every, val_fraction=0.01,
                           checkpoint_every=args.every, keep_checkpoints=args.steps // args.every
-                          + 1, run_dir=run_dir, progress=False, **extra)
+                          + 1, run_dir=run_dir, progress=False,
+                          shuffle_rows=args.shuffle_rows, **extra)
         if not args.eval_only:
             start = time.perf_counter()
             train(model_cfg, cfg, auto_vocab=True)

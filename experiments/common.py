@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.config import SHUFFLE_ROWS
 from transformers_jax.data.sources import open_documents
 from transformers_jax.loop import train
 from transformers_jax.registry import POSITIONS
@@ -92,6 +93,29 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 def in_shard(k: int, shard: tuple[int, int] | None) -> bool:
     """Whether run number ``k`` belongs to ``shard`` (every run when there is none)."""
     return shard is None or k % shard[1] == shard[0]
+
+
+def add_shuffle_rows_option(parser) -> None:
+    """``--shuffle-rows N``: the packed training rows are shuffled within windows of N rows
+    (``TrainConfig.shuffle_rows``; default: the library's, ``SHUFFLE_ROWS``; 0 trains on
+    unshuffled rows, as the results committed before 2026-12-04 were)."""
+    parser.add_argument("--shuffle-rows", type=int, default=None,
+                        help=f"shuffle the packed training rows within windows of this many "
+                             f"(TrainConfig.shuffle_rows; default {SHUFFLE_ROWS}; 0: off, as "
+                             "the results committed before 2026-12-04)")
+
+
+def resolved_shuffle_rows(shuffle_rows: int | None) -> int:
+    """What ``TrainConfig`` trains text with for ``--shuffle-rows`` (recorded in the JSON)."""
+    return SHUFFLE_ROWS if shuffle_rows is None else shuffle_rows
+
+
+def rows_line(shuffle_rows: int) -> str:
+    """How the training rows were ordered, for a table's heading."""
+    if shuffle_rows > 1:
+        return f"training rows shuffled in windows of {shuffle_rows} (--shuffle-rows)"
+    return ("training rows unshuffled: a batch held mostly one document's neighbouring windows "
+            "(--shuffle-rows 0)")
 
 
 def without_option(argv: Sequence[str], option: str) -> list[str]:

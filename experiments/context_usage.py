@@ -32,6 +32,7 @@ import argparse
 
 import numpy as np
 
+from experiments import common
 from experiments.common import (
     baselines_line,
     heldout_split,
@@ -155,7 +156,7 @@ SCALE_UNITS = {"tiny": "sentencepiece", "default": "bytes", "large": "sentencepi
 
 
 def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
-        units: str | None = None) -> dict:
+        units: str | None = None, shuffle_rows: int | None = None) -> dict:
     """Both families on the same units: ``sentencepiece`` (a unigram model of 2,048 pieces
     trained on the training split, about word-sized: what the paper's "tokens" mean) or raw
     ``bytes``; the held-out stream and the n-gram baselines are in those units."""
@@ -181,6 +182,7 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
         for seed in range(seeds):
             model_cfg = ModelConfig(family=family, **model_fields, **extra)
             train_cfg = TrainConfig(seed=seed, data=split.train_data, pack="none",
+                                    shuffle_rows=shuffle_rows,
                                     val_fraction=0.01, tokenizer=kind, tokenizer_vocab=vocab,
                                     eval_every=train_fields["steps"],
                                     # tenths: the last two logged means are whole tenths
@@ -211,7 +213,8 @@ def run(scale: str, seeds: int, data: str | None, split_seed: int = 0,
             "seq_len": seq_len, "target": target,
             "boundaries": list(boundaries), "data": split.meta(),
             "heldout_tokens": int(tokens.size), "baselines": base, "results": results,
-            "train": train_fields, "comparisons": comparisons(results, boundaries)}
+            "train": train_fields, "comparisons": comparisons(results, boundaries),
+            "shuffle_rows": common.resolved_shuffle_rows(shuffle_rows)}
 
 
 def convergence(runs: list[dict]) -> str:
@@ -247,7 +250,9 @@ def report(out: dict) -> None:
             out.get("units", "bytes"), "tokens")
         tables.append(f"**{family}** (tokens are {unit}; unperturbed loss of the last "
                       f"{out['target']} tokens "
-                      f"{base[0]:.3f} nats{convergence(runs)}): relative loss increase when "
+                      f"{base[0]:.3f} nats{convergence(runs)}; "
+                      f"{common.rows_line(out.get('shuffle_rows', 0))}): relative loss "
+                      "increase when "
                       f"the context beyond b tokens is perturbed\n\n"
                       + markdown_table(["perturbation", *[f"b={b}" for b in bounds]], rows))
     for ax, kind in zip(axes, PERTURBATIONS, strict=True):
@@ -277,8 +282,10 @@ def main(argv=None) -> None:
                         help="what a token is: sentencepiece pieces (about words, as the "
                         "paper; needs a corpus of millions of words) or bytes (default: "
                         + ", ".join(f"{k} at {s}" for s, k in SCALE_UNITS.items()) + ")")
+    common.add_shuffle_rows_option(parser)
     args = parser.parse_args(argv)
-    report(run(args.scale, args.seeds, args.data, args.split_seed, args.units))
+    report(run(args.scale, args.seeds, args.data, args.split_seed, args.units,
+               shuffle_rows=args.shuffle_rows))
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def learned_scalars(params) -> dict[str, float]:
 
 
 def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, sliding,
-            bos=False, shuffle_rows=0):
+            bos=False, shuffle_rows=None):
     model_fields, train_fields, _, _, _ = SCALES[scale]
     train_fields = dict(train_fields)
     tokens_per_step = train_fields.pop("tokens", None)
@@ -161,7 +161,7 @@ def one_run(scheme, train_len, seed, scale, split, eval_tokens, lengths, block, 
 def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: bool = False,
         split_seed: int = 0, train_lens: tuple[int, ...] | None = None,
         shard: tuple[int, int] | None = None, bos: bool = False,
-        shuffle_rows: int = 0) -> dict | None:
+        shuffle_rows: int | None = None) -> dict | None:
     """Every run of the sweep, and what the report needs; with ``shard`` (i, n), only runs
     i, i + n, ... (cached for the process that reports) and None."""
     _, _, default_lens, multiples, n_eval = SCALES[scale]
@@ -186,7 +186,7 @@ def run(scale: str, seeds: int, schemes: list[str], data: str | None, sliding: b
         return None
     return {"scale": scale, "seeds": seeds, "train_lens": list(train_lens),
             "multiples": list(multiples), "block": block, "sliding": sliding,
-            "bos_per_row": bos, "shuffle_rows": shuffle_rows,
+            "bos_per_row": bos, "shuffle_rows": common.resolved_shuffle_rows(shuffle_rows),
             "data": split.meta(), "heldout_tokens": int(eval_tokens.size),
             "baselines": base, "model": SCALES[scale][0], "train": SCALES[scale][1],
             "positions": {str(L): {s: position_for(s, L, max_eval) for s in schemes}
@@ -302,8 +302,7 @@ def tables_and_figure(out: dict):
         f"{out['train']} ({out['seeds']} seeds)"
         + ("; every training and held-out window starts with bos (--bos-per-row)"
            if out.get("bos_per_row") else "")
-        + (f"; training rows shuffled in windows of {out['shuffle_rows']} (--shuffle-rows)"
-           if out.get("shuffle_rows") else "") + ". Positions: "
+        + "; " + common.rows_line(out.get("shuffle_rows", 0)) + ". Positions: "
         + "; ".join(f"L={L}: " + ", ".join(f"{p}" for p in by.values())
                     for L, by in out["positions"].items()) + ".",
         baselines_line(base),
@@ -412,9 +411,7 @@ def main(argv=None) -> None:
     parser.add_argument("--bos-per-row", action="store_true",
                         help="every training and held-out window starts with bos, not only "
                              "each document (NoPE reads positions off it)")
-    parser.add_argument("--shuffle-rows", type=int, default=0,
-                        help="shuffle the packed training rows within windows of this many "
-                             "(TrainConfig.shuffle_rows; 0: off, the committed results)")
+    common.add_shuffle_rows_option(parser)
     parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
     parser.add_argument("--workers", type=int, default=1,
                         help="train this many runs at once, each in its own process (CPUs: "

@@ -24,6 +24,7 @@ import argparse
 
 import numpy as np
 
+from experiments import common
 from experiments.common import (
     baselines_line,
     eval_loss,
@@ -91,7 +92,7 @@ def _scored_curve(model, params, tokens, L: int) -> tuple[dict, list[float]]:
 
 
 def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
-        split_seed: int = 0) -> dict:
+        split_seed: int = 0, shuffle_rows: int | None = None) -> dict:
     model_fields, train_fields, tune_steps, n_eval, per_cell = SCALES[scale]
     L = train_fields["seq_len"]
     results: dict = {}
@@ -104,6 +105,7 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
     for seed in range(seeds):
         base_cfg = ModelConfig(position="rope", **model_fields)
         train_cfg = TrainConfig(seed=seed, data=train_data, val_fraction=0.01,
+                                shuffle_rows=shuffle_rows,
                                 eval_every=train_fields["steps"],
                                 log_every=max(train_fields["steps"] // 4, 1), **train_fields)
         _, params, tokenizer, _ = trained("rope_extension", base_cfg, train_cfg)
@@ -142,6 +144,7 @@ def run(scale: str, seeds: int, data: str | None, scalings=tuple(SCALINGS),
     return {"scale": scale, "seeds": seeds, "train_len": L, "eval_len": FACTOR * L,
             "factor": FACTOR, "multiples": list(MULTIPLES), "fine_tune_steps": tune_steps,
             "loss_at_train_len": baseline_1x,
+            "shuffle_rows": common.resolved_shuffle_rows(shuffle_rows),
             "passkey": {**passkey_meta, "windows_per_cell": per_cell,
                         "control_passed_by_seed": control},
             "data": split.meta(), "heldout_tokens": int(tokens.size), "baselines": base,
@@ -193,7 +196,8 @@ def report(out: dict) -> None:
     base = mean_std(out["loss_at_train_len"])
     table = (f"Held-out loss (nats/token) at {out['eval_len']} tokens of a RoPE model trained at "
              f"{out['train_len']} (its loss at {out['train_len']}: {base[0]:.3f}); fine-tune: "
-             f"{out['fine_tune_steps']} steps at {out['eval_len']}; mean ± std over "
+             f"{out['fine_tune_steps']} steps at {out['eval_len']}; "
+             f"{common.rows_line(out.get('shuffle_rows', 0))}; mean ± std over "
              f"{out['seeds']} seeds.\n\n"
              + markdown_table(["scaling", "zero-shot", "after fine-tune"], rows))
     if out.get("baselines"):
@@ -315,8 +319,10 @@ def main(argv=None) -> None:
                         "tfds:NAME (default: the embedded corpus)")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the held-out draw")
     parser.add_argument("--scalings", default=",".join(SCALINGS))
+    common.add_shuffle_rows_option(parser)
     args = parser.parse_args(argv)
-    report(run(args.scale, args.seeds, args.data, args.scalings.split(","), args.split_seed))
+    report(run(args.scale, args.seeds, args.data, args.scalings.split(","), args.split_seed,
+               shuffle_rows=args.shuffle_rows))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 
 from transformers_jax import ModelConfig, Rope, TrainConfig
 from transformers_jax.cli import build_configs
-from transformers_jax.config import ConfigError, apply_overrides, check_lengths
+from transformers_jax.config import SHUFFLE_ROWS, ConfigError, apply_overrides, check_lengths
 from transformers_jax.registry import Registry, UnknownNameError
 
 
@@ -105,6 +105,12 @@ def test_train_config_checks():
         TrainConfig(shuffle_rows=-1)
     with pytest.raises(ConfigError, match="train.shuffle_rows=64: applies to text"):
         TrainConfig(task="copy", shuffle_rows=64)
+    # the default follows the data kind, also across replace()
+    text, task = TrainConfig(), TrainConfig(task="copy")
+    assert (text.shuffle_rows, task.shuffle_rows) == (SHUFFLE_ROWS, 0)
+    assert text.replace(task="copy").shuffle_rows == 0
+    assert task.replace(task=None).shuffle_rows == SHUFFLE_ROWS
+    assert text.replace(shuffle_rows=0).replace(steps=3).shuffle_rows == 0
 
 
 def test_overrides_coerce_types_and_nest():

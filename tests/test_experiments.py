@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import experiments.common as common
+from transformers_jax.config import SHUFFLE_ROWS
 
 
 @pytest.mark.slow
@@ -33,6 +34,8 @@ def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch):
     table = (results_dir / "length_extrapolation_tiny.md").read_text()
     assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
     assert "3-gram" in table and "init_threshold" in table
+    assert out["shuffle_rows"] == SHUFFLE_ROWS  # the library's default: batches mix documents
+    assert f"training rows shuffled in windows of {SHUFFLE_ROWS}" in table
     assert (results_dir / "length_extrapolation_tiny.png").stat().st_size > 10_000
     # where each run attends, at L and at the longest length (the learned table stops at L)
     stats = alibi["attention"]["32"]

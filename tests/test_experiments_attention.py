@@ -5,13 +5,22 @@ import json
 
 import pytest
 
+from transformers_jax.config import SHUFFLE_ROWS
+
 
 @pytest.mark.slow
 def test_attention_variants_heads_and_window_tiny(results_dir):
     from experiments import attention_variants
 
-    attention_variants.main(["--scale", "tiny", "--part", "heads,window"])
+    attention_variants.main(["--scale", "tiny", "--part", "heads,window", "--shuffle-rows", "32"])
     heads = json.loads((results_dir / "attention_variants_heads_tiny.json").read_text())
+    # --shuffle-rows reaches every text run, and the result and its table say so
+    runs = results_dir / ".cache" / "attention_variants" / "runs"
+    trained = [json.loads((d / "tjax_config.json").read_text())["train"] for d in runs.iterdir()]
+    assert trained and {t["shuffle_rows"] for t in trained} == {32}
+    assert heads["shuffle_rows"] == 32
+    assert "training rows shuffled in windows of 32" in (
+        results_dir / "attention_variants_heads_tiny.md").read_text()
     assert list(heads["results"]) == ["MHA", "GQA-2", "MQA"]
     kv_bytes = [r["kv_cache_bytes_per_token"] for r in heads["results"].values()]
     assert kv_bytes[0] == 2 * kv_bytes[1] == 4 * kv_bytes[2]
@@ -33,11 +42,13 @@ def test_attention_variants_prefix_and_stability_tiny(results_dir):
     attention_variants.main(["--scale", "tiny", "--part", "prefix,stability"])
     prefix = json.loads((results_dir / "attention_variants_prefix_tiny.json").read_text())
     masks = {k: (v["family"], v["mask"]) for k, v in prefix["results"].items()}
+    assert "shuffle_rows" not in prefix  # a synthetic task: its examples are independent
     assert masks == {"causal LM": ("gpt", "causal"), "prefix LM": ("gpt", "prefix"),
                      "encoder-decoder": ("encdec", "causal")}
     stability = json.loads((results_dir / "attention_variants_stability_tiny.json").read_text())
     assert list(stability["results"]) == ["baseline", "qk_norm", "softcap"]
     losses = {k: v["0.02"][0]["eval_loss"] for k, v in stability["results"].items()}
     assert losses["baseline"] != losses["qk_norm"]  # the switch changes the model
+    assert stability["shuffle_rows"] == SHUFFLE_ROWS  # the library's default
     table = (results_dir / "attention_variants_stability_tiny.md").read_text()
     assert table.startswith("Command: `python -m") and "lr 0.02" in table

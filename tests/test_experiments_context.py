@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from transformers_jax.config import SHUFFLE_ROWS
+
 
 @pytest.mark.slow
 def test_rope_extension_tiny(results_dir):
@@ -17,6 +19,7 @@ def test_rope_extension_tiny(results_dir):
                          "none,yarn,dynamic_ntk"])
     out = json.loads((results_dir / "rope_extension_tiny.json").read_text())
     assert set(out["results"]) == {"none", "yarn", "dynamic_ntk"}
+    assert out["shuffle_rows"] == SHUFFLE_ROWS  # the library's default: batches mix documents
     # zero-shot reference: the rule that leaves the model as trained; no PI, no tuned one
     assert out["references"] == {"zero_shot": "none", "fine_tuned": None}
     assert "zero_shot: yarn - none" in out["comparisons"]
@@ -36,8 +39,10 @@ def test_rope_extension_tiny(results_dir):
 def test_context_usage_tiny(results_dir):
     from experiments import context_usage
 
-    context_usage.main(["--scale", "tiny", "--seeds", "1"])
+    context_usage.main(["--scale", "tiny", "--seeds", "1", "--shuffle-rows", "0"])
     out = json.loads((results_dir / "context_usage_tiny.json").read_text())
+    assert out["shuffle_rows"] == 0 and "training rows unshuffled" in (
+        results_dir / "context_usage_tiny.md").read_text()
     assert set(out["results"]) == {"gpt", "lstm"}
     assert out["units"] == "sentencepiece" and out["tokenizer_vocab"] == 512  # both families
     assert out["baselines"]["unigram"] > out["baselines"]["3-gram"]  # in pieces, not bytes

@@ -197,8 +197,9 @@ def test_resume_refuses_changed_data_contents_unless_accepted(tmp_path):
 def test_resume_refuses_a_changed_window_layout(tmp_path):
     """bos_per_row and shuffle_rows change what the rows hold and their order: a resume that
     changes either is refused, and a checkpoint saved without them on record reads as saved
-    with both off."""
-    cfg = text_cfg(tmp_path)
+    with both off: such a run resumes with rows unshuffled, and under today's default (rows
+    shuffled) it is refused with the option that resumes it."""
+    cfg = text_cfg(tmp_path).replace(shuffle_rows=0)
     train(MODEL, cfg)
     for change in ({"bos_per_row": True}, {"shuffle_rows": 8}):
         with pytest.raises(ValueError, match=next(iter(change))):
@@ -211,6 +212,8 @@ def test_resume_refuses_a_changed_window_layout(tmp_path):
     for change in ({"bos_per_row": True}, {"shuffle_rows": 8}):
         with pytest.raises(ValueError, match=next(iter(change))):
             train(MODEL, cfg.replace(steps=4, **change))
+    with pytest.raises(ValueError, match="with --train.shuffle_rows=0"):
+        train(MODEL, cfg.replace(steps=4, shuffle_rows=None))  # today's default
     assert train(MODEL, cfg.replace(steps=4))["steps"] == 4
 
 

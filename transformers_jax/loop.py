@@ -249,6 +249,9 @@ def _check_same_data(meta: dict, cfg: TrainConfig, data: RunData, log) -> bool:
         return False
     text = (f"the checkpoint in {cfg.run_dir} was trained on other data than this run would "
             "read:\n  " + "\n  ".join(diffs))
+    if spec["shuffle_rows"] == 0 and cfg.shuffle_rows:  # the default changed under it
+        text += ("\n(rows are shuffled by default since TrainConfig.SHUFFLE_ROWS; resume "
+                 "a run trained without it with --train.shuffle_rows=0)")
     if not cfg.accept_data_change:
         raise ValueError(text + "\nuse the same data and tokenizer, a new --run-dir, or "
                          "--train.accept_data_change=true to continue on the new data")
