@@ -21,12 +21,13 @@ attention entropy and mean attention distance, at L and at the longest length), 
     python -m experiments.length_extrapolation --data /path/tiny_shakespeare.txt --seeds 5
     python -m experiments.length_extrapolation --bos-per-row    # every training and held-out
                                                                 # window starts with bos
-    python -m experiments.length_extrapolation --shuffle-rows 4096  # batches mix documents
+    python -m experiments.length_extrapolation --shuffle-rows 0  # rows unshuffled (before
+                                                                 # 2026-12-04)
 
-The committed run used neither: its batches were mostly one document's neighbouring windows,
-and NoPE did not fit L=64 and 128 at this budget. Shuffling the rows alone makes NoPE beat the
-3-gram at L=128; a bos at each window start helps it less at L and hurts it past L (SCALES says
-what was measured).
+The training rows are shuffled (TrainConfig.shuffle_rows, the library's default), so each
+batch mixes documents; without it a batch was mostly one document's neighbouring windows and
+NoPE did not fit L=64 and 128 at this budget. A bos at each window start helps NoPE less than
+shuffling at L and hurts it past L (SCALES says what was measured).
 
 Runs are cached by config under ``results/.cache/``: finished trainings (so a new evaluation
 setting such as ``--sliding`` re-scores without retraining) and their scores (so an
@@ -87,7 +88,11 @@ SCALES = {
     # L / 2L / 4L (2026-12-03): as committed 2.25 / 2.33 / 2.41 (mean of 3 seeds); with
     # --bos-per-row 2.117 / 2.264 / 2.462; with --shuffle-rows 4096 1.757 / 1.958 / 2.331 (beats
     # the 3-gram); with both 1.617 / 2.107 / 2.637. RoPE gains too: 1.309 / 1.547 / 2.095 as
-    # committed, 1.205 / 1.386 / 1.839 with --shuffle-rows 4096. Re-run with --shuffle-rows.
+    # committed, 1.205 / 1.386 / 1.839 with --shuffle-rows 4096. Shuffled rows are the default
+    # since; the budget stays 3.1M tokens: NoPE at L=128 after 2.0M tokens (a whole 2,000-step
+    # schedule) scores 2.155, above the 3-gram; at L=32 1.554 after 2.0M, 1.429 after 3.1M
+    # (python -m experiments.budget --position none --seq-len 128 --tokens-per-step 1024
+    # --d-model 128 --steps 2000 --every 1000 --shuffle-rows 4096; 2026-12-03).
     "default": (dict(d_model=128, n_layers=4, n_heads=4), dict(steps=3000, tokens=1024),
                 (32, 64, 128), (1, 2, 4, 8, 16), 200_000),
     # 11M parameters, 24.6M tokens per run (not measured here: no accelerator); use a corpus

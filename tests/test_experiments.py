@@ -254,8 +254,8 @@ def _fake_results(folder):
             "comparisons": {  # paired intervals: one excludes zero, one does not
                 "zero_shot: yarn - none": {"mean": -1.6, "low": -1.7, "high": -1.5},
                 "fine_tuned: yarn - linear": {"mean": -0.1, "low": -0.3, "high": 0.1}}},
-        "context_usage_default": {
-            "boundaries": [4, 16], "results": {family: [{
+        "context_usage_default": {  # trained on unshuffled rows: the README says so
+            "shuffle_rows": 0, "boundaries": [4, 16], "results": {family: [{
                 "base": 2.0, "truncate/4": 0.2, "truncate/16": t16, "shuffle/4": 0.2,
                 "shuffle/16": s16, "shuffle_spans/4": 0.1, "shuffle_spans/16": 0.0,
                 "random/4": 0.3, "random/16": 0.01}] for family, t16, s16 in (
@@ -340,6 +340,9 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     assert "Not run yet: `python -m experiments.attention_variants --part window`" in text
     assert "FAKE attention_variants_window_tiny" not in text
     assert text.count("Not run yet") == 1
+    # a caveat under the one section trained on unshuffled rows, and only there
+    assert text.count(run_all.UNSHUFFLED_CAVEAT) == 1
+    assert run_all.UNSHUFFLED_CAVEAT in text[text.index("## 4."):text.index("## 5.")]
 
 
 def test_findings_read_the_paired_intervals_and_the_passkey_control():
