@@ -5,10 +5,11 @@
 
 For each configuration (tokenizer x batch x length x packing) it builds the pipeline with
 ``make_lm_iterator``, discards the first batch (start-up: opening the prepared corpus, starting
-threads), then pulls batches for ``--seconds`` and reports ``tokens_per_s`` (batch slots
-``B * T`` per second, what a training step consumes) and ``real_tokens_per_s`` (non-padding
-tokens). The default model trains at about 9,000 tokens/s on the project's 2-core CPU; the
-pipeline must stay far above that. SentencePiece training time is reported separately.
+threads), then pulls batches for ``--seconds`` (several windows where rows are shuffled: the
+refills are in the figure) and reports ``tokens_per_s`` (batch slots ``B * T`` per second,
+what a training step consumes) and ``real_tokens_per_s`` (non-padding tokens). The default
+model trains at about 9,000 tokens/s on the project's 2-core CPU; the pipeline must stay far
+above that. SentencePiece training time is reported separately.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from transformers_jax.config import SHUFFLE_ROWS  # noqa: E402
 from transformers_jax.data.pipeline import make_lm_iterator  # noqa: E402
 from transformers_jax.data.sources import open_documents  # noqa: E402
 from transformers_jax.data.tokenizers import ByteTokenizer, train_tokenizer  # noqa: E402
@@ -31,7 +33,14 @@ TRAINING_TOKENS_PER_S = 9_000  # the default model on the project's 2-core CPU (
 
 
 def measure(
-    tokenizer, batch: int, seq_len: int, pack: str, seconds: float, data_dir: str, num_threads: int
+    tokenizer,
+    batch: int,
+    seq_len: int,
+    pack: str,
+    seconds: float,
+    data_dir: str,
+    num_threads: int,
+    shuffle_rows: int = 0,
 ) -> dict:
     start = time.perf_counter()
     it = make_lm_iterator(
@@ -44,6 +53,7 @@ def measure(
         shard=(0, 1),
         data_dir=data_dir,
         num_threads=num_threads,
+        shuffle_rows=shuffle_rows,
     )
     next(it)
     first_s = time.perf_counter() - start
@@ -60,6 +70,7 @@ def measure(
         "batch": batch,
         "seq_len": seq_len,
         "pack": pack,
+        "shuffle_rows": shuffle_rows,
         "batches": n,
         "tokens_per_s": round(slots / elapsed),
         "real_tokens_per_s": round(real / elapsed),
@@ -97,6 +108,11 @@ def main() -> None:
             measure(ByteTokenizer(), 16, 128, "first_fit", args.seconds, data_dir, args.threads)
         )
         runs.append(measure(ByteTokenizer(), 16, 128, "none", args.seconds, data_dir, args.threads))
+        for batch, seq_len in ((16, 128), (64, 512)):  # TrainConfig's default for text
+            runs.append(
+                measure(ByteTokenizer(), batch, seq_len, "concat", args.seconds, data_dir,
+                        args.threads, shuffle_rows=SHUFFLE_ROWS)
+            )
 
     result = {
         "benchmark": "input_pipeline",
