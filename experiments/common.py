@@ -98,11 +98,11 @@ def in_shard(k: int, shard: tuple[int, int] | None) -> bool:
 def add_shuffle_rows_option(parser) -> None:
     """``--shuffle-rows N``: the packed training rows are shuffled within windows of N rows
     (``TrainConfig.shuffle_rows``; default: the library's, ``SHUFFLE_ROWS``; 0 trains on
-    unshuffled rows, as the results committed before 2026-12-04 were)."""
+    unshuffled rows, as the results committed until 2026-12-03 were)."""
     parser.add_argument("--shuffle-rows", type=int, default=None,
                         help=f"shuffle the packed training rows within windows of this many "
                              f"(TrainConfig.shuffle_rows; default {SHUFFLE_ROWS}; 0: off, as "
-                             "the results committed before 2026-12-04)")
+                             "the results committed until 2026-12-03)")
 
 
 def resolved_shuffle_rows(shuffle_rows: int | None) -> int:

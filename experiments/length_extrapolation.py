@@ -21,8 +21,8 @@ attention entropy and mean attention distance, at L and at the longest length), 
     python -m experiments.length_extrapolation --data /path/tiny_shakespeare.txt --seeds 5
     python -m experiments.length_extrapolation --bos-per-row    # every training and held-out
                                                                 # window starts with bos
-    python -m experiments.length_extrapolation --shuffle-rows 0  # rows unshuffled (before
-                                                                 # 2026-12-04)
+    python -m experiments.length_extrapolation --shuffle-rows 0  # rows unshuffled (the
+                                                                 # default until 2026-12-03)
 
 The training rows are shuffled (TrainConfig.shuffle_rows, the library's default), so each
 batch mixes documents; without it a batch was mostly one document's neighbouring windows and

@@ -703,7 +703,7 @@ def _scale_flag(scale: str) -> str:
 
 UNSHUFFLED_CAVEAT = (
     "**Caveat.** Trained with the packed rows unshuffled (`--shuffle-rows 0`; the default "
-    "before 2026-12-04): each batch held mostly one document's neighbouring windows, which "
+    "until 2026-12-03): each batch held mostly one document's neighbouring windows, which "
     "slows training (length extrapolation, L=128, same budget: NoPE 2.25 -> 1.76 nats "
     "held-out with rows shuffled, RoPE 1.31 -> 1.21). Not yet re-run with the default.")
 
