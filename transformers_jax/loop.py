@@ -250,8 +250,8 @@ def _check_same_data(meta: dict, cfg: TrainConfig, data: RunData, log) -> bool:
     text = (f"the checkpoint in {cfg.run_dir} was trained on other data than this run would "
             "read:\n  " + "\n  ".join(diffs))
     if spec["shuffle_rows"] == 0 and cfg.shuffle_rows:  # the default changed under it
-        text += ("\n(rows are shuffled by default since TrainConfig.SHUFFLE_ROWS; resume "
-                 "a run trained without it with --train.shuffle_rows=0)")
+        text += ("\n(packed rows are shuffled by default since 2026-12-03; resume a run "
+                 "trained without shuffling with --train.shuffle_rows=0)")
     if not cfg.accept_data_change:
         raise ValueError(text + "\nuse the same data and tokenizer, a new --run-dir, or "
                          "--train.accept_data_change=true to continue on the new data")
