@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 
-from experiments.common import eval_loss, heldout_split
+from experiments.common import add_shuffle_rows_option, eval_loss, heldout_split
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.host_memory import relaunch_with_tunables
 from transformers_jax.loop import train
@@ -34,9 +34,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--shuffle-rows", type=int, default=0,
-                   help="shuffle packed training rows within windows of this many "
-                        "(TrainConfig.shuffle_rows)")
+    add_shuffle_rows_option(p)
     p.add_argument("--heldout", type=int, default=200_000)
     p.add_argument("--run-dir", default=None, help="keep the run (and its checkpoints) here")
     p.add_argument("--eval-only", action="store_true", help="score --run-dir's checkpoints")

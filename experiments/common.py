@@ -106,8 +106,9 @@ def add_shuffle_rows_option(parser) -> None:
 
 
 def resolved_shuffle_rows(shuffle_rows: int | None) -> int:
-    """What ``TrainConfig`` trains text with for ``--shuffle-rows`` (recorded in the JSON)."""
-    return SHUFFLE_ROWS if shuffle_rows is None else shuffle_rows
+    """What ``TrainConfig`` trains text with for ``--shuffle-rows`` (recorded in the JSON):
+    its own resolution of the default, not a copy of the rule."""
+    return TrainConfig(shuffle_rows=shuffle_rows).shuffle_rows
 
 
 def rows_line(shuffle_rows: int) -> str:
