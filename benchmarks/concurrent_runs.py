@@ -29,6 +29,8 @@ from transformers_jax.overrides import print_json
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rounds import spread  # noqa: E402
 
+from experiments.common import pinned, worker_cores  # noqa: E402
+
 DEFAULT_ARGS = ["--steps", "400", "--train.batch_size=16", "--train.seq_len=64",
                 "--train.eval_every=400", "--train.log_every=400"]
 
@@ -36,13 +38,16 @@ DEFAULT_ARGS = ["--steps", "400", "--train.batch_size=16", "--train.seq_len=64",
 clock = time.perf_counter
 
 
-def start(train_args: list[str]) -> tuple[subprocess.Popen, object, object]:
+def start(train_args: list[str], cores: list[int] | None = None
+          ) -> tuple[subprocess.Popen, object, object]:
     """One ``tjax train``, its output to files (a full pipe would stall it while another
-    process is waited for)."""
+    process is waited for); ``cores``: pinned to those (XLA then sizes its thread pool to them,
+    as under ``taskset -c``), the way ``experiments --workers`` starts its workers."""
     command = [sys.executable, "-m", "transformers_jax.cli", "train", "--no-progress", "--json",
                *train_args]
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    return subprocess.Popen(command, stdout=out, stderr=err, text=True), out, err
+    return subprocess.Popen(pinned(command, cores or []), stdout=out, stderr=err,
+                            text=True), out, err
 
 
 def finish(started: tuple[subprocess.Popen, object, object]) -> dict:
@@ -56,10 +61,13 @@ def finish(started: tuple[subprocess.Popen, object, object]) -> dict:
     return json.loads(out.read().strip().splitlines()[-1])
 
 
-def side(n: int, train_args: list[str]) -> dict:
-    """``n`` processes started together: their logged tokens/s and the side's wall rate."""
+def side(n: int, train_args: list[str], pin: bool = False) -> dict:
+    """``n`` processes started together (``pin``: each on its own cores, as
+    ``experiments.common.worker_cores`` splits them): their logged tokens/s and the side's wall
+    rate."""
+    groups = worker_cores(n) if pin else [[]] * n
     began = clock()
-    finals = [finish(p) for p in [start(train_args) for _ in range(n)]]
+    finals = [finish(p) for p in [start(train_args, cores) for cores in groups]]
     wall = clock() - began
     tokens = sum(f["steps"] * f["tokens_per_step"] for f in finals)
     return {"logged_tokens_per_s": sum(f["tokens_per_s"] for f in finals),
@@ -73,16 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pin", action="store_true",
+                        help="add a side: the N processes each on its own cores")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(ours)
     if args.workers < 2:
         parser.error("--workers: at least 2 (one is the 'alone' side)")
     train_args = DEFAULT_ARGS + train_args  # later options win
     start_load = os.getloadavg()
-    rounds = {"alone": [], "together": []}
+    rounds = {"alone": [], "together": []} | ({"pinned": []} if args.pin else {})
     for _ in range(args.rounds):
         rounds["alone"].append(side(1, train_args))
         rounds["together"].append(side(args.workers, train_args))
+        if args.pin:
+            rounds["pinned"].append(side(args.workers, train_args, pin=True))
     result = {"command": " ".join([os.path.basename(sys.argv[0]), *argv]),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cores": os.cpu_count(),
               "workers": args.workers, "rounds": args.rounds, "tjax_train_args": train_args,
@@ -93,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("logged_tokens_per_s", "wall_tokens_per_s"):
         result[f"ratio_{k}"] = spread([t[k] / a[k] for a, t in zip(
             rounds["alone"], rounds["together"], strict=True)])
+        if args.pin:
+            result[f"ratio_pinned_{k}"] = spread([t[k] / a[k] for a, t in zip(
+                rounds["alone"], rounds["pinned"], strict=True)])
     print_json(result, args.out, indent=1)
     return 0
 

@@ -30,6 +30,7 @@ from transformers_jax.runs import load_run
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
 FRESH = os.environ.get("TJAX_FRESH", "") not in ("", "0")  # ignore cached runs
 READ_ONLY = False  # set after run_workers: a run missing from the cache is an error, not a run
+WORKER_CORES: list[list[int]] | None = None  # set by run_workers: the cores of each worker
 _STARTED = time.monotonic()  # the experiment process started about here: its measured time
 
 
@@ -132,15 +133,38 @@ def without_option(argv: Sequence[str], option: str) -> list[str]:
     return out
 
 
+def worker_cores(workers: int) -> list[list[int]]:
+    """This process's cores split into ``workers`` contiguous groups, one per worker (its XLA
+    then sizes its thread pool to them); none pinned (empty groups) with fewer cores than
+    workers. Two workers each on one of 2 cores trained 1.22x faster than two sharing both
+    (BENCHMARKS.md section 2d): their thread pools stop handing work across cores."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < workers:
+        return [[] for _ in range(workers)]
+    return [group.tolist() for group in np.array_split(cores, workers)]
+
+
+def pinned(command: list[str], cores: list[int]) -> list[str]:
+    """``command`` run on ``cores`` only: a fresh Python (no threads yet, unlike this process,
+    where a fork's ``preexec_fn`` could deadlock) sets its affinity and execs ``command``."""
+    if not cores:
+        return command
+    start = ("import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); "
+             "os.execv(sys.argv[2], sys.argv[2:])")
+    return [sys.executable, "-c", start, ",".join(map(str, cores)), *command]
+
+
 def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
     """Compute an experiment's runs in ``workers`` processes at once (``module`` with ``argv``
     and ``--shard i/workers`` each, in this process's directory and environment), and return
     once all have finished: every run is then in the cache (``cached_run``), and the caller's
     own pass only reads and reports (``READ_ONLY``). Small models leave cores idle: measured
     in BENCHMARKS.md section 2d (``benchmarks/concurrent_runs.py``)."""
-    global READ_ONLY
-    procs = [subprocess.Popen([sys.executable, "-m", module, *argv, "--shard", f"{i}/{workers}"])
-             for i in range(workers)]
+    global READ_ONLY, WORKER_CORES
+    WORKER_CORES = worker_cores(workers)
+    procs = [subprocess.Popen(pinned([sys.executable, "-m", module, *argv, "--shard",
+                                      f"{i}/{workers}"], cores))
+             for i, cores in enumerate(WORKER_CORES)]
     try:
         codes = [p.wait() for p in procs]
     finally:  # stopped (Ctrl-C, an error): no worker goes on training on its own
@@ -292,6 +316,16 @@ def unigram_loss(train_tokens: np.ndarray, eval_tokens: np.ndarray, vocab: int) 
     return float(-logp[eval_tokens].mean())
 
 
+def _cores_used() -> dict:
+    """The cores the runs trained on (the thread count changes float rounding, so the last
+    digits of a result depend on it)."""
+    if WORKER_CORES is not None:
+        return {"worker_cores": WORKER_CORES}
+    if hasattr(os, "sched_getaffinity"):
+        return {"cores": len(os.sched_getaffinity(0))}
+    return {}
+
+
 def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str, str]:
     """Write ``results/<name>.json``, ``.md`` (the table under the command) and ``.png``, and
     print the table and the paths written."""
@@ -302,7 +336,7 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
 
     # time since the process started (a resumed run reads shorter; with several result files
     # per process, as attention_variants' parts, each counts everything before it too)
-    payload = {"command": command_line(), **environment(),
+    payload = {"command": command_line(), **environment(), **_cores_used(),
                "device": jax.devices()[0].device_kind,
                "wall_seconds": round(time.monotonic() - _STARTED, 1),
                "load_average": [round(x, 2) for x in os.getloadavg()], **payload}

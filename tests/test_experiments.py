@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch):
     out = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
     assert out["train_lens"] == [16] and out["multiples"] == [1, 2]
     assert out["python"].count(".") == 2 and out["data"]["corpus"] == "default"
+    assert out["cores"] == len(os.sched_getaffinity(0))  # the thread count moves the rounding
     assert len(out["data"]["sha256"]) == 64 and out["heldout_tokens"] == 2000
     base = out["baselines"]
     assert base["unigram"] > base["2-gram"] > base["3-gram"] > base["4-gram"]
@@ -118,6 +121,25 @@ def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
         common.run_workers("experiments.length_extrapolation", ["--seeds", "2"], 2)
     assert started == [["experiments.length_extrapolation", "--seeds", "2", "--shard", s]
                        for s in ("0/2", "1/2")]
+
+
+def test_workers_get_disjoint_cores(monkeypatch):
+    """Each worker on its own cores (its XLA pool sized to them), contiguous, all cores used;
+    none pinned where there are fewer cores than workers; the pin really applies."""
+    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert common.worker_cores(2) == [[0], [1]]
+    assert common.worker_cores(3) == [[], [], []]
+    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: set(range(4, 20)))
+    assert common.worker_cores(3) == [list(range(4, 10)), list(range(10, 15)),
+                                      list(range(15, 20))]
+    monkeypatch.undo()
+    core = min(os.sched_getaffinity(0))
+    show = [sys.executable, "-c", "import os, sys; print(os.sched_getaffinity(0), sys.argv[1:])",
+            "--shard", "0/2"]
+    assert common.pinned(show, []) == show
+    shown = subprocess.run(common.pinned(show, [core]), capture_output=True, text=True,
+                           check=True).stdout
+    assert shown.strip() == f"{ {core} } ['--shard', '0/2']"
 
 
 def test_workers_then_one_reading_pass(results_dir, monkeypatch):
