@@ -12,9 +12,9 @@ attention entropy and mean attention distance, at L and at the longest length), 
 ``length_extrapolation_<scale>_attention.png``.
 
     python -m experiments.length_extrapolation                  # default: 3 seeds, 4 schemes,
-                                                                # 36 runs, 131 min measured
-    python -m experiments.length_extrapolation --workers 2      # two runs at a time (CPU): the
-                                                                # same numbers, 88 min measured
+                                                                # 36 runs of 3.1M tokens
+    python -m experiments.length_extrapolation --workers 2      # two runs at a time, each on
+                                                                # its own cores (CPU)
     python -m experiments.length_extrapolation --train-lens 64  # one training length, ~1/3
     python -m experiments.length_extrapolation --scale large    # a GPU/TPU-sized run
     python -m experiments.length_extrapolation --schemes alibi,rope,sinusoidal,none,xpos,kerple
@@ -28,6 +28,12 @@ The training rows are shuffled (TrainConfig.shuffle_rows, the library's default)
 batch mixes documents; without it a batch was mostly one document's neighbouring windows and
 NoPE did not fit L=64 and 128 at this budget. A bos at each window start helps NoPE less than
 shuffling at L and hurts it past L (SCALES says what was measured).
+
+Time on 2 CPU cores: 88 min with ``--workers 2`` (2026-12-02, a faster machine, rows in order),
+131 min one run at a time (2026-12-01); the committed shuffled run took 6.5-7.5 min per pair of
+runs with two unpinned workers (2026-12-03), about 2 h in all, and pinned workers train 1.22x
+faster (BENCHMARKS.md section 2d). Over the issue's 60-minute budget: the 3.1M tokens per run
+are what NoPE needs to beat the 3-gram at L=128 (SCALES).
 
 Runs are cached by config under ``results/.cache/``: finished trainings (so a new evaluation
 setting such as ``--sliding`` re-scores without retraining) and their scores (so an

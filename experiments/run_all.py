@@ -604,10 +604,10 @@ EXPERIMENTS = (
         "/ 21.37 / 35.54 / 79.25, T5 bias 19.65 / 18.79 / 22.91 / OOM, ALiBi 19.73 / 18.73 / "
         "18.40 / 18.31. ALiBi stays flat, T5 close, rotary and sinusoidal degrade.",
         (Section("length_extrapolation", None, finding_length_extrapolation),),
-        "36 runs of 3.1M tokens: 131 min measured on 2 CPU cores one run at a time (2026-12-01, "
-        "the test suite beside it for 55 min), **88 min with `--workers 2`** (2026-12-02, the "
-        "committed results: every loss the same to the last digit), resumable; --train-lens 64 "
-        "takes a third",
+        "36 runs of 3.1M tokens: about 2 h on 2 CPU cores with `--workers 2` (2026-12-03, the "
+        "committed results: 6.5-7.5 min per pair of runs, workers not yet pinned; 88 min on "
+        "2026-12-02 on a faster machine), over the 60-min budget; workers pinned to a core each "
+        "(the default since) train 1.22x faster; resumable; --train-lens 64 takes a third",
         workers=True,
     ),
     Experiment(
