@@ -138,17 +138,30 @@ def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
     clock = iter([0.0, 2.0, 10.0, 13.0])  # alone: 2 s; two together: 3 s
     monkeypatch.setattr(bench, "clock", lambda: next(clock))
     started = []
-    monkeypatch.setattr(bench, "start", lambda args: started.append(args) or len(started))
+    monkeypatch.setattr(bench, "start", lambda args, cores=None: started.append(
+        (args, cores)) or len(started))
     monkeypatch.setattr(bench, "finish", lambda proc: {"steps": 10, "tokens_per_step": 100,
                                                        "tokens_per_s": 600.0})
     out = tmp_path / "c.json"
     assert bench.main(["--rounds", "1", "--out", str(out), "--", "--steps", "10"]) == 0
     result = json.loads(out.read_text())
-    assert len(started) == 3 and started[0][-2:] == ["--steps", "10"]  # later options win
+    assert len(started) == 3 and started[0][0][-2:] == ["--steps", "10"]  # later options win
+    assert [cores for _, cores in started] == [[], [], []]  # nothing pinned without --pin
     assert result["alone"]["wall_tokens_per_s"]["median"] == 500.0  # 1,000 tokens in 2 s
     assert result["together"]["wall_tokens_per_s"]["median"] == pytest.approx(2000 / 3)
     assert result["ratio_wall_tokens_per_s"]["values"] == [pytest.approx(4 / 3)]
     assert result["ratio_logged_tokens_per_s"]["median"] == 2.0  # two logs of 600 against one
+    assert "pinned" not in result
+    # --pin: a third side, each process on the cores experiments' workers would get
+    clock = iter([0.0, 2.0, 10.0, 13.0, 20.0, 22.0])  # pinned: 2 s
+    monkeypatch.setattr(bench, "clock", lambda: next(clock))
+    monkeypatch.setattr(bench, "worker_cores", lambda n: [[0], [1]])
+    started.clear()
+    assert bench.main(["--rounds", "1", "--pin", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [cores for _, cores in started] == [[], [], [], [0], [1]]
+    assert result["pinned"]["wall_tokens_per_s"]["median"] == 1000.0  # 2,000 tokens in 2 s
+    assert result["ratio_pinned_wall_tokens_per_s"]["values"] == [2.0]
 
 
 def test_host_memory_ab_runs_both_sides_as_whole_processes(tmp_path):
