@@ -38,16 +38,15 @@ DEFAULT_ARGS = ["--steps", "400", "--train.batch_size=16", "--train.seq_len=64",
 clock = time.perf_counter
 
 
-def start(train_args: list[str], cores: list[int] | None = None
-          ) -> tuple[subprocess.Popen, object, object]:
+def start(train_args: list[str], cores: list[int]) -> tuple[subprocess.Popen, object, object]:
     """One ``tjax train``, its output to files (a full pipe would stall it while another
     process is waited for); ``cores``: pinned to those (XLA then sizes its thread pool to them,
-    as under ``taskset -c``), the way ``experiments --workers`` starts its workers."""
+    as under ``taskset -c``), the way ``experiments --workers`` starts its workers; empty: not
+    pinned."""
     command = [sys.executable, "-m", "transformers_jax.cli", "train", "--no-progress", "--json",
                *train_args]
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    return subprocess.Popen(pinned(command, cores or []), stdout=out, stderr=err,
-                            text=True), out, err
+    return subprocess.Popen(pinned(command, cores), stdout=out, stderr=err, text=True), out, err
 
 
 def finish(started: tuple[subprocess.Popen, object, object]) -> dict:

@@ -133,12 +133,17 @@ def without_option(argv: Sequence[str], option: str) -> list[str]:
     return out
 
 
+def own_cores() -> list[int]:
+    """The cores this process may run on (empty where the platform cannot say)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
 def worker_cores(workers: int) -> list[list[int]]:
     """This process's cores split into ``workers`` contiguous groups, one per worker (its XLA
     then sizes its thread pool to them); none pinned (empty groups) with fewer cores than
     workers. Two workers each on one of 2 cores trained 1.22x faster than two sharing both
     (BENCHMARKS.md section 2d): their thread pools stop handing work across cores."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = own_cores()
     if len(cores) < workers:
         return [[] for _ in range(workers)]
     return [group.tolist() for group in np.array_split(cores, workers)]
@@ -321,9 +326,8 @@ def _cores_used() -> dict:
     digits of a result depend on it)."""
     if WORKER_CORES is not None:
         return {"worker_cores": WORKER_CORES}
-    if hasattr(os, "sched_getaffinity"):
-        return {"cores": len(os.sched_getaffinity(0))}
-    return {}
+    cores = own_cores()
+    return {"cores": len(cores)} if cores else {}
 
 
 def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str, str]:

@@ -138,7 +138,7 @@ def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
     clock = iter([0.0, 2.0, 10.0, 13.0])  # alone: 2 s; two together: 3 s
     monkeypatch.setattr(bench, "clock", lambda: next(clock))
     started = []
-    monkeypatch.setattr(bench, "start", lambda args, cores=None: started.append(
+    monkeypatch.setattr(bench, "start", lambda args, cores: started.append(
         (args, cores)) or len(started))
     monkeypatch.setattr(bench, "finish", lambda proc: {"steps": 10, "tokens_per_step": 100,
                                                        "tokens_per_s": 600.0})
