@@ -14,7 +14,7 @@ zero-shot and after the fine-tune. The training text carries key/query pairs so 
 can retrieve at all; its accuracy at the training length is the positive control, and a
 scaling's retrieval beyond L is read only where that control passes.
 
-    python -m experiments.rope_extension      # default: 3 seeds, about 40 min on 2 cores
+    python -m experiments.rope_extension      # default: 3 seeds, about 60 min on 2 cores
     python -m experiments.rope_extension --scale large
 """
 

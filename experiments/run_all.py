@@ -621,8 +621,9 @@ EXPERIMENTS = (
         "past L; PI needs fine-tuning; NTK, dynamic NTK and YaRN do better zero-shot; after a "
         "short fine-tune all scalings are close, YaRN best.",
         (Section("rope_extension", None, finding_rope_extension),),
-        "3 seeds of 3.1M tokens plus 6 fine-tunes each: about 40 min on 2 quiet CPU cores "
-        "(estimated from the measured step time; resumable)",
+        "3 seeds of 3.1M tokens plus 6 fine-tunes each: about 20 min per seed on 2 CPU cores "
+        "(2026-12-03); the committed results took 51 min on one core beside another experiment "
+        "(2026-12-04: seeds 1-2 trained, seed 0 re-scored from the cache; resumable)",
     ),
     Experiment(
         "synthetic_generalisation", "Length generalisation on synthetic tasks",
