@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
+import jax
 import numpy as np
 
 from experiments import common
@@ -157,7 +159,10 @@ def run_heads(cfg: dict, seeds: int, text: _Text) -> dict:
     full = results["MHA"]["runs"] if "MHA" in results else None
     comparisons = {f"{k} - MHA": paired(v["runs"], full) for k, v in results.items()
                    if full is not None and k != "MHA"}
-    return {"n_heads": n_heads, "results": results, "comparisons": comparisons}
+    # on a CPU, decoding speed depends on the cores it had (pinned, or beside another job)
+    cores = (len(common.own_cores()) or os.cpu_count()) if jax.default_backend() == "cpu" else None
+    return {"n_heads": n_heads, "results": results, "comparisons": comparisons,
+            "decode_cores": cores}
 
 
 def run_window(cfg: dict, seeds: int, text: _Text) -> dict:
@@ -297,7 +302,8 @@ def report_heads(out: dict) -> tuple[str, object]:
               *[f"decode tok/s, batch {b}" for b in batches]]
     d = out["decode"]
     table = (f"{out['n_heads']} query heads; decoding: greedy with the KV cache, prompt "
-             f"{d['prompt_len']} + {d['new_tokens']} new tokens, best of 2 wall-clock runs "
+             f"{d['prompt_len']} + {d['new_tokens']} new tokens, best of 2 wall-clock runs"
+             + (f" on {out['decode_cores']} CPU core(s)" if out.get("decode_cores") else "") + " "
              "(on a shared machine other jobs can slow any run); loss: mean ± "
              f"std over {out['seeds']} seed(s); differences: paired over seeds and held-out "
              "chunks, bootstrap/t 95% interval (experiments.stats)\n\n"

@@ -2,6 +2,7 @@
 JSON, table and plot. (A file of its own: pytest-xdist hands out whole files.)"""
 
 import json
+import os
 
 import pytest
 
@@ -22,6 +23,10 @@ def test_attention_variants_heads_and_window_tiny(results_dir):
     assert "training rows shuffled in windows of 32" in (
         results_dir / "attention_variants_heads_tiny.md").read_text()
     assert list(heads["results"]) == ["MHA", "GQA-2", "MQA"]
+    # the decode speeds say on how many cores they were timed
+    assert heads["decode_cores"] == len(os.sched_getaffinity(0))
+    assert f"on {heads['decode_cores']} CPU core(s)" in (
+        results_dir / "attention_variants_heads_tiny.md").read_text()
     kv_bytes = [r["kv_cache_bytes_per_token"] for r in heads["results"].values()]
     assert kv_bytes[0] == 2 * kv_bytes[1] == 4 * kv_bytes[2]
     params = [r["runs"][0]["params"] for r in heads["results"].values()]
