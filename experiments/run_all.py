@@ -657,7 +657,8 @@ EXPERIMENTS = (
         "further back.",
         (Section("context_usage", None, finding_context_usage),),
         "6 runs of 3.1M tokens: 32 min measured on 2 CPU cores (2026-12-01, load average up "
-        "to 3.8: the test suite ran beside the LSTM runs; resumable)",
+        "to 3.8: the test suite ran beside the LSTM runs); the committed results took 64 min "
+        "on one core beside another experiment (2026-12-04); resumable",
     ),
     Experiment(
         "attention_variants", "Attention variants",
@@ -679,7 +680,9 @@ EXPERIMENTS = (
          Section("attention_variants_stability", "QK-norm and soft-cap under a learning-rate "
                  "sweep", finding_attention_stability)),
         "45 text runs of 2.0M tokens (3 seeds) and 9 task runs: 55 min measured on 2 CPU "
-        "cores (2026-11-30, load average about 2; resumable)",
+        "cores (2026-11-30, load average about 2); the committed text parts were re-run "
+        "(2026-12-04) on one core each beside another experiment: stability 64 min, window "
+        "29, heads 15 (its decoding then re-timed on 2 quiet cores); resumable",
     ),
 )
 
