@@ -98,7 +98,10 @@ SCALES = {
     # since; the budget stays 3.1M tokens: NoPE at L=128 after 2.0M tokens (a whole 2,000-step
     # schedule) scores 2.155, above the 3-gram; at L=32 1.554 after 2.0M, 1.429 after 3.1M
     # (python -m experiments.budget --position none --seq-len 128 --tokens-per-step 1024
-    # --d-model 128 --steps 2000 --every 1000 --shuffle-rows 4096; 2026-12-03).
+    # --d-model 128 --steps 2000 --every 1000 --shuffle-rows 4096; 2026-12-03). Not 2048 tokens
+    # per step: NoPE at L=128, seed 0, 3.1M tokens, two runs pinned to a core each (as
+    # --workers 2 runs them) took 369 s with 2048 against 366 s with 1024 (no faster) and scored
+    # 1.935 (1.926 at lr 3e-3) against 1.771; at L=32 1.509 against 1.432 (2026-12-04).
     "default": (dict(d_model=128, n_layers=4, n_heads=4), dict(steps=3000, tokens=1024),
                 (32, 64, 128), (1, 2, 4, 8, 16), 200_000),
     # 11M parameters, 24.6M tokens per run (not measured here: no accelerator); use a corpus
