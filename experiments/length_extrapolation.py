@@ -101,7 +101,8 @@ SCALES = {
     # --d-model 128 --steps 2000 --every 1000 --shuffle-rows 4096; 2026-12-03). Not 2048 tokens
     # per step: NoPE at L=128, seed 0, 3.1M tokens, two runs pinned to a core each (as
     # --workers 2 runs them) took 369 s with 2048 against 366 s with 1024 (no faster) and scored
-    # 1.935 (1.926 at lr 3e-3) against 1.771; at L=32 1.509 against 1.432 (2026-12-04).
+    # 1.935 (1.926 at lr 3e-3) against 1.771; at L=32 1.509 against 1.432 (committed, mean of
+    # 3 seeds at 1024) (2026-12-04).
     "default": (dict(d_model=128, n_layers=4, n_heads=4), dict(steps=3000, tokens=1024),
                 (32, 64, 128), (1, 2, 4, 8, 16), 200_000),
     # 11M parameters, 24.6M tokens per run (not measured here: no accelerator); use a corpus
