@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 
 import jax
@@ -160,9 +159,8 @@ def run_heads(cfg: dict, seeds: int, text: _Text) -> dict:
     comparisons = {f"{k} - MHA": paired(v["runs"], full) for k, v in results.items()
                    if full is not None and k != "MHA"}
     # on a CPU, decoding speed depends on the cores it had (pinned, or beside another job)
-    cores = (len(common.own_cores()) or os.cpu_count()) if jax.default_backend() == "cpu" else None
     return {"n_heads": n_heads, "results": results, "comparisons": comparisons,
-            "decode_cores": cores}
+            "decode_cores": common.core_count() if jax.default_backend() == "cpu" else None}
 
 
 def run_window(cfg: dict, seeds: int, text: _Text) -> dict:

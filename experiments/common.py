@@ -321,13 +321,18 @@ def unigram_loss(train_tokens: np.ndarray, eval_tokens: np.ndarray, vocab: int) 
     return float(-logp[eval_tokens].mean())
 
 
+def core_count() -> int | None:
+    """How many cores this process may run on (None where the platform cannot say)."""
+    return len(own_cores()) or None
+
+
 def _cores_used() -> dict:
     """The cores the runs trained on (the thread count changes float rounding, so the last
     digits of a result depend on it)."""
     if WORKER_CORES is not None:
         return {"worker_cores": WORKER_CORES}
-    cores = own_cores()
-    return {"cores": len(cores)} if cores else {}
+    cores = core_count()
+    return {"cores": cores} if cores else {}
 
 
 def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str, str]:
