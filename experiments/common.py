@@ -34,6 +34,11 @@ WORKER_CORES: list[list[int]] | None = None  # set by run_workers: the cores of 
 _STARTED = time.monotonic()  # the experiment process started about here: its measured time
 
 
+def elapsed_s() -> float:
+    """Seconds since this experiment process started (with --workers: theirs included)."""
+    return time.monotonic() - _STARTED
+
+
 def cache_key(**parts) -> str:
     """A stable hash of everything that decides a run's numbers (configs, data, eval)."""
 
@@ -347,7 +352,7 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
     # per process, as attention_variants' parts, each counts everything before it too)
     payload = {"command": command_line(), **environment(), **_cores_used(),
                "device": jax.devices()[0].device_kind,
-               "wall_seconds": round(time.monotonic() - _STARTED, 1),
+               "wall_seconds": round(elapsed_s(), 1),
                "load_average": [round(x, 2) for x in os.getloadavg()], **payload}
     with open(paths["json"], "w") as f:
         json.dump(payload, f, indent=1, default=float)

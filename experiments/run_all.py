@@ -642,6 +642,7 @@ EXPERIMENTS = (
         (Section("synthetic_generalisation", None, finding_synthetic_generalisation),),
         "36 runs (3 seeds): 23 min measured on 2 CPU cores (2026-12-01, load average about "
         "4: the test suite ran beside it; resumable)",
+        workers=True,
     ),
     Experiment(
         "context_usage", "How much context a transformer and an LSTM use",

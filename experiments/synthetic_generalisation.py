@@ -25,12 +25,16 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import sys
 import time
 
 import jax
 import numpy as np
 
+from experiments import common
 from experiments.common import (
+    cache_key,
+    cached_run,
     markdown_table,
     mean_std,
     position_for,
@@ -125,8 +129,40 @@ def accuracy_of(model, params, batch: dict, family: str) -> tuple[dict, dict]:
     return exact, tokens
 
 
+def train_and_score(model_cfg: ModelConfig, train_cfg: TrainConfig, test_max: int,
+                    per_length: int, cache: dict) -> dict:
+    """One run: train, then exact match and answer-token accuracy at every length 1..test_max
+    (``cache`` keeps the held-out batches of each task, family and mask for the next run)."""
+    family, task, L = model_cfg.family, train_cfg.task, train_cfg.train_lengths[1]
+    train_len, test_len = model_cfg.max_len, sequence_lengths(task, family, test_max)
+    model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
+    prefix = model_cfg.mask.needs_prefix_len
+    if (task, family, prefix) not in cache:
+        cache[task, family, prefix] = (
+            eval_batches(task, family, tokenizer, range(1, L + 1), train_len, per_length,
+                         prefix),
+            eval_batches(task, family, tokenizer, range(L + 1, test_max + 1), test_len,
+                         per_length, prefix),
+        )
+    short, long = cache[task, family, prefix]
+    exact, tokens = accuracy_of(model, params, short, family)
+    limit = model_cfg.position.max_length(model_cfg)
+    if limit is not None and test_len > limit:  # e.g. a learned table's rows
+        for n in range(L + 1, test_max + 1):
+            exact[n] = tokens[n] = math.nan
+    else:
+        more = accuracy_of(model, params, long, family)
+        exact.update(more[0])
+        tokens.update(more[1])
+    return {"train_loss": final["train_loss"], "eval_loss": final["eval_loss"],
+            "exact": {str(n): v for n, v in exact.items()},  # as the cache's JSON reads back
+            "token_accuracy": {str(n): v for n, v in tokens.items()}}
+
+
 def run(scale: str, seeds: int | None = None, tasks=None, schemes=None, families=("gpt", "encdec"),
-        mask: str = "causal") -> dict:
+        mask: str = "causal", shard: tuple[int, int] | None = None) -> dict | None:
+    """Every run (cached by config, so an interrupted experiment resumes); with ``shard``
+    (i, n), only runs i, i + n, ... (cached for the process that reports) and None."""
     cfg = SCALES[scale]
     seeds = cfg["seeds"] if seeds is None else seeds
     L = cfg["train_max"]
@@ -134,6 +170,7 @@ def run(scale: str, seeds: int | None = None, tasks=None, schemes=None, families
     results: dict = {}
     cache: dict = {}  # (task, family, prefix) -> (short, long batches), shared by all schemes
     start = time.perf_counter()
+    k = -1
     for family in families:
         family_schemes = list(schemes or cfg[f"{family}_schemes"])
         family_tasks = list(tasks or cfg.get(f"{family}_tasks", cfg["tasks"]))
@@ -142,6 +179,9 @@ def run(scale: str, seeds: int | None = None, tasks=None, schemes=None, families
             test_len = sequence_lengths(task, family, test_max)
             for scheme in family_schemes:
                 for seed in range(seeds):
+                    k += 1
+                    if not common.in_shard(k, shard):
+                        continue
                     position = position_for(scheme, train_len, test_len)
                     model_cfg = ModelConfig(family=family, position=position, max_len=train_len,
                                             mask=family_mask(family, mask),
@@ -151,37 +191,23 @@ def run(scale: str, seeds: int | None = None, tasks=None, schemes=None, families
                                             test_lengths=(L + 1, test_max), seq_len=train_len,
                                             seed=seed, eval_every=steps,
                                             log_every=max(steps // 4, 1), **cfg["train"])
-                    model, params, tokenizer, final = train_and_load(model_cfg, train_cfg)
-                    prefix = model_cfg.mask.needs_prefix_len
-                    if (task, family, prefix) not in cache:
-                        cache[task, family, prefix] = (
-                            eval_batches(task, family, tokenizer, range(1, L + 1), train_len,
-                                         cfg["per_length"], prefix),
-                            eval_batches(task, family, tokenizer, range(L + 1, test_max + 1),
-                                         test_len, cfg["per_length"], prefix),
-                        )
-                    short, long = cache[task, family, prefix]
-                    exact, tokens = accuracy_of(model, params, short, family)
-                    limit = model_cfg.position.max_length(model_cfg)
-                    if limit is not None and test_len > limit:  # e.g. a learned table's rows
-                        for n in range(L + 1, test_max + 1):
-                            exact[n] = tokens[n] = math.nan
-                    else:
-                        more = accuracy_of(model, params, long, family)
-                        exact.update(more[0])
-                        tokens.update(more[1])
-                    row = {"train_loss": final["train_loss"], "eval_loss": final["eval_loss"],
-                           "exact": exact, "token_accuracy": tokens}
+                    key = cache_key(model=model_cfg, train=train_cfg,
+                                    eval=[EVAL_SEED, cfg["per_length"], L, test_max])
+                    row = cached_run("synthetic_generalisation", key, functools.partial(
+                        train_and_score, model_cfg, train_cfg, test_max, cfg["per_length"],
+                        cache))
                     results.setdefault(family, {}).setdefault(task, {}).setdefault(
                         scheme, []).append(row)
-                    bins = summarise_bins(exact, L, test_max)
-                    print(f"{family} {task} {scheme} seed {seed}: loss {final['train_loss']:.3f}; "
+                    bins = summarise_bins(row["exact"], L, test_max)
+                    print(f"{family} {task} {scheme} seed {seed}: loss {row['train_loss']:.3f}; "
                           + ", ".join(f"{k} {v:.2f}" for k, v in bins.items())
                           + f" [{time.perf_counter() - start:.0f}s]", flush=True)
+    if shard is not None:
+        return None
     return {"scale": scale, "seeds": seeds, "train_max": L, "test_max": test_max,
             "mask": mask, "per_length": cfg["per_length"], "model": cfg["model"],
             "train": cfg["train"], "results": results,
-            "wall_s": time.perf_counter() - start}
+            "wall_s": common.elapsed_s()}  # the workers' time too, not only this pass
 
 
 def length_bins(L: int, test_max: int) -> list[tuple[int, int]]:
@@ -303,10 +329,29 @@ def main(argv=None) -> None:
     parser.add_argument("--families", default="gpt,encdec")
     parser.add_argument("--mask", choices=("causal", "prefix"), default="causal",
                         help="decoder-only mask (prefix: bidirectional over the prompt)")
+    parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="train this many runs at once, each in its own process pinned to "
+                             "its share of the cores (2 on 2 CPU cores; 1 on an accelerator)")
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # set by --workers
     args = parser.parse_args(argv)
+    if args.fresh:
+        common.FRESH = True
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: must be at least 1")
+    try:
+        shard = common.parse_shard(args.shard)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.workers > 1 and shard is None:
+        rest = common.without_option(sys.argv[1:] if argv is None else argv, "--workers")
+        common.run_workers("experiments.synthetic_generalisation", rest, args.workers)
+        common.FRESH = False  # what the workers just computed is what the report reads
     split = lambda s: s.split(",") if s else None
-    report(run(args.scale, args.seeds, split(args.tasks), split(args.schemes),
-               tuple(split(args.families)), args.mask))
+    out = run(args.scale, args.seeds, split(args.tasks), split(args.schemes),
+              tuple(split(args.families)), args.mask, shard)
+    if out is not None:
+        report(out)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def test_perturbations_touch_only_the_far_context():
 
 
 @pytest.mark.slow
-def test_synthetic_generalisation_tiny(results_dir):
+def test_synthetic_generalisation_tiny(results_dir, monkeypatch):
     from experiments import synthetic_generalisation
 
     synthetic_generalisation.main(["--scale", "tiny"])
@@ -98,6 +98,56 @@ def test_synthetic_generalisation_tiny(results_dir):
     table = (results_dir / "synthetic_generalisation_tiny.md").read_text()
     assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
     assert (results_dir / "synthetic_generalisation_tiny.png").stat().st_size > 10_000
+    # an interrupted or repeated run resumes from the cached runs: nothing trains again, and
+    # the results read back are the same numbers
+    monkeypatch.setattr(synthetic_generalisation, "train_and_load",
+                        lambda *a: pytest.fail("retrained a cached run"))
+    synthetic_generalisation.main(["--scale", "tiny"])
+    again = json.loads((results_dir / "synthetic_generalisation_tiny.json").read_text())
+    assert again["results"] == out["results"]
+
+
+def test_synthetic_generalisation_workers_split_the_runs_then_one_pass_reports(monkeypatch):
+    """``--workers 2``: each worker gets the same arguments (less --workers) and its own shard
+    of the runs; the reporting pass then reads the cache (FRESH off) and reports once."""
+    from experiments import common, synthetic_generalisation
+
+    calls = []
+    monkeypatch.setattr(common, "run_workers", lambda module, argv, n: calls.append(
+        ("workers", module, argv, n)) or monkeypatch.setattr(common, "READ_ONLY", True))
+    monkeypatch.setattr(synthetic_generalisation, "run", lambda *a: calls.append(
+        ("run", common.FRESH, a[-1])) or {"scale": "tiny"})
+    monkeypatch.setattr(synthetic_generalisation, "report", lambda out: calls.append(("report",)))
+    synthetic_generalisation.main(["--scale", "tiny", "--workers", "2", "--fresh"])
+    assert calls == [("workers", "experiments.synthetic_generalisation",
+                      ["--scale", "tiny", "--fresh"], 2), ("run", False, None), ("report",)]
+    calls.clear()
+    synthetic_generalisation.main(["--scale", "tiny", "--shard", "1/2"])  # a worker's own pass
+    assert calls == [("run", False, (1, 2)), ("report",)]
+
+
+def test_synthetic_generalisation_shards_cover_every_run_once(results_dir, monkeypatch):
+    """Shards 0/2 and 1/2 together train each run exactly once and report nothing; the pass
+    after them reads every run from the cache."""
+    from experiments import synthetic_generalisation
+
+    trained = []
+
+    def fake(model_cfg, train_cfg, test_max, per_length, cache):
+        trained.append((model_cfg.family, train_cfg.task, model_cfg.position.name,
+                        train_cfg.seed))
+        return {"train_loss": 0.0, "eval_loss": 0.0, "exact": {"1": 1.0},
+                "token_accuracy": {"1": 1.0}}
+
+    monkeypatch.setattr(synthetic_generalisation, "train_and_score", fake)
+    assert synthetic_generalisation.run("tiny", shard=(0, 2)) is None
+    first = list(trained)
+    assert synthetic_generalisation.run("tiny", shard=(1, 2)) is None
+    assert first and len(trained) > len(first) and len(set(trained)) == len(trained)
+    out = synthetic_generalisation.run("tiny")
+    assert len(trained) == 3  # gpt none, gpt learned, encdec t5 (tiny: 1 seed, reverse)
+    assert sum(len(runs) for tasks in out["results"].values() for schemes in tasks.values()
+               for runs in schemes.values()) == 3
 
 
 def test_synthetic_exact_match_is_greedy_decoding():
