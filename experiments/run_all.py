@@ -605,9 +605,11 @@ EXPERIMENTS = (
         "18.40 / 18.31. ALiBi stays flat, T5 close, rotary and sinusoidal degrade.",
         (Section("length_extrapolation", None, finding_length_extrapolation),),
         "36 runs of 3.1M tokens: about 2 h on 2 CPU cores with `--workers 2` (2026-12-03, the "
-        "committed results: 6.5-7.5 min per pair of runs, workers not yet pinned; 88 min on "
-        "2026-12-02 on a faster machine), over the 60-min budget; workers pinned to a core each "
-        "(the default since) train 1.22x faster; resumable; --train-lens 64 takes a third",
+        "committed results: 6.5-7.5 min per pair of runs, workers not yet pinned), over the "
+        "60-min budget, and no token budget fits it here: pinned to one core, a run trains in "
+        "366 s and scores in 30-96 s, so 60 min would leave 1.2M tokens per run, and NoPE at "
+        "L=128 is still above the 3-gram after 2.0M (the module's docstring has the sums); "
+        "resumable; --train-lens 64 takes about 40 min",
         workers=True,
     ),
     Experiment(
@@ -862,7 +864,8 @@ def main(argv=None) -> int:
                         help="rerun finished experiments and cached runs")
     parser.add_argument("--workers", type=int, default=1,
                         help="on CPUs: train this many runs at once where an experiment can "
-                             "(length_extrapolation; 2 on 2 cores); 1 on an accelerator")
+                             f"({', '.join(e.module for e in EXPERIMENTS if e.workers)}; 2 on "
+                             "2 cores); 1 on an accelerator")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers {args.workers}: must be at least 1")
