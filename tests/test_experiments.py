@@ -402,6 +402,11 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
     text = run_all.finding_synthetic_generalisation(synthetic)
     assert "t5 better than rope: as published (+0.538 [" in text
     assert "alibi better than rope: inconclusive" in text  # one seed below rope
+    assert "Caveat" not in text  # every run fits lengths 1-2
+    synthetic["results"]["gpt"]["copy"]["rope"][1]["exact"]["2"] = 0.5  # one seed: 0.75 on 1-2
+    synthetic["results"]["gpt"]["copy"]["rope"][2]["exact"]["1"] = 0.0  # another: 0.5
+    text = run_all.finding_synthetic_generalisation(synthetic)
+    assert "Caveat: rope did not fit" in text and "rope 2 of 3)" in text
     window = {"seq_len": 64, "results": {str(w): {"window": w, "full": w == 64, "runs": [
         {"eval_loss": loss}]} for w, loss in ((4, 1.6), (16, 1.5), (64, 1.5))},
         "comparisons": {"4 - full": iv(0.1, 0.05), "16 - full": iv(0.0, 0.02)}}
