@@ -3,6 +3,7 @@ and writing results (JSON, a markdown table headed by the exact command, a PNG p
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import hashlib
@@ -186,6 +187,38 @@ def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
         raise SystemExit(f"{module}: worker {', '.join(failed)} failed (its output is above); "
                          "finished runs are cached, so running the same command again resumes")
     READ_ONLY = True
+
+
+def add_worker_options(parser, help_workers: str) -> None:
+    """``--fresh``, ``--workers N`` and the hidden ``--shard i/n`` that ``--workers`` sets for
+    each worker process (``worker_shard`` reads them)."""
+    parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    parser.add_argument("--workers", type=int, default=1, help=help_workers)
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # set by --workers
+
+
+def worker_shard(parser, args, module: str, argv: Sequence[str] | None,
+                 before_workers: Callable[[], None] | None = None) -> tuple[int, int] | None:
+    """Act on ``add_worker_options``' flags: ``--fresh`` recomputes; with ``--workers N`` (and
+    no ``--shard``, so not in a worker) ``before_workers()`` (work to do once, not per worker),
+    then N workers of ``module`` with the same arguments less ``--workers``, after which the
+    caller's own pass only reads the cache. Returns this process's shard (None: every run)."""
+    global FRESH
+    if args.fresh:
+        FRESH = True
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: must be at least 1")
+    try:
+        shard = parse_shard(args.shard)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.workers > 1 and shard is None:
+        if before_workers is not None:
+            before_workers()
+        run_workers(module, without_option(sys.argv[1:] if argv is None else argv, "--workers"),
+                    args.workers)
+        FRESH = False  # what the workers just computed is what the report reads
+    return shard
 
 
 def position_for(scheme: str, train_len: int, max_eval: int) -> dict:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 
 import jax
 import numpy as np
@@ -433,26 +432,14 @@ def main(argv=None) -> None:
                         help="every training and held-out window starts with bos, not only "
                              "each document (NoPE reads positions off it)")
     common.add_shuffle_rows_option(parser)
-    parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="train this many runs at once, each in its own process (CPUs: "
-                             "2 on 2 cores; BENCHMARKS.md section 2d; 1 on an accelerator)")
-    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # set by --workers
+    common.add_worker_options(parser, "train this many runs at once, each in its own process "
+                              "(CPUs: 2 on 2 cores; BENCHMARKS.md section 2d; 1 on an "
+                              "accelerator)")
     args = parser.parse_args(argv)
-    if args.fresh:
-        common.FRESH = True
-    if args.workers < 1:
-        parser.error(f"--workers {args.workers}: must be at least 1")
-    try:
-        shard = common.parse_shard(args.shard)
-    except ValueError as e:
-        parser.error(str(e))
     lens = tuple(int(x) for x in args.train_lens.split(",")) if args.train_lens else None
-    if args.workers > 1 and shard is None:
-        heldout_split(args.data, SCALES[args.scale][4], args.split_seed)  # once, not per worker
-        rest = common.without_option(sys.argv[1:] if argv is None else argv, "--workers")
-        common.run_workers("experiments.length_extrapolation", rest, args.workers)
-        common.FRESH = False  # what the workers just computed is what the report reads
+    shard = common.worker_shard(  # the held-out split once, not per worker
+        parser, args, "experiments.length_extrapolation", argv,
+        lambda: heldout_split(args.data, SCALES[args.scale][4], args.split_seed))
     out = run(args.scale, args.seeds, args.schemes.split(","), args.data, args.sliding,
               args.split_seed, lens, shard, bos=args.bos_per_row, shuffle_rows=args.shuffle_rows)
     if out is not None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import sys
 import time
 
 import jax
@@ -343,24 +342,11 @@ def main(argv=None) -> None:
     parser.add_argument("--families", default="gpt,encdec")
     parser.add_argument("--mask", choices=("causal", "prefix"), default="causal",
                         help="decoder-only mask (prefix: bidirectional over the prompt)")
-    parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="train this many runs at once, each in its own process pinned to "
-                             "its share of the cores (2 on 2 CPU cores; 1 on an accelerator)")
-    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # set by --workers
+    common.add_worker_options(parser, "train this many runs at once, each in its own "
+                              "process pinned to its share of the cores (2 on 2 CPU cores; 1 "
+                              "on an accelerator)")
     args = parser.parse_args(argv)
-    if args.fresh:
-        common.FRESH = True
-    if args.workers < 1:
-        parser.error(f"--workers {args.workers}: must be at least 1")
-    try:
-        shard = common.parse_shard(args.shard)
-    except ValueError as e:
-        parser.error(str(e))
-    if args.workers > 1 and shard is None:
-        rest = common.without_option(sys.argv[1:] if argv is None else argv, "--workers")
-        common.run_workers("experiments.synthetic_generalisation", rest, args.workers)
-        common.FRESH = False  # what the workers just computed is what the report reads
+    shard = common.worker_shard(parser, args, "experiments.synthetic_generalisation", argv)
     split = lambda s: s.split(",") if s else None
     out = run(args.scale, args.seeds, split(args.tasks), split(args.schemes),
               tuple(split(args.families)), args.mask, shard)
