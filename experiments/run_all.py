@@ -320,10 +320,12 @@ def _unfit_runs(out: dict, schemes) -> dict[str, tuple[int, int]]:
     """Per decoder-only scheme: (runs whose mean exact match over lengths 1..L is below 0.9,
     runs), over seeds and tasks: a scheme that fails in some seeds reads apart from one that
     fits in none."""
-    L = out["train_max"]
+    from experiments.synthetic_generalisation import summarise_bins
+
+    L, test_max = out["train_max"], out["test_max"]
     counts = {}
-    for scheme in schemes:
-        fits = [_mean(r["exact"].get(str(n), r["exact"].get(n)) for n in range(1, L + 1))
+    for scheme in schemes:  # a run's first bin is its training lengths 1..L
+        fits = [next(iter(summarise_bins(r["exact"], L, test_max).values()))
                 for family, tasks in out["results"].items() if not _family(family).cross_attention
                 for runs in (t.get(scheme, []) for t in tasks.values()) for r in runs]
         counts[scheme] = (sum(f < 0.9 for f in fits), len(fits))
