@@ -23,6 +23,7 @@ Each part writes ``results/attention_variants_<part>_<scale>.{json,md,png}``.
     python -m experiments.attention_variants              # default: 3 seeds, ~60 min on 2 cores
     python -m experiments.attention_variants --part heads,window
     python -m experiments.attention_variants --scale large
+    python -m experiments.attention_variants --replot   # tables and plots again from the JSON
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ import numpy as np
 from experiments import common
 from experiments.common import (
     baselines_line,
+    fit_ylim,
     heldout_split,
     markdown_table,
     mean_std,
+    plot_seeds,
+    reference_lines,
     scored_chunks,
     trained,
     write_results,
@@ -309,11 +313,14 @@ def report_heads(out: dict) -> tuple[str, object]:
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
     names = list(out["results"])
-    a1.bar(names, [mean_std([x["eval_loss"] for x in out["results"][n]["runs"]])[0]
-                   for n in names])
-    a1.set_ylabel("held-out loss (nats/token)")
-    lo = min(mean_std([x["eval_loss"] for x in r["runs"]])[0] for r in out["results"].values())
-    a1.set_ylim(lo * 0.95, None)
+    losses = [[x["eval_loss"] for x in out["results"][n]["runs"]] for n in names]
+    for i, seeds in enumerate(losses):  # every seed as a dot, the mean as a bar across them
+        a1.plot([i] * len(seeds), seeds, "o", color="C0", alpha=0.5, markersize=4)
+        a1.plot([i - 0.25, i + 0.25], [np.mean(seeds)] * 2, color="black", linewidth=1.5)
+    a1.set_xticks(range(len(names)), names)
+    a1.set_xlim(-0.6, len(names) - 0.4)
+    a1.set_ylabel("held-out loss (nats/token)\n(dots: seeds; line: mean)")
+    fit_ylim(a1, losses)
     for b in batches:
         a2.plot(names, [out["results"][n]["decode"][f"batch_{b}"]["decode_tokens_per_s"]
                         for n in names], marker="o", label=f"batch {b}")
@@ -338,11 +345,14 @@ def report_window(out: dict) -> tuple[str, object]:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = [r["window"] for r in out["results"].values()]
-    ax.plot(xs, [mean_std([x["eval_loss"] for x in r["runs"]])[0]
-                 for r in out["results"].values()], marker="o")
+    ys_SX = np.asarray([[x["eval_loss"] for x in r["runs"]]
+                        for r in out["results"].values()]).T
+    plot_seeds(ax, xs, ys_SX, "held-out loss")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("window (last point: full causal)")
-    ax.set_ylabel("held-out loss (nats/token)")
+    ax.set_ylabel("held-out loss (nats/token)\nmean, band: range over seeds")
+    fit_ylim(ax, ys_SX)
+    reference_lines(ax, {"unigram": out.get("unigram_loss")})
     return table, fig
 
 
@@ -360,11 +370,12 @@ def report_prefix(out: dict) -> tuple[str, object]:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name, r in out["results"].items():
-        steps, losses = zip(*r["runs"][0]["loss_curve"], strict=True)
-        ax.plot(steps, losses, label=name)
+        steps = [step for step, _ in r["runs"][0]["loss_curve"]]
+        curves_SX = [[loss for _, loss in run["loss_curve"]] for run in r["runs"]]
+        plot_seeds(ax, steps, curves_SX, name)
     ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (answer tokens)")
+    ax.set_ylabel("training loss (answer tokens)\nmean, band: range over seeds")
     ax.legend()
     return table, fig
 
@@ -394,14 +405,16 @@ def report_stability(out: dict) -> tuple[str, object]:
                   + markdown_table(["variant", *[f"lr {lr:g}" for lr in lrs]], diffs))
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.6))
+    values = []
     for name, by_lr in out["results"].items():
-        ax.plot(lrs, [mean_std([r["eval_loss"] for r in by_lr[str(lr)]])[0] for lr in lrs],
-                marker="o", label=name)
-    ax.axhline(out["unigram_loss"], color="black", linestyle="--", linewidth=0.8,
-               label="unigram")
+        ys_SX = np.asarray([[r["eval_loss"] for r in by_lr[str(lr)]] for lr in lrs]).T
+        plot_seeds(ax, lrs, ys_SX, name)
+        values.append(ys_SX)
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("held-out loss (nats/token)")
+    ax.set_ylabel("held-out loss (nats/token)\nmean, band: range over seeds")
+    fit_ylim(ax, values)
+    reference_lines(ax, {"unigram": out["unigram_loss"]})
     ax.legend(fontsize=8)
     return table, fig
 
@@ -439,7 +452,7 @@ def run(scale: str, parts=tuple(PARTS), seeds: int | None = None,
     return outs
 
 
-def report(out: dict) -> None:
+def report(out: dict, rebuilt: bool = False) -> None:
     table, fig = REPORTS[out["part"]](out)
     training = (f"task training: {out['task']}" if out["part"] == "prefix"
                 else f"text training: {out['train']}, "
@@ -447,7 +460,8 @@ def report(out: dict) -> None:
     table += f"\n\nModel: {out['model']}; {training}; wall time {out['wall_s'] / 60:.1f} min."
     if out.get("baselines"):
         table += "\n\n" + baselines_line(out["baselines"])
-    write_results(f"attention_variants_{out['part']}_{out['scale']}", out, table, fig)
+    write_results(f"attention_variants_{out['part']}_{out['scale']}", out, table, fig,
+                  rebuilt=rebuilt)
 
 
 def main(argv=None) -> None:
@@ -459,13 +473,23 @@ def main(argv=None) -> None:
     parser.add_argument("--data", default=None, help="text for the text parts: a file/folder/"
                         "glob, lines:PATH or tfds:NAME (default: the embedded corpus)")
     common.add_shuffle_rows_option(parser)
+    common.add_replot_option(parser)
     args = parser.parse_args(argv)
     parts = args.part.split(",")
     for part in parts:
         if part not in PARTS:
             parser.error(f"--part {part!r}: valid choices: {', '.join(PARTS)}")
+    if args.replot:
+        for part in parts:
+            replot(part, args.scale, parser.error)
+        return
     run(args.scale, parts, args.seeds, args.data, shuffle_rows=args.shuffle_rows)
 
+
+def replot(part: str, scale: str, error) -> None:
+    """``report`` again from the part's results JSON: the numbers, the command and the timings
+    stay those of the run that wrote it."""
+    report(common.read_results(f"attention_variants_{part}_{scale}", error), rebuilt=True)
 
 if __name__ == "__main__":
     relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py

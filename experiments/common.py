@@ -373,9 +373,11 @@ def _cores_used() -> dict:
     return {"cores": cores} if cores else {}
 
 
-def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str, str]:
+def write_results(name: str, payload: dict, table: str, figure=None,
+                  rebuilt: bool = False) -> dict[str, str]:
     """Write ``results/<name>.json``, ``.md`` (the table under the command) and ``.png``, and
-    print the table and the paths written."""
+    print the table and the paths written. ``rebuilt``: ``payload`` is a results JSON read
+    back (a replot), written as it is, without this process's command and machine facts."""
     os.makedirs(RESULTS, exist_ok=True)
     paths = {"json": os.path.join(RESULTS, f"{name}.json"),
              "md": os.path.join(RESULTS, f"{name}.md")}
@@ -383,10 +385,11 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
 
     # time since the process started (a resumed run reads shorter; with several result files
     # per process, as attention_variants' parts, each counts everything before it too)
-    payload = {"command": command_line(), **environment(), **_cores_used(),
-               "device": jax.devices()[0].device_kind,
-               "wall_seconds": round(elapsed_s(), 1),
-               "load_average": [round(x, 2) for x in os.getloadavg()], **payload}
+    if not rebuilt:
+        payload = {"command": command_line(), **environment(), **_cores_used(),
+                   "device": jax.devices()[0].device_kind,
+                   "wall_seconds": round(elapsed_s(), 1),
+                   "load_average": [round(x, 2) for x in os.getloadavg()], **payload}
     with open(paths["json"], "w") as f:
         json.dump(payload, f, indent=1, default=float)
     with open(paths["md"], "w") as f:
@@ -397,6 +400,22 @@ def write_results(name: str, payload: dict, table: str, figure=None) -> dict[str
     print(table)
     print(f"wrote {', '.join(paths.values())}", flush=True)
     return paths
+
+
+def read_results(name: str, error) -> dict:
+    """``results/<name>.json`` as written by ``write_results``, for ``--replot``; ``error`` (a
+    parser's) names the missing file and how to make it."""
+    path = os.path.join(RESULTS, f"{name}.json")
+    if not os.path.exists(path):
+        error(f"--replot: {path} does not exist; run the experiment first (without --replot)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def add_replot_option(parser) -> None:
+    parser.add_argument("--replot", action="store_true",
+                        help="train nothing: rebuild the tables and plots from the results "
+                        "JSON (which keeps the command and timings of the run behind it)")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
@@ -474,19 +493,21 @@ def baselines_line(base: dict) -> str:
 # ------------------------------------------------------------------------------ plots
 
 
-def plot_seeds(ax, xs: Sequence[float], ys_SX, label: str, **style) -> None:
+def plot_seeds(ax, xs: Sequence[float], ys_SX, label: str, **style):
     """The mean over seeds as a line with markers, and the range over seeds as a band
-    (min to max: with 3-5 seeds every seed is shown rather than a standard error)."""
+    (min to max: with 3-5 seeds every seed is shown rather than a standard error). Returns the
+    line (for a legend), or None where every value is NaN (nothing drawn)."""
     ys = np.asarray(ys_SX, np.float64).reshape(-1, len(xs))
     keep = ~np.isnan(ys).all(axis=0)
     if not keep.any():
-        return
+        return None
     x = np.asarray(xs, np.float64)[keep]
     y = ys[:, keep]
     (line,) = ax.plot(x, np.nanmean(y, axis=0), marker="o", markersize=3, label=label, **style)
     if y.shape[0] > 1:
         ax.fill_between(x, np.nanmin(y, axis=0), np.nanmax(y, axis=0), color=line.get_color(),
                         alpha=0.2, linewidth=0)
+    return line
 
 
 def fit_ylim(ax, values, pad: float = 0.08) -> tuple[float, float]:

@@ -57,3 +57,15 @@ def test_attention_variants_prefix_and_stability_tiny(results_dir):
     assert stability["shuffle_rows"] == SHUFFLE_ROWS  # the library's default
     table = (results_dir / "attention_variants_stability_tiny.md").read_text()
     assert table.startswith("Command: `python -m") and "lr 0.02" in table
+
+    # --replot rebuilds tables and plots from the JSON alone: the same table, the JSON unchanged
+    # (its command and machine facts stay those of the run), a new plot
+    json_before = (results_dir / "attention_variants_stability_tiny.json").read_text()
+    png = results_dir / "attention_variants_prefix_tiny.png"
+    png.unlink()
+    attention_variants.main(["--scale", "tiny", "--part", "prefix,stability", "--replot"])
+    assert (results_dir / "attention_variants_stability_tiny.md").read_text() == table
+    assert (results_dir / "attention_variants_stability_tiny.json").read_text() == json_before
+    assert png.exists()
+    with pytest.raises(SystemExit):  # a part never run: says so rather than plotting nothing
+        attention_variants.main(["--scale", "tiny", "--part", "heads", "--replot"])
