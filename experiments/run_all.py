@@ -662,7 +662,7 @@ EXPERIMENTS = (
         "sinusoidal and rotary worst.",
         (Section("synthetic_generalisation", None, finding_synthetic_generalisation),),
         "36 runs (3 seeds, 4-layer models): about 36 min on 2 CPU cores with `--workers 2` "
-        "(2026-12-04: 27 runs in 26.8 min, 9 read from the cache of earlier runs of the same "
+        "(2026-12-04: 24 runs in 24.0 min, 12 read from the cache of earlier runs of the same "
         "config; resumable)",
         workers=True,
     ),

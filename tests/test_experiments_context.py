@@ -105,6 +105,17 @@ def test_synthetic_generalisation_tiny(results_dir, monkeypatch):
     synthetic_generalisation.main(["--scale", "tiny"])
     again = json.loads((results_dir / "synthetic_generalisation_tiny.json").read_text())
     assert again["results"] == out["results"]
+    # --replot rebuilds table and plot from the JSON alone, keeping its command and timings
+    json_before = (results_dir / "synthetic_generalisation_tiny.json").read_text()
+    (results_dir / "synthetic_generalisation_tiny.png").unlink()
+    monkeypatch.setattr(synthetic_generalisation, "run",
+                        lambda *a: pytest.fail("--replot ran the experiment"))
+    synthetic_generalisation.main(["--scale", "tiny", "--replot"])
+    assert (results_dir / "synthetic_generalisation_tiny.json").read_text() == json_before
+    assert (results_dir / "synthetic_generalisation_tiny.md").read_text() == table
+    assert (results_dir / "synthetic_generalisation_tiny.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):  # no results JSON for that scale: a clear parser error
+        synthetic_generalisation.main(["--scale", "default", "--replot"])
 
 
 def test_synthetic_generalisation_workers_split_the_runs_then_one_pass_reports(monkeypatch):
