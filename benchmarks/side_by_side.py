@@ -25,6 +25,8 @@ mismatch): the losses of the first ``--check-steps`` steps of every float32 cont
     python benchmarks/side_by_side.py --shape a --rounds 5 --out sbs_a.json --markdown sbs_a.md
     python benchmarks/side_by_side.py --shape b      # config b as a BERT masked LM (ours, HF)
     python benchmarks/side_by_side.py --check --shape tiny       # correctness only, seconds
+    python benchmarks/side_by_side.py --no-train --contenders hf,jax_float32@1,hf@1
+                                # decoding, each also pinned to one core (NAME@N: N cores)
     python benchmarks/side_by_side.py --shape tiny --rounds 2    # a smoke run of the timing
 """
 
@@ -87,12 +89,31 @@ def busy_cpu_seconds() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_worker(script: str, arguments: list[str], log, timeout: float) -> dict:
+def parse_contender(spec: str) -> tuple[str, int | None]:
+    """``name`` or ``name@N``: the contender, and the number of cores it is pinned to (None:
+    the whole machine, as its users run it)."""
+    name, _, cores = spec.partition("@")
+    if not cores:
+        return name, None
+    if not cores.isdigit() or not 1 <= int(cores) <= (os.cpu_count() or 1):
+        raise ValueError(f"contender {spec!r}: after '@' give a core count from 1 to "
+                         f"{os.cpu_count()} (the cores it is pinned to)")
+    return name, int(cores)
+
+
+def run_worker(script: str, arguments: list[str], log, timeout: float,
+               cores: int | None = None) -> dict:
+    """One worker process; ``cores``: pinned to the first ``cores`` CPUs this driver may use
+    (XLA and PyTorch both size their thread pools to the affinity they start with)."""
     command = [sys.executable, os.path.join(HERE, script), *arguments]
     busy_before, children_before = busy_cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    pin = None
+    if cores is not None:  # this driver runs no threads, so setting it in the child is safe
+        chosen = set(sorted(os.sched_getaffinity(0))[:cores])
+        pin = lambda: os.sched_setaffinity(0, chosen)  # noqa: E731
     start = time.perf_counter()
     done = subprocess.run(command, env=worker_environment(), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, preexec_fn=pin)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
@@ -109,7 +130,9 @@ def run_worker(script: str, arguments: list[str], log, timeout: float) -> dict:
     result["other_cpu_share"] = (None if busy_before is None else max(
         0.0, (busy_after - busy_before - own) / (wall * (os.cpu_count() or 1))))
     share = result["other_cpu_share"]
-    log(f"  {script} {' '.join(arguments[:4])}: {wall:.1f} s"
+    result["pinned_cores"] = cores
+    log(f"  {script} {' '.join(arguments[:4])}"
+        + ("" if cores is None else f" (pinned to {cores} core(s))") + f": {wall:.1f} s"
         + ("" if share is None else f", other processes {share:.0%} of the CPUs"))
     return result
 
@@ -144,7 +167,7 @@ def correctness(first: dict, check_steps: int, tolerance: float) -> dict:
     for name, result in first.items():
         if name == REFERENCE:
             continue
-        entry = {"exact_expected": name in EXACT}
+        entry = {"exact_expected": parse_contender(name)[0] in EXACT}
         if "training" in result and "training" in reference:
             ours, theirs = reference["training"]["losses"], result["training"]["losses"]
             n = min(check_steps, len(ours))
@@ -266,13 +289,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shape = "tiny" if args.tiny else args.shape
     names = [REFERENCE] + [n for n in filter(None, args.contenders.split(",")) if n != REFERENCE]
-    unknown = [n for n in names if n not in CONTENDERS]
+    try:
+        specs = {n: parse_contender(n) for n in names}
+    except ValueError as e:
+        parser.error(str(e))
+    unknown = [n for n in names if specs[n][0] not in CONTENDERS]
     if unknown:
-        parser.error(f"unknown contenders {unknown}: choose from {', '.join(CONTENDERS)}")
+        parser.error(f"unknown contenders {unknown}: choose from {', '.join(CONTENDERS)} "
+                     "(each may end in @N: pinned to N cores)")
     kind = SHAPES[shape]["kind"]
     if args.contenders == parser.get_default("contenders"):  # the default: all that apply
         names = [n for n in names if n in KIND_CONTENDERS[kind]]
-    wrong = [n for n in names if n not in KIND_CONTENDERS[kind]]
+    wrong = [n for n in names if specs[n][0] not in KIND_CONTENDERS[kind]]
     if wrong:
         parser.error(f"contenders {wrong} cannot run shape {shape} (a {kind}): choose from "
                      f"{', '.join(KIND_CONTENDERS[kind])}")
@@ -313,13 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(rounds):
             log(f"round {i + 1}/{rounds}")
             for name in names:
-                script, extra = CONTENDERS[name]
+                base, cores = specs[name]
+                script, extra = CONTENDERS[base]
                 torch_side = script == "side_by_side_torch.py"
                 settings = (["--threads", str(args.torch_threads)]
                             if args.torch_threads and torch_side else [])
                 settings += ["--tjax-malloc"] if args.torch_tjax_malloc and torch_side else []
                 runs[name].append(run_worker(script, [*extra, *common, *settings], log,
-                                             args.timeout))
+                                             args.timeout, cores))
     first = {name: rs[0] for name, rs in runs.items()}
     result["shape"] = plan["shape"]
     result["steps_per_process"] = steps
@@ -333,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                                "torch_imported": r.get("torch_imported")}
                            for n, r in first.items()}
     result["threads"] = {n: r["threads"] for n, r in first.items()}
+    result["pinned_cores"] = {n: specs[n][1] for n in names}  # None: the whole machine
     # glibc malloc of each worker: ours as tjax runs (transformers_jax/host_memory.py)
     result["host_malloc"] = {n: r.get("host_malloc") for n, r in first.items()}
     result["versions"] = {n: r["versions"] for n, r in first.items()}

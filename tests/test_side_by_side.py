@@ -147,19 +147,33 @@ def test_driver_refuses_a_gpt_contender_for_bert(driver, capsys):
     assert "cannot run shape tiny_bert (a bert)" in capsys.readouterr().err
 
 
+def test_contender_at_n_is_pinned_to_n_cores(driver, capsys):
+    assert driver.parse_contender("hf") == ("hf", None)
+    assert driver.parse_contender("jax_float32@1") == ("jax_float32", 1)
+    for bad in ("hf@0", "hf@x", f"hf@{(os.cpu_count() or 1) + 1}"):
+        with pytest.raises(ValueError, match="core count"):
+            driver.parse_contender(bad)
+    with pytest.raises(SystemExit):
+        driver.main(["--check", "--tiny", "--contenders", "hf@0"])
+    assert "core count" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        driver.main(["--check", "--tiny", "--contenders", "pytorch@1"])
+    assert "unknown contenders ['pytorch@1']" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_check_mode_separate_processes_agree(driver, tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     out = tmp_path / "check.json"
-    code = driver.main(["--check", "--tiny", "--contenders", "jax_float32,hf,torch",
+    code = driver.main(["--check", "--tiny", "--contenders", "jax_float32,hf,torch,hf@1",
                         "--check-steps", "6", "--quiet", "--out", str(out)])
     result = json.loads(out.read_text())
     assert code == 0, result["correctness"]
     assert result["mode"] == "check" and "summary" not in result  # nothing timed
     correctness = result["correctness"]
     assert correctness["passed"]
-    for name in ("hf", "torch"):
+    for name in ("hf", "torch", "hf@1"):  # pinned to one core: the same numbers
         entry = correctness[name]
         assert entry["loss_relative_gap_all_steps"] < 1e-5, (name, entry)
         assert entry["greedy_tokens_identical_batch_1"] == 1.0
@@ -170,9 +184,13 @@ def test_check_mode_separate_processes_agree(driver, tmp_path, capsys):
     assert result["isolation"]["hf"]["jax_imported"] is False
     assert result["isolation"]["torch"]["jax_imported"] is False
     assert all(env == {} for env in result["worker_thread_environment"].values())
+    # @1: the worker may use one CPU, and PyTorch sized its pool to it (nothing set by us)
+    assert result["pinned_cores"] == {"jax_float32": None, "hf": None, "torch": None, "hf@1": 1}
+    assert result["threads"]["hf@1"]["torch_num_threads"] == 1
+    assert result["threads"]["hf@1"]["set_by_harness"] is None
     if result["host_malloc"]["hf"] != "not glibc":  # ours as tjax runs, theirs as the system's
-        assert result["host_malloc"] == {"jax_float32": "huge pages",
-                                         "hf": "system default", "torch": "system default"}
+        assert result["host_malloc"] == {"jax_float32": "huge pages", "hf": "system default",
+                                         "torch": "system default", "hf@1": "system default"}
 
 
 @pytest.mark.slow
