@@ -418,6 +418,15 @@ def add_replot_option(parser) -> None:
                         "JSON (which keeps the command and timings of the run behind it)")
 
 
+def replotted(args, parser, name: str, report) -> bool:
+    """With ``--replot``: ``report(results/<name>.json, rebuilt=True)`` and True (the caller
+    then trains nothing); else False."""
+    if not args.replot:
+        return False
+    report(read_results(name, parser.error), rebuilt=True)
+    return True
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     def cell(x):
         if isinstance(x, float):

@@ -229,7 +229,7 @@ def convergence(runs: list[dict]) -> str:
             f"from step {curves[0][-2][0]} to {curves[0][-1][0]}")
 
 
-def report(out: dict) -> None:
+def report(out: dict, rebuilt: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -268,7 +268,8 @@ def report(out: dict) -> None:
     if out.get("baselines"):
         tables.append(baselines_line(out["baselines"]) + " The unperturbed losses above score "
                       "only the last tokens of each window, so compare them loosely.")
-    write_results(f"context_usage_{out['scale']}", out, "\n\n".join(tables), fig)
+    write_results(f"context_usage_{out['scale']}", out, "\n\n".join(tables), fig,
+                  rebuilt=rebuilt)
 
 
 def main(argv=None) -> None:
@@ -283,7 +284,10 @@ def main(argv=None) -> None:
                         "paper; needs a corpus of millions of words) or bytes (default: "
                         + ", ".join(f"{k} at {s}" for s, k in SCALE_UNITS.items()) + ")")
     common.add_shuffle_rows_option(parser)
+    common.add_replot_option(parser)
     args = parser.parse_args(argv)
+    if common.replotted(args, parser, f"context_usage_{args.scale}", report):
+        return
     report(run(args.scale, args.seeds, args.data, args.split_seed, args.units,
                shuffle_rows=args.shuffle_rows))
 

@@ -259,7 +259,7 @@ def _cell(values) -> str:
     return f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.3f}"
 
 
-def report(out: dict) -> dict[str, str]:
+def report(out: dict, rebuilt: bool = False) -> dict[str, str]:
     """Write the JSON (with the paired comparisons), the tables and the plot."""
     out.setdefault("comparisons", comparisons(out))
     text, fig = tables_and_figure(out)
@@ -271,7 +271,7 @@ def report(out: dict) -> dict[str, str]:
                           bbox_inches="tight")
         text += (f"\n\nWhere each scheme attends (per layer, mean over heads and seeds, band: "
                  f"range over heads): ![attention]({name}_attention.png)")
-    return write_results(name, out, text, fig)
+    return write_results(name, out, text, fig, rebuilt=rebuilt)
 
 
 def _attention_plot(out: dict):
@@ -435,7 +435,10 @@ def main(argv=None) -> None:
     common.add_worker_options(parser, "train this many runs at once, each in its own process "
                               "(CPUs: 2 on 2 cores; BENCHMARKS.md section 2d; 1 on an "
                               "accelerator)")
+    common.add_replot_option(parser)
     args = parser.parse_args(argv)
+    if common.replotted(args, parser, f"length_extrapolation_{args.scale}", report):
+        return
     lens = tuple(int(x) for x in args.train_lens.split(",")) if args.train_lens else None
     shard = common.worker_shard(  # the held-out split once, not per worker
         parser, args, "experiments.length_extrapolation", argv,

@@ -186,7 +186,7 @@ def comparisons(results: dict, refs: dict, lengths=()) -> dict:
     return out
 
 
-def report(out: dict) -> None:
+def report(out: dict, rebuilt: bool = False) -> None:
     rows, means = [], {}
     for scaling, runs in out["results"].items():
         zs = mean_std([r["zero_shot"] for r in runs])
@@ -261,7 +261,7 @@ def report(out: dict) -> None:
             ax.axvline(out["eval_len"], color="grey", linewidth=0.8, linestyle=":")
             ax.set_xlabel("window length (tokens)")
         grid[1][0].set_ylabel("passkey retrieved (share over depths)")
-    write_results(f"rope_extension_{out['scale']}", out, table, fig)
+    write_results(f"rope_extension_{out['scale']}", out, table, fig, rebuilt=rebuilt)
 
 
 def passkey_table(out: dict) -> str:
@@ -320,7 +320,10 @@ def main(argv=None) -> None:
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the held-out draw")
     parser.add_argument("--scalings", default=",".join(SCALINGS))
     common.add_shuffle_rows_option(parser)
+    common.add_replot_option(parser)
     args = parser.parse_args(argv)
+    if common.replotted(args, parser, f"rope_extension_{args.scale}", report):
+        return
     report(run(args.scale, args.seeds, args.data, args.scalings.split(","), args.split_seed,
                shuffle_rows=args.shuffle_rows))
 

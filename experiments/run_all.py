@@ -4,6 +4,8 @@
     python -m experiments.run_all --scale large        # accelerator-sized runs
     python -m experiments.run_all --only synthetic_generalisation,attention_variants
     python -m experiments.run_all --rebuild-only       # only regenerate the README
+    python -m experiments.run_all --replot             # every table and plot from its JSON,
+                                                       # then the README (trains nothing)
 
 An interrupted run continues where it stopped: finished experiments are skipped and the
 wired ones reload their finished runs from ``results/.cache/`` (``--fresh`` redoes all).
@@ -18,6 +20,7 @@ finding computed from the numbers. Edit this file, not the README.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -744,7 +747,8 @@ def build_readme(results: str, readme: str = README) -> str:
         "Ablations that each train small models from scratch and compare one switch at a time,",
         "checked against a published result. Every result below is regenerated from",
         f"`{rel}/` by `python -m experiments.run_all --rebuild-only` (this file is generated:",
-        "edit `experiments/run_all.py`, not this README). Run everything with",
+        "edit `experiments/run_all.py`, not this README); `--replot` also redraws every",
+        "table and plot from its JSON, training nothing. Run everything with",
         "`python -m experiments.run_all [--scale default|large]`, or one experiment with the",
         "command in its section. Scales: `tiny` (smoke tests, never shown here), `default`",
         "(minutes on a 2-core CPU; small models, so the findings are indicative, not",
@@ -870,6 +874,28 @@ def run_experiments(names: list[str], scale: str, results: str,
     return status
 
 
+def replot_experiments(names: list[str], scale: str, results: str) -> dict[str, dict]:
+    """``python -m experiments.NAME --scale S --replot`` (``--part`` the parts found) for each
+    experiment with results at ``scale`` in ``results``; the others are skipped."""
+    root = os.path.dirname(HERE)
+    env = {**os.environ, "TJAX_RESULTS_DIR": os.path.abspath(results)}
+    status = {}
+    for name in names:
+        found = sorted(glob.glob(os.path.join(results, f"{name}_*{scale}.json")))
+        parts = [os.path.basename(f)[len(name) + 1 : -len(f"_{scale}.json")] for f in found
+                 if os.path.basename(f).endswith(f"_{scale}.json")]
+        if not found:
+            print(f"== {name}: no {scale} results in {results}; nothing to replot", flush=True)
+            continue
+        cmd = [sys.executable, "-m", f"experiments.{name}", "--scale", scale, "--replot"]
+        if any(parts):  # an experiment in parts (attention_variants): the ones found
+            cmd += ["--part", ",".join(p for p in parts if p)]
+        print(f"== {' '.join(cmd[1:])}", flush=True)
+        rc = subprocess.call(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL)
+        status[name] = {"returncode": rc, "wall_s": 0.0}
+    return status
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="default", choices=("tiny", "default", "large"))
@@ -877,6 +903,9 @@ def main(argv=None) -> int:
                         help="comma-separated experiments to run (default: all)")
     parser.add_argument("--rebuild-only", action="store_true",
                         help="only regenerate the README from the existing results")
+    parser.add_argument("--replot", action="store_true",
+                        help="train nothing: rebuild every experiment's tables and plots from "
+                        "its results JSON (after a change to a report or plot), then the README")
     parser.add_argument("--results", default=None, help="results folder (default: "
                         "$TJAX_RESULTS_DIR or experiments/results)")
     parser.add_argument("--readme", default=README)
@@ -890,15 +919,20 @@ def main(argv=None) -> int:
     if args.workers < 1:
         parser.error(f"--workers {args.workers}: must be at least 1")
     results = args.results or _results_dir()
+    if args.replot and args.rebuild_only:
+        parser.error("--replot already rebuilds the README: give one of --replot, "
+                     "--rebuild-only")
+    names = [e.module for e in EXPERIMENTS]
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            parser.error(f"unknown experiments {unknown}; valid: {', '.join(names)}")
+        names = [n for n in names if n in wanted]
     status = {}
-    if not args.rebuild_only:
-        names = [e.module for e in EXPERIMENTS]
-        if args.only:
-            wanted = args.only.split(",")
-            unknown = sorted(set(wanted) - set(names))
-            if unknown:
-                parser.error(f"unknown experiments {unknown}; valid: {', '.join(names)}")
-            names = [n for n in names if n in wanted]
+    if args.replot:
+        status = replot_experiments(names, args.scale, results)
+    elif not args.rebuild_only:
         status = run_experiments(names, args.scale, results, args.fresh, args.workers)
     build_readme(results, args.readme)
     print(f"wrote {args.readme}")

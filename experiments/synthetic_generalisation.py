@@ -353,9 +353,7 @@ def main(argv=None) -> None:
                               "on an accelerator)")
     common.add_replot_option(parser)
     args = parser.parse_args(argv)
-    if args.replot:
-        report(common.read_results(f"synthetic_generalisation_{args.scale}", parser.error),
-               rebuilt=True)
+    if common.replotted(args, parser, f"synthetic_generalisation_{args.scale}", report):
         return
     shard = common.worker_shard(parser, args, "experiments.synthetic_generalisation", argv)
     split = lambda s: s.split(",") if s else None

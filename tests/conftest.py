@@ -57,6 +57,25 @@ def results_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def assert_replots(results_dir, monkeypatch):
+    """``check(module, name, argv)``: ``module.main([*argv, "--replot"])`` trains nothing and
+    rebuilds ``name``'s table and plot from its JSON, the JSON and the table unchanged."""
+
+    def check(module, name: str, argv=()) -> None:
+        paths = {ext: results_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
+        before = {ext: paths[ext].read_text() for ext in ("json", "md")}
+        paths["png"].unlink()
+        monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("--replot trained"))
+        module.main([*argv, "--replot"])
+        assert {ext: paths[ext].read_text() for ext in ("json", "md")} == before
+        assert paths["png"].stat().st_size > 10_000
+        with pytest.raises(SystemExit):  # no results JSON at that scale: a parser error
+            module.main(["--scale", "large", "--replot"])
+
+    return check
+
+
+@pytest.fixture
 def split_cache(tmp_path, monkeypatch):
     """The experiments' held-out splits are cached in a fresh folder."""
     monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))

@@ -14,7 +14,7 @@ from transformers_jax.config import SHUFFLE_ROWS
 
 
 @pytest.mark.slow
-def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch):
+def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch, assert_replots):
     from experiments import length_extrapolation
 
     argv = ["--scale", "tiny", "--seeds", "2", "--schemes", "alibi,learned,fire", "--sliding"]
@@ -58,6 +58,7 @@ def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch):
     rescored = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
     assert rescored["results"]["16"]["alibi"][0]["flat"] == pytest.approx(alibi["flat"])
     assert rescored["results"]["16"]["alibi"][0]["sliding"] == {}
+    assert_replots(length_extrapolation, "length_extrapolation_tiny", ["--scale", "tiny"])
 
 
 def test_cached_run_resumes_by_key(results_dir, monkeypatch):
@@ -494,6 +495,27 @@ def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
                          "--workers", "2"]) == 0
     assert [c[0] for c in calls] == [  # (context_usage finished above: skipped)
         ["-m", "experiments.length_extrapolation", "--scale", "tiny", "--workers", "2"]]
+
+
+def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypatch, capsys):
+    from experiments import run_all
+
+    calls = []
+    monkeypatch.setattr(run_all.subprocess, "call",
+                        lambda cmd, cwd, env, stdout: calls.append(cmd[1:]) or 0)
+    for name in ("length_extrapolation_tiny", "attention_variants_window_tiny",
+                 "attention_variants_heads_tiny", "context_usage_default"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    readme = tmp_path / "README.md"
+    assert run_all.main(["--replot", "--scale", "tiny", "--results", str(tmp_path),
+                         "--readme", str(readme)]) == 0
+    assert calls == [  # only what has tiny results, attention_variants only its parts found
+        ["-m", "experiments.length_extrapolation", "--scale", "tiny", "--replot"],
+        ["-m", "experiments.attention_variants", "--scale", "tiny", "--replot",
+         "--part", "heads,window"]]
+    assert readme.exists() and "nothing to replot" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run_all.main(["--replot", "--rebuild-only", "--results", str(tmp_path)])
 
 
 def test_run_all_skips_experiments_it_finished(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from transformers_jax.config import SHUFFLE_ROWS
 
 
 @pytest.mark.slow
-def test_rope_extension_tiny(results_dir):
+def test_rope_extension_tiny(results_dir, assert_replots):
     from experiments import rope_extension
 
     rope_extension.main(["--scale", "tiny", "--seeds", "1", "--scalings",
@@ -33,10 +33,11 @@ def test_rope_extension_tiny(results_dir):
     dyn, plain = out["results"]["dynamic_ntk"][0], out["results"]["none"][0]
     assert dyn["zero_shot_by_length"]["1"] == pytest.approx(plain["zero_shot_by_length"]["1"])
     assert (results_dir / "rope_extension_tiny.png").exists()
+    assert_replots(rope_extension, "rope_extension_tiny", ["--scale", "tiny"])
 
 
 @pytest.mark.slow
-def test_context_usage_tiny(results_dir):
+def test_context_usage_tiny(results_dir, assert_replots):
     from experiments import context_usage
 
     context_usage.main(["--scale", "tiny", "--seeds", "1", "--shuffle-rows", "0"])
@@ -54,6 +55,7 @@ def test_context_usage_tiny(results_dir):
     iv = out["comparisons"]["lstm/corpus_span/4"]
     assert iv["low"] <= iv["mean"] <= iv["high"]
     assert (results_dir / "context_usage_tiny.png").exists()
+    assert_replots(context_usage, "context_usage_tiny", ["--scale", "tiny"])
 
 
 def test_perturbations_touch_only_the_far_context():
@@ -80,7 +82,7 @@ def test_perturbations_touch_only_the_far_context():
 
 
 @pytest.mark.slow
-def test_synthetic_generalisation_tiny(results_dir, monkeypatch):
+def test_synthetic_generalisation_tiny(results_dir, monkeypatch, assert_replots):
     from experiments import synthetic_generalisation
 
     synthetic_generalisation.main(["--scale", "tiny"])
@@ -105,17 +107,7 @@ def test_synthetic_generalisation_tiny(results_dir, monkeypatch):
     synthetic_generalisation.main(["--scale", "tiny"])
     again = json.loads((results_dir / "synthetic_generalisation_tiny.json").read_text())
     assert again["results"] == out["results"]
-    # --replot rebuilds table and plot from the JSON alone, keeping its command and timings
-    json_before = (results_dir / "synthetic_generalisation_tiny.json").read_text()
-    (results_dir / "synthetic_generalisation_tiny.png").unlink()
-    monkeypatch.setattr(synthetic_generalisation, "run",
-                        lambda *a: pytest.fail("--replot ran the experiment"))
-    synthetic_generalisation.main(["--scale", "tiny", "--replot"])
-    assert (results_dir / "synthetic_generalisation_tiny.json").read_text() == json_before
-    assert (results_dir / "synthetic_generalisation_tiny.md").read_text() == table
-    assert (results_dir / "synthetic_generalisation_tiny.png").stat().st_size > 10_000
-    with pytest.raises(SystemExit):  # no results JSON for that scale: a clear parser error
-        synthetic_generalisation.main(["--scale", "default", "--replot"])
+    assert_replots(synthetic_generalisation, "synthetic_generalisation_tiny", ["--scale", "tiny"])
 
 
 def test_synthetic_generalisation_workers_split_the_runs_then_one_pass_reports(monkeypatch):
