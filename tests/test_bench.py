@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 import pytest
 
 from transformers_jax import bench
@@ -65,6 +66,24 @@ def test_tjax_bench_bf16_reports_both_peaks_and_bert_skips_decoding(capsys):
     assert result["decoding"] is None and "bert" in result["decoding_note"]
     peaks = result["training"]["peak_flops"]  # the warning follows what was measured
     assert ("dtype_note" in result["training"]) == (peaks["bfloat16"] < peaks["float32"])
+
+
+def test_packed_rows_hold_documents_that_restart_their_positions(capsys):
+    rng = np.random.default_rng(0)
+    packed = bench.packed_documents(4, 64, rng)
+    seg, pos = packed["segment_ids"], packed["positions"]
+    for row_seg, row_pos in zip(seg, pos, strict=True):
+        assert row_seg[0] == 1 and np.all(np.diff(row_seg) >= 0)  # documents end to end
+        assert np.all((np.diff(row_seg) == 0) | (np.diff(row_seg) == 1)) and row_seg.min() == 1
+        starts = np.flatnonzero(np.diff(row_seg)) + 1
+        assert np.all(row_pos[starts] == 0) and row_pos[0] == 0  # each document from 0
+        lengths = np.diff(np.r_[0, starts, 64])
+        assert np.all(lengths[:-1] >= 64 // 8) and np.all(lengths <= 3 * 64 // 4)
+    assert seg.max() >= 2  # more than one document in a row
+    assert bench.main(["--tiny", "--steps", "1", "--warmup", "0", "--no-decode",
+                       "--packed"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["packed"] is True and _positive(result["training"]["tokens_per_s"])
 
 
 def test_slower_dtype_note_says_when_float32_is_faster():

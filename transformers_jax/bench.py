@@ -16,11 +16,13 @@ command in BENCHMARKS.md.
                --model.vocab_size=50257 --model.max_len=1024 --train.batch_size=4
     tjax bench --compile-cache /tmp/jax_cache    # persistent compilation cache (2nd run: hit)
     tjax bench --tiny                            # seconds: a toy model, for smoke tests
+    tjax bench --packed                          # rows of several documents, as tjax train's
     tjax bench --preset gpt2 --train.batch_size=4  # a named model (tjax presets)
 
 Options besides ``--model.*``/``--train.*`` (``--steps`` = ``--train.steps``): ``--warmup N``
 (untimed steps, 3), ``--decode-batches 1,8``, ``--decode-prompt 16``, ``--decode-tokens 240``,
-``--no-decode``, ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON),
+``--no-decode``, ``--packed`` (documents packed into each row: segment ids and restarting
+positions), ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON),
 ``--preset NAME`` (a named model instead of config a; ``--model.*`` applies on top).
 """
 
@@ -95,18 +97,37 @@ def slower_dtype_note(compute_dtype: str, peaks: dict[str, float]) -> str | None
             f"products (x86: AVX512_BF16 or AMX), so XLA emulates them; train in float32 here")
 
 
-def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0) -> dict:
-    """A random batch for the family's objective: next-token LM, or masked LM for bert."""
+def packed_documents(batch_size: int, seq_len: int, rng) -> dict:
+    """``segment_ids`` (from 1) and ``positions`` (restarting at 0) ``[B, T]`` of rows filled
+    end to end with documents of ``T/8`` to ``3T/4`` tokens, as ``tjax train`` packs them."""
+    segments = np.zeros((batch_size, seq_len), np.int32)
+    positions = np.zeros((batch_size, seq_len), np.int32)
+    low, high = max(seq_len // 8, 1), max(3 * seq_len // 4, 1)
+    for row in range(batch_size):
+        start, segment = 0, 1
+        while start < seq_len:
+            n = min(int(rng.integers(low, high + 1)), seq_len - start)
+            segments[row, start : start + n] = segment
+            positions[row, start : start + n] = np.arange(n)
+            start, segment = start + n, segment + 1
+    return {"segment_ids": segments, "positions": positions}
+
+
+def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0,
+                   packed: bool = False) -> dict:
+    """A random batch for the family's objective: next-token LM, or masked LM for bert;
+    ``packed``: each row holds several documents (``packed_documents``)."""
     rng = np.random.default_rng(seed)
     shape = (cfg.batch_size, cfg.seq_len)
     inputs = rng.integers(0, model_cfg.vocab_size, shape, dtype=np.int32)
+    extra = packed_documents(*shape, rng) if packed else {}
     if family_of(model_cfg).masked_lm:
         return {"inputs": inputs, "targets": inputs.copy(),
-                "weights": (rng.random(shape) < 0.15).astype(np.float32)}
-    return {"inputs": inputs, "targets": np.roll(inputs, -1, axis=1)}
+                "weights": (rng.random(shape) < 0.15).astype(np.float32), **extra}
+    return {"inputs": inputs, "targets": np.roll(inputs, -1, axis=1), **extra}
 
 
-def training_setup(model_cfg: ModelConfig, cfg: TrainConfig):
+def training_setup(model_cfg: ModelConfig, cfg: TrainConfig, packed: bool = False):
     """``(jitted train step donating its state, initial state, a random batch)``: what
     ``bench_training`` times (and ``benchmarks/profile_step.py`` traces)."""
     from transformers_jax.train.objectives import objective_for
@@ -117,15 +138,16 @@ def training_setup(model_cfg: ModelConfig, cfg: TrainConfig):
     model = build_model(model_cfg)
     objective = objective_for(model_cfg.family)
     optimizer = make_optimizer(cfg)
-    batch = training_batch(model_cfg, cfg)
+    batch = training_batch(model_cfg, cfg, packed=packed)
     state = init_state(model, optimizer, 0, batch, objective)
     step_fn = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg), objective),
                       donate_argnums=0)
     return step_fn, state, batch
 
 
-def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup: int = 3):
-    step_fn, state, batch = training_setup(model_cfg, cfg)
+def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup: int = 3,
+                   packed: bool = False):
+    step_fn, state, batch = training_setup(model_cfg, cfg, packed)
     wall, cpu = time.perf_counter(), time.process_time()
     compiled = step_fn.lower(state, batch).compile()
     compile_s, compile_cpu_s = time.perf_counter() - wall, time.process_time() - cpu
@@ -270,6 +292,10 @@ def bench_parser() -> CommandParser:
                         help="the same code paths at a tiny size, in seconds (with --preset: "
                         "the preset's model, a tiny batch and step count)")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
+    parser.add_argument("--packed", action="store_true",
+                        help="train on rows packed with several documents (segment ids, "
+                        "positions restarting per document), as tjax train's batches; "
+                        "default: one sequence per row")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
                         help="untimed steps before timing")
     parser.add_argument("--decode-batches", type=int_list, default="1,8", metavar="B,B",
@@ -321,8 +347,11 @@ def main(argv: list[str]) -> int:
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
         "compile_cache": args.compile_cache,
+        # packed: rows of several documents (segment ids, restarting positions), as tjax
+        # train's batches; else one random sequence per row, as the side-by-side's
+        "packed": args.packed,
         "training": bench_training(model_cfg, cfg, steps=cfg.steps,
-                                   warmup=args.warmup),
+                                   warmup=args.warmup, packed=args.packed),
     }
     if "dtype_note" in result["training"]:
         print(f"tjax bench: warning: {result['training']['dtype_note']}", file=sys.stderr)
