@@ -479,17 +479,13 @@ def main(argv=None) -> None:
     for part in parts:
         if part not in PARTS:
             parser.error(f"--part {part!r}: valid choices: {', '.join(PARTS)}")
-    if args.replot:
+    if args.replot:  # each part from its JSON: numbers, command and timings of its run
         for part in parts:
-            replot(part, args.scale, parser.error)
+            report(common.read_results(f"attention_variants_{part}_{args.scale}",
+                                       parser.error), rebuilt=True)
         return
     run(args.scale, parts, args.seeds, args.data, shuffle_rows=args.shuffle_rows)
 
-
-def replot(part: str, scale: str, error) -> None:
-    """``report`` again from the part's results JSON: the numbers, the command and the timings
-    stay those of the run that wrote it."""
-    report(common.read_results(f"attention_variants_{part}_{scale}", error), rebuilt=True)
 
 if __name__ == "__main__":
     relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
