@@ -109,3 +109,30 @@ def test_passkey_table_shows_paired_differences_only_when_a_control_passed():
     out["passkey"]["control_passed_by_seed"] = [True, False]
     text = passkey_table(out)
     assert "| zero-shot: yarn - none | +0.00 [+0.00, +0.00] |" in text
+
+
+def test_passkey_budget_scores_every_checkpoint_of_one_run(results_dir, split_cache):
+    import json
+
+    from experiments import passkey_budget
+
+    passkey_budget.main(["--scale", "tiny", "--steps", "8", "--every", "4", "--per-cell", "2"])
+    out = json.loads((results_dir / "passkey_budget_tiny.json").read_text())
+    rows = out["by_step"]
+    assert [r["step"] for r in rows] == [4, 8]
+    assert [r["tokens"] for r in rows] == [4 * 4 * 32, 8 * 4 * 32]  # tiny: batch 4, L 32
+    for r in rows:
+        assert set(r["by_depth"]) == {f"{d:g}" for d in passkey.DEPTHS}
+        assert r["accuracy"] == np.mean(list(r["by_depth"].values()))
+        assert 0 < r["heldout_loss"] < 10
+    # the two checkpoints are one run's, not two runs: later is better trained
+    assert rows[1]["heldout_loss"] < rows[0]["heldout_loss"]
+    assert out["train"]["steps"] == 8 and out["passkey_data"]["pairs_every_bytes"] == 32
+    assert "| 8 |" in (results_dir / "passkey_budget_tiny.md").read_text()
+
+
+def test_passkey_budget_refuses_checkpoints_that_do_not_divide_the_run():
+    from experiments import passkey_budget
+
+    with pytest.raises(SystemExit):
+        passkey_budget.main(["--scale", "tiny", "--steps", "10", "--every", "4"])

@@ -1,0 +1,102 @@
+"""How many training tokens before a model retrieves passkeys at its training length.
+
+The passkey positive control of ``experiments.rope_extension`` fails at the default scale
+(``experiments.passkey`` says what was tried). This measures where it would pass: one long
+run of the default scale's base model on the same pair-mixed training text, a checkpoint every
+``--every`` steps, and at each checkpoint the retrieval accuracy at the training length (every
+depth, ``--per-cell`` windows each) and the held-out loss. The learning rate follows one
+warmup-cosine schedule over the whole run, as a run of that length would. The model, training
+length and batch are ``rope_extension``'s base model at ``--scale``.
+
+    python -m experiments.passkey_budget                    # 20,000 steps (20M tokens)
+    taskset -c 1 python -m experiments.passkey_budget --steps 4000 --every 1000
+
+Prints one line per checkpoint and writes ``results/passkey_budget_<scale>.json`` (the command, the
+config, accuracy and loss by step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+from experiments import common
+from experiments.common import (
+    baselines_line,
+    eval_loss,
+    heldout_split,
+    markdown_table,
+    write_results,
+)
+from experiments.passkey import accuracy_grid, mixed_training_data
+from experiments.rope_extension import FACTOR, SCALES
+from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.loop import train
+from transformers_jax.models import build_model
+from transformers_jax.runs import load_run
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", choices=sorted(SCALES), default="default",
+                   help="rope_extension's base model, training length and batch at this scale")
+    p.add_argument("--steps", type=int, default=20_000)
+    p.add_argument("--every", type=int, default=2_000, help="steps between scored checkpoints")
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--pairs-every", type=int, default=32,
+                   help="a key/query pair about every N training bytes")
+    p.add_argument("--per-cell", type=int, default=40, help="windows per depth")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-dir", default=None,
+                   help="where the run's checkpoints go (default: under results/.cache)")
+    p.add_argument("--data", default=None)
+    args = p.parse_args(argv)
+    if args.every <= 0 or args.steps % args.every:
+        p.error(f"--every {args.every} must divide --steps {args.steps}")
+
+    model_fields, train_fields, _, n_eval, _ = SCALES[args.scale]
+    L, batch_size = train_fields["seq_len"], train_fields["batch_size"]
+    split, tokens, base = heldout_split(args.data, n_eval)
+    data, meta = mixed_training_data(split, L, FACTOR, every=args.pairs_every)
+    model_cfg = ModelConfig(position="rope", **model_fields)
+    train_cfg = TrainConfig(seed=args.seed, data=data, val_fraction=0.01, steps=args.steps,
+                            batch_size=batch_size, seq_len=L,
+                            learning_rate=args.learning_rate, eval_every=args.steps,
+                            checkpoint_every=args.every, keep_checkpoints=10_000,
+                            log_every=args.every, progress=False)
+    run_dir = args.run_dir or os.path.join(
+        common.RESULTS, ".cache", "passkey_budget", common.cache_key(model=model_cfg,
+                                                                       train=train_cfg))
+    if not os.path.exists(os.path.join(run_dir, "checkpoints", str(args.steps))):
+        train(model_cfg, train_cfg.replace(run_dir=run_dir, resume=True), auto_vocab=True)
+    heldout_text = b"\n".join(split.heldout)
+    rows = []
+    for step in range(args.every, args.steps + 1, args.every):
+        _, params, tokenizer, _ = load_run(run_dir, step=step)
+        model = build_model(model_cfg.replace(vocab_size=tokenizer.vocab_size))
+        grid = accuracy_grid(model, params, heldout_text, tokenizer, [L], args.per_cell)[str(L)]
+        by_depth = {d: float(np.mean(h)) for d, h in grid.items()}
+        row = {"step": step, "tokens": step * batch_size * L,
+               "accuracy": float(np.mean(list(by_depth.values()))), "by_depth": by_depth,
+               "heldout_loss": eval_loss(model, params, tokens, L)}
+        rows.append(row)
+        print(f"step {step:6d} ({row['tokens'] / 1e6:.1f}M tokens): passkey at L={L} "
+              f"{row['accuracy']:.2f}, held-out loss {row['heldout_loss']:.3f}", flush=True)
+    table = markdown_table(
+        ["step", "training tokens", f"passkey accuracy at L={L}", "held-out loss"],
+        [[r["step"], f"{r['tokens'] / 1e6:.1f}M", r["accuracy"], r["heldout_loss"]]
+         for r in rows]) + "\n\n" + baselines_line(base)
+    write_results(f"passkey_budget_{args.scale}", {
+        "model": model_cfg.to_dict(), "train": {
+            "scale": args.scale, "steps": args.steps, "batch_size": batch_size, "seq_len": L,
+            "learning_rate": args.learning_rate, "seed": args.seed},
+        "passkey_data": meta, "per_cell": args.per_cell, "baselines": base, "by_step": rows},
+        table)
+
+
+if __name__ == "__main__":
+    relaunch_with_tunables()
+    main()
