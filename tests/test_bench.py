@@ -225,3 +225,29 @@ def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
     assert result["training_step"]["batch_size"] == int(bench.TINY_TRAIN["batch_size"])
     assert result["self_ms_per_run"] > 0 and len(result["by_kind_ms"]) == 5
     assert any(kind.endswith("fusion") for kind, _ in result["by_kind_ms"])
+
+
+def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
+    """One round at a toy size: HEAD from a worktree against this checkout; the worktree is
+    removed afterwards. A revision git does not know is refused by name."""
+    import subprocess
+
+    ab = _load("commits_ab")
+    out = tmp_path / "ab.json"
+
+    def worktrees():
+        return subprocess.run(["git", "-C", ROOT, "worktree", "list"], capture_output=True,
+                              text=True).stdout
+
+    before = worktrees()
+    ab.main(["--before", "HEAD", "--rounds", "1", "--out", str(out), "--", "--tiny"])
+    result = json.loads(out.read_text())
+    for side in ("before", "after"):
+        run, = result["runs"][side]
+        assert _positive(run["tokens_per_s"]) and _positive(run["compile_s"])
+        assert run["tokens_per_s"] == result["tokens_per_s"][side]["median"]
+    ratio = result["runs"]["after"][0]["tokens_per_s"] / result["runs"]["before"][0]["tokens_per_s"]
+    assert result["ratio_after_over_before"]["per_round"] == [ratio]
+    assert worktrees() == before
+    with pytest.raises(SystemExit, match="cannot check out 'no-such-rev'"):
+        ab.main(["--before", "no-such-rev", "--rounds", "1"])

@@ -30,7 +30,7 @@ def test_value_and_gradients_equal_the_plain_product(rows, n_in, n_out, dtype):
 
     ours = jax.jit(lambda: value_and_grads(matmul))()
     plain = jax.jit(lambda: value_and_grads(_product))()
-    for a, b in zip(ours, plain):
+    for a, b in zip(ours, plain, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 

@@ -1,0 +1,110 @@
+"""``tjax bench`` at two commits, as whole processes in alternating rounds (A B A B ...).
+
+The earlier commit is checked out into a temporary git worktree and run from there (its own
+``transformers_jax`` on ``PYTHONPATH``, this environment's packages); the later one runs from
+this checkout, or from a worktree too with ``--after REV``. Each round runs both, in turn, so
+load drifts hit both; the JSON keeps every run's training figures, the load averages, each
+side's median and range and the per-round ratios (after / before) with their median.
+
+    python benchmarks/commits_ab.py --before HEAD~1 --rounds 8 --out ab.json
+    python benchmarks/commits_ab.py --before b779eaf --cores 0 -- --preset bert-cpu
+    # arguments after "--" go to `tjax bench` (always with --no-decode)
+
+Measure on a quiet machine: the script records the load average before and after each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ENTRY = ("import sys; from transformers_jax.cli import entry; sys.argv[0] = 'tjax'; "
+          "sys.exit(entry())")
+
+
+def worktree(rev: str, into: str) -> str:
+    """A detached checkout of ``rev`` under ``into``; refuses a revision git does not know."""
+    path = os.path.join(into, rev.replace("/", "_"))
+    done = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, rev],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"commits_ab: cannot check out {rev!r}: {done.stderr.strip()}")
+    return path
+
+
+def bench(tree: str, bench_args: list[str], cores: str | None, out: str) -> dict:
+    """One ``tjax bench --no-decode`` process from ``tree``; its JSON."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    cmd = [sys.executable, "-c", _ENTRY, "bench", "--no-decode", *bench_args, "--out", out]
+    if cores:
+        cmd = ["taskset", "-c", cores, *cmd]
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"commits_ab: tjax bench failed in {tree}:\n{done.stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--before", required=True, help="the earlier commit (any git revision)")
+    p.add_argument("--after", default=None, help="the later commit (default: this checkout)")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--cores", default=None, help="run both pinned to these cores (taskset -c)")
+    p.add_argument("--out", default=None, help="write the JSON there too")
+    args = p.parse_args(own)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"before": worktree(args.before, tmp),
+                 "after": worktree(args.after, tmp) if args.after else ROOT}
+        try:
+            runs: dict[str, list] = {"before": [], "after": []}
+            for r in range(args.rounds):
+                for side in ("before", "after"):
+                    load = os.getloadavg()[0]
+                    out = bench(trees[side], bench_args, args.cores,
+                                os.path.join(tmp, f"{side}_{r}.json"))
+                    t = out["training"]
+                    runs[side].append({
+                        "tokens_per_s": t["tokens_per_s"], "step_ms_median": t["step_ms_median"],
+                        "compile_s": t["compile_s"], "mfu": t.get("mfu"),
+                        "load_before": load, "load_after": os.getloadavg()[0]})
+                    print(f"round {r + 1} {side}: {t['tokens_per_s']:,.0f} tokens/s, compile "
+                          f"{t['compile_s']:.2f} s, load {load:.2f}", file=sys.stderr, flush=True)
+        finally:
+            for side in ("before", "after"):
+                if trees[side] != ROOT:
+                    subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force",
+                                    trees[side]], capture_output=True)
+    ratios = [a["tokens_per_s"] / b["tokens_per_s"]
+              for a, b in zip(runs["after"], runs["before"], strict=True)]
+    result = {
+        "before": args.before, "after": args.after or "checkout", "bench_args": bench_args,
+        "cores": args.cores, "rounds": args.rounds, "runs": runs,
+        "tokens_per_s": {s: summary([x["tokens_per_s"] for x in runs[s]]) for s in runs},
+        "compile_s": {s: summary([x["compile_s"] for x in runs[s]]) for s in runs},
+        "ratio_after_over_before": {**summary(ratios), "per_round": ratios},
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
