@@ -101,26 +101,33 @@ def pair_span(train_len: int) -> int:
 
 
 def mixed_training_data(split, train_len: int, factor: int, seed: int = 0,
-                        every: int | None = None) -> tuple[str, dict]:
+                        every: int | None = None, copies: int = 1) -> tuple[str, dict]:
     """A folder of the split's training documents with key/query pairs mixed in (written once
-    under ``experiments.splits.cache_root()``), and what it holds (for the result JSON)."""
+    under ``experiments.splits.cache_root()``), and what it holds (for the result JSON).
+
+    ``copies``: each document is written that many times, each copy with its own keys at its
+    own places, so that a run of several epochs meets every key once instead of learning the
+    keys of a small corpus by heart (which lowers the loss on the query's digits without any
+    retrieval)."""
     from experiments.splits import cache_root, write_documents
 
+    if copies < 1:
+        raise ValueError(f"copies must be at least 1, got {copies}")
     every = every or 2 * train_len
     short, long = max(pair_span(train_len), 1), max(pair_span(factor * train_len), 2)
     texts = split.train_texts()
     rng = np.random.default_rng(seed)
-    mixed = [mix_pairs(t, rng, short, long, every) for t in texts]
+    mixed = [mix_pairs(t, rng, short, long, every) for _ in range(copies) for t in texts]
     # named by what it holds: a changed mixing rule writes (and trains on) a new folder
     digest = hashlib.sha256()
     for text in mixed:
         digest.update(hashlib.sha256(text).digest())
     folder = os.path.join(cache_root(), f"passkey-{digest.hexdigest()[:16]}")
     write_documents(folder, mixed)
-    original = sum(len(t) for t in texts)
+    original = copies * sum(len(t) for t in texts)
     added = sum(len(t) for t in mixed) - original
     meta = {"pairs_every_bytes": every, "short_gap_below": short, "long_gap_below": long,
-            "pair_bytes_share": added / (original + added)}
+            "pair_bytes_share": added / (original + added), "copies": copies}
     return folder, meta
 
 
@@ -159,9 +166,9 @@ def predictor(model):
     return jax.jit(lambda params, inputs: model.apply({"params": params}, inputs).argmax(-1))
 
 
-def retrieved(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
-              batch_size: int = 8, argmax=None) -> np.ndarray:
-    """1.0 where the model's argmax predicts every key digit after the query, per window."""
+def digit_matches(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
+                  batch_size: int = 8, argmax=None) -> np.ndarray:
+    """``[N, DIGITS]``: True where the model's argmax predicts that key digit after the query."""
     argmax = argmax or predictor(model)
     hits = []
     for i in range(0, len(windows_NT), batch_size):
@@ -171,8 +178,15 @@ def retrieved(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, 0)])
         predicted = np.asarray(argmax(params, chunk[:, :-1]))[:real]
         # position t predicts token t + 1
-        hits.append((predicted[:, answer_D - 1] == chunk[:real][:, answer_D]).all(-1))
-    return np.concatenate(hits).astype(np.float64)
+        hits.append(predicted[:, answer_D - 1] == chunk[:real][:, answer_D])
+    return np.concatenate(hits)
+
+
+def retrieved(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
+              batch_size: int = 8, argmax=None) -> np.ndarray:
+    """1.0 where the model's argmax predicts every key digit after the query, per window."""
+    return digit_matches(model, params, windows_NT, answer_D, batch_size,
+                         argmax).all(-1).astype(np.float64)
 
 
 def accuracy_grid(model, params, heldout: bytes, tokenizer, lengths, per_cell: int,

@@ -30,7 +30,7 @@ from experiments.common import (
     markdown_table,
     write_results,
 )
-from experiments.passkey import accuracy_grid, mixed_training_data
+from experiments.passkey import DEPTHS, digit_matches, examples, mixed_training_data
 from experiments.rope_extension import FACTOR, SCALES
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.host_memory import relaunch_with_tunables
@@ -48,6 +48,8 @@ def main(argv=None) -> None:
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--pairs-every", type=int, default=32,
                    help="a key/query pair about every N training bytes")
+    p.add_argument("--copies", type=int, default=1,
+                   help="copies of the training text, each with its own keys")
     p.add_argument("--per-cell", type=int, default=40, help="windows per depth")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-dir", default=None,
@@ -60,7 +62,8 @@ def main(argv=None) -> None:
     model_fields, train_fields, _, n_eval, _ = SCALES[args.scale]
     L, batch_size = train_fields["seq_len"], train_fields["batch_size"]
     split, tokens, base = heldout_split(args.data, n_eval)
-    data, meta = mixed_training_data(split, L, FACTOR, every=args.pairs_every)
+    data, meta = mixed_training_data(split, L, FACTOR, every=args.pairs_every,
+                                     copies=args.copies)
     model_cfg = ModelConfig(position="rope", **model_fields)
     train_cfg = TrainConfig(seed=args.seed, data=data, val_fraction=0.01, steps=args.steps,
                             batch_size=batch_size, seq_len=L,
@@ -77,17 +80,26 @@ def main(argv=None) -> None:
     for step in range(args.every, args.steps + 1, args.every):
         _, params, tokenizer, _ = load_run(run_dir, step=step)
         model = build_model(model_cfg.replace(vocab_size=tokenizer.vocab_size))
-        grid = accuracy_grid(model, params, heldout_text, tokenizer, [L], args.per_cell)[str(L)]
-        by_depth = {d: float(np.mean(h)) for d, h in grid.items()}
+        by_depth, digits = {}, []
+        for depth in DEPTHS:
+            windows, answer = examples(heldout_text, tokenizer, L, depth, args.per_cell)
+            matches = digit_matches(model, params, windows, answer)
+            by_depth[f"{depth:g}"] = float(matches.all(-1).mean())
+            digits.append(matches.mean())
+        # per digit: chance is about 0.1, so a rise shows partial retrieval before whole keys
         row = {"step": step, "tokens": step * batch_size * L,
                "accuracy": float(np.mean(list(by_depth.values()))), "by_depth": by_depth,
+               "digit_accuracy": float(np.mean(digits)),
                "heldout_loss": eval_loss(model, params, tokens, L)}
         rows.append(row)
         print(f"step {step:6d} ({row['tokens'] / 1e6:.1f}M tokens): passkey at L={L} "
-              f"{row['accuracy']:.2f}, held-out loss {row['heldout_loss']:.3f}", flush=True)
+              f"{row['accuracy']:.2f} (per digit {row['digit_accuracy']:.2f}), held-out loss "
+              f"{row['heldout_loss']:.3f}", flush=True)
     table = markdown_table(
-        ["step", "training tokens", f"passkey accuracy at L={L}", "held-out loss"],
-        [[r["step"], f"{r['tokens'] / 1e6:.1f}M", r["accuracy"], r["heldout_loss"]]
+        ["step", "training tokens", f"passkey accuracy at L={L}", "per digit (chance 0.1)",
+         "held-out loss"],
+        [[r["step"], f"{r['tokens'] / 1e6:.1f}M", r["accuracy"], r["digit_accuracy"],
+          r["heldout_loss"]]
          for r in rows]) + "\n\n" + baselines_line(base)
     write_results(f"passkey_budget_{args.scale}", {
         "model": model_cfg.to_dict(), "train": {

@@ -3,6 +3,8 @@ retriever (must retrieve every key) and a constant one (must retrieve none)."""
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +88,28 @@ def test_mixing_keeps_the_text_and_pairs_each_key_with_its_query():
     assert all(p[:5].isdigit() for p in priced.split(b"$")[1:])
 
 
+def test_copies_of_the_training_text_carry_their_own_keys(tmp_path, monkeypatch):
+    monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path))
+
+    class Split:
+        def train_texts(self):
+            return [FILLER[:3000], FILLER[:2000]]
+
+    folder, meta = passkey.mixed_training_data(Split(), 64, 4, every=64, copies=3)
+    files = sorted(os.listdir(folder))
+    texts = [open(os.path.join(folder, f), "rb").read() for f in files]
+    assert len(texts) == 6 and meta["copies"] == 3 and 0 < meta["pair_bytes_share"] < 0.3
+    for text in texts:  # each copy is the document with pairs mixed in
+        parts = text.split(b"$")
+        assert b"".join([parts[0], *[p[6:] for p in parts[1:]]]) in (FILLER[:3000], FILLER[:2000])
+    keys = [tuple(p[:5] for p in t.split(b"$")[1::2]) for t in texts]
+    assert len(set(keys)) == 6  # no copy repeats another's keys
+    one, _ = passkey.mixed_training_data(Split(), 64, 4, every=64)
+    assert len(os.listdir(one)) == 2
+    with pytest.raises(ValueError, match="copies"):
+        passkey.mixed_training_data(Split(), 64, 4, copies=0)
+
+
 def test_passkey_table_shows_paired_differences_only_when_a_control_passed():
     """All-zero intervals between models that cannot retrieve are noise: with the control
     failed in every seed the table says so instead of listing them."""
@@ -116,7 +140,8 @@ def test_passkey_budget_scores_every_checkpoint_of_one_run(results_dir, split_ca
 
     from experiments import passkey_budget
 
-    passkey_budget.main(["--scale", "tiny", "--steps", "8", "--every", "4", "--per-cell", "2"])
+    passkey_budget.main(["--scale", "tiny", "--steps", "8", "--every", "4", "--per-cell", "2",
+                         "--copies", "2"])
     out = json.loads((results_dir / "passkey_budget_tiny.json").read_text())
     rows = out["by_step"]
     assert [r["step"] for r in rows] == [4, 8]
@@ -124,10 +149,12 @@ def test_passkey_budget_scores_every_checkpoint_of_one_run(results_dir, split_ca
     for r in rows:
         assert set(r["by_depth"]) == {f"{d:g}" for d in passkey.DEPTHS}
         assert r["accuracy"] == np.mean(list(r["by_depth"].values()))
+        assert 0 <= r["digit_accuracy"] <= 1 and r["digit_accuracy"] >= r["accuracy"]
         assert 0 < r["heldout_loss"] < 10
     # the two checkpoints are one run's, not two runs: later is better trained
     assert rows[1]["heldout_loss"] < rows[0]["heldout_loss"]
     assert out["train"]["steps"] == 8 and out["passkey_data"]["pairs_every_bytes"] == 32
+    assert out["passkey_data"]["copies"] == 2
     assert "| 8 |" in (results_dir / "passkey_budget_tiny.md").read_text()
 
 
