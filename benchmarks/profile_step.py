@@ -3,8 +3,9 @@
 Traces a few executions with ``jax.profiler`` and sums the trace per XLA op by *self* time (a
 loop's or a branch's time leaves out the ops run inside it), then groups it by op kind (the
 name without its number: ``ynn_fusion``, ``copy``, ``subtract_exponential_fusion``, ...) and,
-for the library matmul fusions, by output shape. Prints one JSON object; the model and batch
-are ``tjax bench``'s (config a unless ``--preset``/``--model.*``/``--train.*`` say otherwise).
+for the library matmul fusions and XLA's plain dots, by output shape. Prints one JSON object;
+the model and batch are ``tjax bench``'s (config a unless ``--preset``/``--model.*``/
+``--train.*`` say otherwise).
 
     python benchmarks/profile_step.py                      # config a's train step
     python benchmarks/profile_step.py --decode-batch 8     # its decoding loop at batch 8
@@ -64,15 +65,18 @@ def output_shapes(hlo_text: str) -> dict[str, str]:
 
 def summarise(counts: collections.Counter, shapes: dict[str, str], runs: int, top: int) -> dict:
     per_run = {name: t / runs for name, t in counts.items()}
-    kinds, library = collections.Counter(), collections.Counter()
+    kinds, library, plain = collections.Counter(), collections.Counter(), collections.Counter()
     for name, t in per_run.items():
         kind = re.sub(r"\.\d+$", "", name)
         kinds[kind] += t
         if kind == "ynn_fusion":
             library[shapes.get(name, "?")] += t
+        elif kind in ("dot", "dot_general"):  # XLA's own dot emitter (weight gradients)
+            plain[shapes.get(name, "?")] += t
     ms = lambda c: [[k, round(v / 1e3, 3)] for k, v in c.most_common(top)]  # noqa: E731
     return {"self_ms_per_run": round(sum(per_run.values()) / 1e3, 3),
-            "by_kind_ms": ms(kinds), "library_matmuls_by_output_shape_ms": ms(library)}
+            "by_kind_ms": ms(kinds), "library_matmuls_by_output_shape_ms": ms(library),
+            "plain_dots_by_output_shape_ms": ms(plain)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -206,16 +206,18 @@ def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
         {"ph": "X", "name": "while.3", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
         {"ph": "X", "name": "ynn_fusion.7", "ts": 2, "dur": 4, "pid": 1, "tid": 1},
         {"ph": "X", "name": "copy.2", "ts": 7, "dur": 1, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "dot.4", "ts": 30, "dur": 3, "pid": 1, "tid": 1},
         # another thread overlaps in time but is not nested: counted whole
         {"ph": "X", "name": "ynn_fusion.9", "ts": 3, "dur": 5, "pid": 1, "tid": 2},
         {"ph": "X", "name": "ThunkExecutor::Execute", "ts": 0, "dur": 20, "pid": 1, "tid": 3},
         {"ph": "i", "name": "instant", "ts": 1, "pid": 1, "tid": 1},
     ]
     times = profile.self_times(events)
-    assert times == {"while.3": 5, "ynn_fusion.7": 4, "copy.2": 1, "ynn_fusion.9": 5}
-    summary = profile.summarise(times, {"ynn_fusion.7": "f32[8,16]", "ynn_fusion.9": "f32[8,16]"},
-                                runs=1, top=5)
-    assert summary["self_ms_per_run"] == 0.015
+    assert times == {"while.3": 5, "ynn_fusion.7": 4, "copy.2": 1, "ynn_fusion.9": 5, "dot.4": 3}
+    summary = profile.summarise(times, {"ynn_fusion.7": "f32[8,16]", "ynn_fusion.9": "f32[8,16]",
+                                        "dot.4": "f32[16,8]"}, runs=1, top=5)
+    assert summary["self_ms_per_run"] == 0.018
+    assert summary["plain_dots_by_output_shape_ms"] == [["f32[16,8]", 0.003]]
     assert summary["by_kind_ms"][0] == ["ynn_fusion", 0.009]
     assert summary["library_matmuls_by_output_shape_ms"] == [["f32[8,16]", 0.009]]
 
