@@ -34,6 +34,18 @@ the budget. Random strings of 6-19 characters written twice stayed uncopied afte
 3.1M tokens, pairs every 128 bytes (6%) or every 32 (12%)): no key of 200 at L=64, per digit
 0.08-0.15.
 
+How many tokens it would take (2026-12-04, ``experiments.passkey_budget``: one run of the
+default base model with pairs every 32 bytes, lr 1e-3 warmup-cosine over the whole run, a
+checkpoint scored every few thousand steps; ``results/passkey_budget_default*.md``). With the
+keys fixed in the text, 30,000 steps (30.7M tokens): the per-digit accuracy at L=64 stays at
+chance (0.09-0.11) up to 10.2M tokens, then rises to 0.17 at 12.8M and 0.25-0.31 from 17.9M on;
+whole keys reach only 0.005-0.015 (from 23M). The held-out loss is best at 7.7M tokens (1.271,
+below the 4-gram's 1.426) and then rises to 1.918: the 552 KB training text is read 55 times,
+and its keys can be learned by heart. With ``copies=20`` (each epoch its own keys: nothing to
+learn by heart) 10.2M tokens stayed at chance too (per digit 0.09-0.11). So retrieval starts
+near 4x the default budget, where this corpus already over-fits: the control needs a larger
+corpus or model (``--scale large``: 82M tokens at width 512), not more steps here.
+
 Why not ``tjax eval --passkey`` (``transformers_jax.evaluation.passkey_accuracy``): its needle
 and question are the original prompt's sentences, over 100 bytes together, so no pair fits the
 64-byte training windows of the default scale; the compact marker here fits, and the filler is

@@ -142,7 +142,7 @@ def test_passkey_budget_scores_every_checkpoint_of_one_run(results_dir, split_ca
 
     passkey_budget.main(["--scale", "tiny", "--steps", "8", "--every", "4", "--per-cell", "2",
                          "--copies", "2"])
-    out = json.loads((results_dir / "passkey_budget_tiny.json").read_text())
+    out = json.loads((results_dir / "passkey_budget_tiny_copies2.json").read_text())
     rows = out["by_step"]
     assert [r["step"] for r in rows] == [4, 8]
     assert [r["tokens"] for r in rows] == [4 * 4 * 32, 8 * 4 * 32]  # tiny: batch 4, L 32
@@ -155,7 +155,7 @@ def test_passkey_budget_scores_every_checkpoint_of_one_run(results_dir, split_ca
     assert rows[1]["heldout_loss"] < rows[0]["heldout_loss"]
     assert out["train"]["steps"] == 8 and out["passkey_data"]["pairs_every_bytes"] == 32
     assert out["passkey_data"]["copies"] == 2
-    assert "| 8 |" in (results_dir / "passkey_budget_tiny.md").read_text()
+    assert "| 8 |" in (results_dir / "passkey_budget_tiny_copies2.md").read_text()
 
 
 def test_passkey_budget_refuses_checkpoints_that_do_not_divide_the_run():
