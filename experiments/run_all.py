@@ -203,7 +203,9 @@ def _passkey_finding(out: dict) -> str:
         return (f"Passkey retrieval is not measurable at this scale: the positive control "
                 f"failed (the unscaled model retrieves {100 * at_L:.0f}% of keys at its "
                 f"training length {L}), so retrieval beyond L says nothing about the "
-                "scalings; a model that has learnt to retrieve is needed (--scale large).")
+                "scalings; a model that has learnt to retrieve is needed (--scale large; "
+                "`python -m experiments.passkey_budget` measures how many training tokens "
+                "retrieval takes).")
     acc = {k: {w: _mean(passkey_accuracy(r[f"{w}_passkey"], E) for r in v)
                for w in ("zero_shot", "fine_tuned")} for k, v in out["results"].items()}
     said = [f"{k} {100 * a['zero_shot']:.0f}% zero-shot, {100 * a['fine_tuned']:.0f}% tuned"
