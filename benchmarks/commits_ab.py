@@ -4,7 +4,7 @@ The earlier commit is checked out into a temporary git worktree and run from the
 ``transformers_jax`` on ``PYTHONPATH``, this environment's packages); the later one runs from
 this checkout, or from a worktree too with ``--after REV``. Each round runs both, in turn, so
 load drifts hit both; the JSON keeps every run's training figures, the load averages, each
-side's median and range and the per-round ratios (after / before) with their median.
+side's spread (``rounds.spread``) and that of the per-round ratios (after / before).
 
     python benchmarks/commits_ab.py --before HEAD~1 --rounds 8 --out ab.json
     python benchmarks/commits_ab.py --before b779eaf --cores 0 -- --preset bert-cpu
@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import spread  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ENTRY = ("import sys; from transformers_jax.cli import entry; sys.argv[0] = 'tjax'; "
-          "sys.exit(entry())")
 
 
 def worktree(rev: str, into: str) -> str:
@@ -41,7 +41,8 @@ def worktree(rev: str, into: str) -> str:
 def bench(tree: str, bench_args: list[str], cores: str | None, out: str) -> dict:
     """One ``tjax bench --no-decode`` process from ``tree``; its JSON."""
     env = {**os.environ, "PYTHONPATH": tree}
-    cmd = [sys.executable, "-c", _ENTRY, "bench", "--no-decode", *bench_args, "--out", out]
+    cmd = [sys.executable, "-m", "transformers_jax.cli", "bench", "--no-decode", *bench_args,
+           "--out", out]
     if cores:
         cmd = ["taskset", "-c", cores, *cmd]
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -49,10 +50,6 @@ def bench(tree: str, bench_args: list[str], cores: str | None, out: str) -> dict
         raise SystemExit(f"commits_ab: tjax bench failed in {tree}:\n{done.stderr[-2000:]}")
     with open(out) as f:
         return json.load(f)
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,9 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "before": args.before, "after": args.after or "checkout", "bench_args": bench_args,
         "cores": args.cores, "rounds": args.rounds, "runs": runs,
-        "tokens_per_s": {s: summary([x["tokens_per_s"] for x in runs[s]]) for s in runs},
-        "compile_s": {s: summary([x["compile_s"] for x in runs[s]]) for s in runs},
-        "ratio_after_over_before": {**summary(ratios), "per_round": ratios},
+        "tokens_per_s": {s: spread([x["tokens_per_s"] for x in runs[s]]) for s in runs},
+        "compile_s": {s: spread([x["compile_s"] for x in runs[s]]) for s in runs},
+        "ratio_after_over_before": spread(ratios),
     }
     text = json.dumps(result, indent=1)
     print(text)

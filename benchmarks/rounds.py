@@ -1,5 +1,5 @@
-"""What the round-based benchmarks ``host_memory_ab.py`` and ``concurrent_runs.py`` share: a
-figure's spread over rounds."""
+"""What the round-based benchmarks ``host_memory_ab.py``, ``concurrent_runs.py`` and
+``commits_ab.py`` share: a figure's spread over rounds."""
 
 from __future__ import annotations
 

@@ -249,7 +249,7 @@ def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
         assert _positive(run["tokens_per_s"]) and _positive(run["compile_s"])
         assert run["tokens_per_s"] == result["tokens_per_s"][side]["median"]
     ratio = result["runs"]["after"][0]["tokens_per_s"] / result["runs"]["before"][0]["tokens_per_s"]
-    assert result["ratio_after_over_before"]["per_round"] == [ratio]
+    assert result["ratio_after_over_before"]["values"] == [ratio]
     assert worktrees() == before
     with pytest.raises(SystemExit, match="cannot check out 'no-such-rev'"):
         ab.main(["--before", "no-such-rev", "--rounds", "1"])
