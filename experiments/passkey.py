@@ -194,25 +194,37 @@ def digit_matches(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
     return np.concatenate(hits)
 
 
+def whole_keys(matches_ND: np.ndarray) -> np.ndarray:
+    """1.0 per window where every digit matched: a key is retrieved only whole."""
+    return matches_ND.all(-1).astype(np.float64)
+
+
 def retrieved(model, params, windows_NT: np.ndarray, answer_D: np.ndarray,
               batch_size: int = 8, argmax=None) -> np.ndarray:
     """1.0 where the model's argmax predicts every key digit after the query, per window."""
-    return digit_matches(model, params, windows_NT, answer_D, batch_size,
-                         argmax).all(-1).astype(np.float64)
+    return whole_keys(digit_matches(model, params, windows_NT, answer_D, batch_size, argmax))
 
 
-def accuracy_grid(model, params, heldout: bytes, tokenizer, lengths, per_cell: int,
-                  depths=DEPTHS) -> dict[str, dict[str, list[float]]]:
-    """Per-window hits ``{length: {depth: [0/1 per window]}}`` (the same windows for every
-    model: paired)."""
+def digit_grid(model, params, heldout: bytes, tokenizer, lengths, per_cell: int,
+               depths=DEPTHS) -> dict[str, dict[str, np.ndarray]]:
+    """``{length: {depth: digit_matches [per_cell, DIGITS]}}`` over the same windows for every
+    model (paired)."""
     out: dict = {}
     argmax = predictor(model)
     for length in lengths:
         for depth in depths:
             windows, answer = examples(heldout, tokenizer, length, depth, per_cell)
-            out.setdefault(str(length), {})[f"{depth:g}"] = retrieved(
-                model, params, windows, answer, argmax=argmax).tolist()
+            out.setdefault(str(length), {})[f"{depth:g}"] = digit_matches(
+                model, params, windows, answer, argmax=argmax)
     return out
+
+
+def accuracy_grid(model, params, heldout: bytes, tokenizer, lengths, per_cell: int,
+                  depths=DEPTHS) -> dict[str, dict[str, list[float]]]:
+    """Per-window hits ``{length: {depth: [0/1 per window]}}`` (``digit_grid``, whole keys)."""
+    grid = digit_grid(model, params, heldout, tokenizer, lengths, per_cell, depths)
+    return {n: {d: whole_keys(m).tolist() for d, m in cells.items()}
+            for n, cells in grid.items()}
 
 
 def control_passed(grid: dict, train_len: int, threshold: float = 0.8) -> bool:

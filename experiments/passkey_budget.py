@@ -34,7 +34,7 @@ from experiments.common import (
     markdown_table,
     write_results,
 )
-from experiments.passkey import DEPTHS, digit_matches, examples, mixed_training_data
+from experiments.passkey import digit_grid, mixed_training_data, whole_keys
 from experiments.rope_extension import FACTOR, SCALES
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.host_memory import relaunch_with_tunables
@@ -84,16 +84,12 @@ def main(argv=None) -> None:
     for step in range(args.every, args.steps + 1, args.every):
         _, params, tokenizer, _ = load_run(run_dir, step=step)
         model = build_model(model_cfg.replace(vocab_size=tokenizer.vocab_size))
-        by_depth, digits = {}, []
-        for depth in DEPTHS:
-            windows, answer = examples(heldout_text, tokenizer, L, depth, args.per_cell)
-            matches = digit_matches(model, params, windows, answer)
-            by_depth[f"{depth:g}"] = float(matches.all(-1).mean())
-            digits.append(matches.mean())
+        grid = digit_grid(model, params, heldout_text, tokenizer, [L], args.per_cell)[str(L)]
+        by_depth = {d: float(whole_keys(m).mean()) for d, m in grid.items()}
         # per digit: chance is about 0.1, so a rise shows partial retrieval before whole keys
         row = {"step": step, "tokens": step * batch_size * L,
                "accuracy": float(np.mean(list(by_depth.values()))), "by_depth": by_depth,
-               "digit_accuracy": float(np.mean(digits)),
+               "digit_accuracy": float(np.mean([m.mean() for m in grid.values()])),
                "heldout_loss": eval_loss(model, params, tokens, L)}
         rows.append(row)
         print(f"step {step:6d} ({row['tokens'] / 1e6:.1f}M tokens): passkey at L={L} "
