@@ -349,6 +349,65 @@ def test_chunked_rolled_and_unrolled_tile_loops_agree(unroll_tiles):
         ModelConfig(attention={"name": "chunked", "unroll_tiles": -1})
 
 
+def _aligned_masks():
+    """Every registered mask kind on positions the model made itself (``aligned``: tiles
+    decided from their offsets), with a small window where it takes one."""
+    import dataclasses
+
+    from transformers_jax.registry import MASKS
+
+    cases = []
+    for name, kind in MASKS.items():
+        fields = {f.name for f in dataclasses.fields(kind) if f.init}
+        cases.append(pytest.param(kind(**({"window": 5} if "window" in fields else {})), id=name))
+    return cases
+
+
+@pytest.mark.parametrize("kind", _aligned_masks())
+@pytest.mark.parametrize("length", [13, 16])
+def test_chunked_tiles_decided_ahead_match_the_reference(kind, length):
+    """With aligned positions the unrolled kernel drops invisible tiles and the masking of fully
+    visible ones at trace time. For every registered mask kind (a new one is covered once
+    registered), 16 tokens (every tile decided ahead) and 13 (the padded last tiles stay
+    checked at run time): outputs and gradients equal the reference's, with a bias and grouped
+    heads, and with 16 tokens no run-time tile check (``conditional``) is left unless the kind
+    depends on data (a prefix)."""
+    impl = ATTENTION.get("chunked")(chunk_size=CHUNK, unroll_tiles=16)
+    q, k, v, bias, cotangent = _random_problem(3, length, length, "GQA", "1HQK")
+    pos = jnp.broadcast_to(jnp.arange(length), (B, length))
+    prefix_len = jnp.array([4, 7]) if kind.needs_prefix_len else None
+    mask = masks.build_mask(kind, pos, pos, prefix_len=prefix_len, aligned=True)
+    ref = _outputs_and_grads("reference", q, k, v, bias, mask, cotangent, chunk_size=CHUNK)
+    got = _jit_outputs_and_grads(impl, q, k, v, bias, mask, cotangent, chunk_size=None,
+                                 logit_softcap=None)
+    for name, g, r in zip(["out", "dq", "dk", "dv", "dbias"], [got[0], *got[1]],
+                          [ref[0], *ref[1]], strict=True):
+        np.testing.assert_allclose(g, r, err_msg=name, **TOL)
+    if length == 16:
+        hlo = _jit_outputs_and_grads.lower(impl, q, k, v, bias, mask, cotangent, chunk_size=None,
+                                           logit_softcap=None).compile().as_text()
+        assert (" conditional(" in hlo) == kind.needs_prefix_len
+
+
+def test_chunked_decides_causal_tiles_ahead_only_when_aligned():
+    """The same causal problem with the positions given (as a packed batch gives them) keeps a
+    run-time check per tile; made by the model (aligned) it has none, and the 6 tiles above
+    the diagonal of a 4 x 4 grid are gone from the program: fewer tile products."""
+    impl = ATTENTION.get("chunked")(chunk_size=CHUNK, unroll_tiles=16)
+    q, k, v, _, _ = _random_problem(5, 16, 16, "MHA", "none")
+    pos = jnp.broadcast_to(jnp.arange(16), (B, 16))
+
+    def compiled(aligned):
+        mask = masks.build_mask("causal", pos, pos, aligned=aligned)
+        return jax.jit(lambda *a: dot_product_attention(*a, mask=mask, implementation=impl)
+                       ).lower(q, k, v).compile().as_text()
+
+    given, aligned = compiled(False), compiled(True)
+    assert given.count(" conditional(") == 16 and " conditional(" not in aligned
+    # two tile products (scores, then weights x values) per computed tile: 16 -> 10 tiles
+    assert given.count(" dot(") - aligned.count(" dot(") == 2 * 6
+
+
 # --------------------------------------------------------------------------------------------
 # Soft-capping
 

@@ -64,3 +64,54 @@ def test_blocks_tile_the_dense_mask():
             np.testing.assert_array_equal(
                 mask.block(q0, 4, k0, 3), dense[:, :, q0 : q0 + 4, k0 : k0 + 3]
             )
+
+
+def _registered_kinds():
+    """Every registered mask kind, with a small window where it takes one."""
+    import dataclasses
+
+    from transformers_jax.registry import MASKS
+
+    kinds = []
+    for name, kind in MASKS.items():
+        fields = {f.name for f in dataclasses.fields(kind) if f.init}
+        kinds.append(pytest.param(kind(**({"window": 3} if "window" in fields else {})),
+                                  id=name))
+    return kinds
+
+
+@pytest.mark.parametrize("kind", _registered_kinds())
+def test_tile_visibility_agrees_with_the_dense_mask(kind):
+    """For every registered mask kind (a new one is covered once registered), on positions the
+    model made itself (aligned): a tile called "none" is all False in the dense mask, "all" all
+    True, "some" mixed; a kind whose visibility depends on data (a prefix) says None. Tiles of
+    every size and offset over 11 positions, including ones that reach past the end (None)."""
+    n = 11
+    pos = positions(n, batch=2)
+    prefix_len = jnp.array([3, 6]) if kind.needs_prefix_len else None
+    mask = build_mask(kind, pos, pos, prefix_len=prefix_len, aligned=True)
+    dense = np.asarray(mask.dense())
+    seen = set()
+    for q0, k0, qs, ks in np.ndindex(n, n, 5, 5):
+        q0, k0, qs, ks = int(q0), int(k0), int(qs) + 1, int(ks) + 1
+        got = mask.tile_visibility(q0, qs, k0, ks)
+        seen.add(got)
+        if q0 + qs > n or k0 + ks > n or kind.needs_prefix_len:
+            assert got is None
+            continue
+        tile = dense[:, :, q0:q0 + qs, k0:k0 + ks]
+        want = "all" if tile.all() else "none" if not tile.any() else "some"
+        assert got == want, (q0, qs, k0, ks)
+    if not kind.needs_prefix_len:  # the kinds' patterns give each answer somewhere
+        assert {"all", None} <= seen and (("none" in seen) == kind.causal)
+
+
+def test_tile_visibility_is_unknown_unless_aligned_and_free_of_data():
+    """Given positions (packed rows restart them), padding or segments, the visibility of a
+    tile depends on values only known at run time: None, so kernels keep their run-time check."""
+    pos = positions(8)
+    assert build_mask("causal", pos, pos).tile_visibility(0, 4, 4, 4) is None
+    assert build_mask("causal", pos, pos, aligned=True).tile_visibility(0, 4, 4, 4) == "none"
+    for extra in ({"kv_valid": pos < 6}, {"q_segments": pos * 0, "kv_segments": pos * 0}):
+        mask = build_mask("causal", pos, pos, aligned=True, **extra)
+        assert mask.tile_visibility(0, 4, 4, 4) is None

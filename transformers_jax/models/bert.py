@@ -82,7 +82,8 @@ class BertEncoder(nn.Module):
         check_length(cfg, tokens_BT.shape[1])
         positions_BT = default_positions(tokens_BT) if positions is None else positions
         mask = build_mask(cfg.mask, positions_BT, positions_BT, prefix_len=prefix_len,
-                          q_segments=segment_ids, kv_segments=segment_ids)
+                          q_segments=segment_ids, kv_segments=segment_ids,
+                          aligned=positions is None)
         positions_BT = encoding_positions(self, cfg, positions_BT, deterministic, segment_ids)
 
         x_BTC = self.embed(tokens_BT, positions_BT)

@@ -150,7 +150,8 @@ class EncoderDecoder(nn.Module):
             default_positions(encoder_inputs) if encoder_positions is None else encoder_positions
         )
         mask = AttentionMask(positions_BS, positions_BS, q_segments=encoder_segment_ids,
-                             kv_segments=encoder_segment_ids)  # the encoder sees both ways
+                             kv_segments=encoder_segment_ids,  # the encoder sees both ways
+                             aligned=encoder_positions is None)
         positions_BS = encoding_positions(self, cfg, positions_BS, deterministic,
                                           encoder_segment_ids)
         x_BSC = self._embed(encoder_inputs, positions_BS, "encoder_embeddings", deterministic)
@@ -180,7 +181,8 @@ class EncoderDecoder(nn.Module):
         encoder_positions_BS = (default_positions(encoded_BSC[..., 0])
                                 if encoder_positions is None else encoder_positions)
         mask = build_mask(cfg.mask, positions_BT, positions_BT, prefix_len=prefix_len,
-                          q_segments=segment_ids, kv_segments=segment_ids)
+                          q_segments=segment_ids, kv_segments=segment_ids,
+                          aligned=positions is None)
         cross_mask = cross_attention_mask(positions_BT, encoder_positions_BS, segment_ids,
                                           encoder_segment_ids)
         positions_BT = encoding_positions(self, cfg, positions_BT, deterministic, segment_ids)

@@ -490,8 +490,12 @@ def _per_shard(kernel, q, k, v, ab, segments):
 #   contiguous: XLA emits no transpose copy per tile (the [B, Q, N, G, D] layout did).
 # - Tile skipping. A tile in which the mask hides every key is skipped at run time (for a causal
 #   mask about half of them). It is decided from the tile's mask values themselves, so it is
-#   exact for any mask (packed segments, a ring-buffer KV cache, padding). A third branch for
-#   fully visible tiles (no masking work) measured no faster and compiles slower.
+#   exact for any mask (packed segments, a ring-buffer KV cache, padding). A third run-time
+#   branch for fully visible tiles (no masking work) measured no faster and compiles slower.
+# - Tiles decided ahead. When the loops are unrolled and the model made the positions itself
+#   (``AttentionMask.aligned``: no packing, no cache), a tile's visibility follows from its
+#   offsets: invisible tiles leave the program, fully visible ones lose their masking, and no
+#   tile keeps a run-time branch (fewer ops and no conditionals to compile).
 
 
 def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128,
@@ -521,7 +525,8 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
         mask = _pad_scores(_group_heads(mask, n), q_pad, k_pad)
 
     tiles = (q_len + q_pad) // q_chunk * ((k_len + k_pad) // k_chunk)
-    tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, k_len, tiles <= unroll_tiles)
+    tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, q_len, k_len,
+                     tiles <= unroll_tiles)
     out = _flash(tiling, q, k, v, bias, mask)  # [B, N, G, Qp, D]; padded queries dropped next
     return out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d)
 
@@ -533,8 +538,46 @@ class _Tiling(NamedTuple):
     softcap: float | None
     q_chunk: int
     k_chunk: int
+    q_len: int  # the true query length: queries at or past it are padding
     k_len: int  # the true key length: keys at or past it are padding
-    unroll: bool  # the tile loops unrolled (lax.scan's unroll=True) or kept as loops
+    unroll: bool  # the tile loops unrolled (Python loops, static offsets) or kept as loops
+
+
+def _fold(body, init, length: int, unroll: bool):
+    """``lax.scan(body, init, arange(length))``; unrolled, a Python loop that hands ``body``
+    plain ints, so tile offsets are static and ``_tile_plan`` can decide tiles at trace time."""
+    if not unroll:
+        return lax.scan(body, init, jnp.arange(length))
+    carry, ys = init, []
+    for i in range(length):
+        carry, y = body(carry, i)
+        ys.append(y)
+    return carry, jax.tree.map(lambda *y: jnp.stack(y), *ys) if ys[0] is not None else None
+
+
+def _tile_plan(t: _Tiling, mask, qi, kj) -> str:
+    """How tile (qi, kj) is computed: ``"skip"`` (no key visible: not at all), ``"full"``
+    (every key visible: no masking), ``"masked"`` (some keys visible: masked element by
+    element) or ``"unknown"`` (masked, and skipped at run time when no key is visible). Only
+    static offsets of tiles without padding are decided ahead."""
+    if not isinstance(qi, int):
+        return "unknown"
+    q_start, k_start = qi * t.q_chunk, kj * t.k_chunk
+    if q_start + t.q_chunk > t.q_len or k_start + t.k_chunk > t.k_len:
+        return "unknown"
+    if mask is None:
+        return "full"
+    if not isinstance(mask, AttentionMask):
+        return "unknown"
+    seen = mask.tile_visibility(q_start, t.q_chunk, k_start, t.k_chunk)
+    return {"none": "skip", "all": "full", "some": "masked"}.get(seen, "unknown")
+
+
+def _tile_result(plan: str, keep, compute, skipped, vma: frozenset):
+    """A tile's ``compute(keep)``, guarded by a run-time skip only when its plan is unknown."""
+    if plan == "unknown":
+        return _by_visibility(keep, compute, skipped, vma)
+    return compute(keep)
 
 
 def _pad_axis(x: jax.Array, axis: int, amount: int, value=0) -> jax.Array:
@@ -674,23 +717,26 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
                 )
                 return m_new, l * rescale + p.sum(axis=-1), acc * rescale[..., None] + pv
 
-            keep = _tile_keep(t, mask, qi, kj)
-            return _by_visibility(keep, compute, lambda: carry, vma), None
+            plan = _tile_plan(t, mask, qi, kj)
+            if plan == "skip":
+                return carry, None
+            keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
+            return _tile_result(plan, keep, compute, lambda: carry, vma), None
 
         init = _vary((
             jnp.full((b, n, g, t.q_chunk), -jnp.inf, jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk), jnp.float32),
             jnp.zeros((b, n, g, t.q_chunk, d), jnp.float32),
         ), vma)
-        (m, l, acc), _ = lax.scan(visit_key_block, init, jnp.arange(num_k), unroll=t.unroll)
+        (m, l, acc), _ = _fold(visit_key_block, init, num_k, t.unroll)
         seen = l > 0  # False for rows that no key was visible to: output 0
         safe_l = jnp.where(seen, l, 1.0)
         out = (acc / safe_l[..., None]).astype(q.dtype)  # [B, N, G, cq, D]
         lse = jnp.where(seen, m + jnp.log(safe_l), 0.0)  # [B, N, G, cq]
         return out, lse
 
-    _, (out, lse) = lax.scan(lambda c, qi: (c, one_query_block(qi)), None, jnp.arange(num_q),
-                             unroll=t.unroll)  # [nq, B, N, G, cq, (D)]
+    _, (out, lse) = _fold(lambda c, qi: (c, one_query_block(qi)), None, num_q,
+                          t.unroll)  # [nq, B, N, G, cq, (D)]
     out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
     return out, jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
 
@@ -720,6 +766,9 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
 
         def visit_query_block(carry, qi):
             dk, dv, dq, d_bias = carry
+            plan = _tile_plan(t, mask, qi, kj)
+            if plan == "skip":
+                return carry, None
             q_blk, do_blk = _block(q, qi, t.q_chunk, 3), _block(d_out, qi, t.q_chunk, 3)
             lse_blk, delta_blk = _block(lse, qi, t.q_chunk, 3), _block(delta, qi, t.q_chunk, 3)
 
@@ -753,9 +802,8 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
                     zeros_ds = jnp.zeros((*q_blk.shape[:-1], t.k_chunk), jnp.float32)
                 return zeros_kv, zeros_kv, jnp.zeros(q_blk.shape, jnp.float32), zeros_ds
 
-            dk_blk, dv_blk, dq_blk, ds = _by_visibility(
-                _tile_keep(t, mask, qi, kj), compute, skipped, vma
-            )
+            keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
+            dk_blk, dv_blk, dq_blk, ds = _tile_result(plan, keep, compute, skipped, vma)
             start = qi * t.q_chunk
             dq = lax.dynamic_update_slice_in_dim(
                 dq, lax.dynamic_slice_in_dim(dq, start, t.q_chunk, axis=3) + dq_blk, start, 3
@@ -765,9 +813,8 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
             return (dk + dk_blk, dv + dv_blk, dq, d_bias), None
 
         zeros_kv = _vary(jnp.zeros(k_blk.shape, jnp.float32), vma)
-        (dk, dv, dq, d_bias), _ = lax.scan(
-            visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), jnp.arange(num_q),
-            unroll=t.unroll,
+        (dk, dv, dq, d_bias), _ = _fold(
+            visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), num_q, t.unroll
         )
         return (dq, d_bias), (dk, dv)
 
@@ -775,8 +822,7 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
         jnp.zeros(q.shape, jnp.float32),
         None if bias is None else jnp.zeros(bias.shape, jnp.float32),
     ), vma)
-    (dq, d_bias), (dk, dv) = lax.scan(one_key_block, init, jnp.arange(num_k),
-                                      unroll=t.unroll)
+    (dq, d_bias), (dk, dv) = _fold(one_key_block, init, num_k, t.unroll)
     dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape).astype(k.dtype)  # [nk, B, N, ck, D] -> k
     dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape).astype(v.dtype)
     d_bias = None if bias is None else d_bias.astype(bias.dtype)

@@ -15,6 +15,7 @@ tile at a time and so keep memory linear in the sequence length.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 import jax
@@ -56,7 +57,9 @@ class AttentionMask:
     """The inputs of a composed mask; ``dense()`` builds it, ``block()`` builds one tile.
 
     Positions are int32 ``[B, Q]`` / ``[B, K]``; the optional parts are None when unused.
-    ``causal`` and ``window`` are static (part of the compiled program, not traced values).
+    ``causal`` and ``window`` are static (part of the compiled program, not traced values), and
+    so is ``aligned``: the model sets it when it made the positions itself, 0..Q-1 and 0..K-1
+    in every row, so that a tile's visibility follows from its offsets (``tile_visibility``).
     """
 
     q_positions: jax.Array
@@ -67,6 +70,7 @@ class AttentionMask:
     prefix_len: jax.Array | None = None  # [B]; only for prefix-LM
     causal: bool = struct.field(pytree_node=False, default=False)
     window: int | None = struct.field(pytree_node=False, default=None)
+    aligned: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def q_len(self) -> int:
@@ -111,6 +115,29 @@ class AttentionMask:
             take(self.q_segments, q_start, q_size),
             take(self.kv_segments, k_start, k_size),
         )
+
+
+    def tile_visibility(self, q_start: int, q_size: int, k_start: int, k_size: int):
+        """``"none"`` when no query of the tile at (q_start, k_start) sees any of its keys,
+        ``"all"`` when every query sees every key, ``"some"`` between the two, None when that
+        depends on the data (positions not ``aligned``, padding, segments, a prefix). Static
+        offsets only: lets a tiled kernel drop invisible tiles, and the masking of fully
+        visible ones, from the compiled program."""
+        data = (self.kv_valid, self.q_segments, self.kv_segments, self.prefix_len)
+        if not self.aligned or any(x is not None for x in data):
+            return None
+        if q_start + q_size > self.q_len or k_start + k_size > self.kv_len:
+            return None  # the tile reaches past the positions given
+        # The rules depend on q - k only: visible for lo <= q - k <= hi (causal: lo = 0;
+        # a window w: hi = w - 1).
+        lo = 0 if self.causal else -math.inf
+        hi = self.window - 1 if self.window is not None else math.inf
+        d_min, d_max = q_start - (k_start + k_size - 1), q_start + q_size - 1 - k_start
+        if d_max < lo or d_min > hi:
+            return "none"
+        if lo <= d_min and d_max <= hi:
+            return "all"
+        return "some"
 
 
 def as_dense(mask: AttentionMask | jax.Array | None) -> jax.Array | None:
@@ -207,8 +234,10 @@ def build_mask(
     kv_valid: jax.Array | None = None,
     q_segments: jax.Array | None = None,
     kv_segments: jax.Array | None = None,
+    aligned: bool = False,
 ) -> AttentionMask:
-    """The mask of a ``MASKS`` entry (or its name), plus padding and segments."""
+    """The mask of a ``MASKS`` entry (or its name), plus padding and segments. ``aligned``:
+    the positions are 0..Q-1 and 0..K-1 in every row (made by the model, not given)."""
     if isinstance(kind, str):
         kind = MASKS.get(kind)()
     return AttentionMask(
@@ -217,5 +246,6 @@ def build_mask(
         kv_valid=kv_valid,
         q_segments=q_segments,
         kv_segments=kv_segments,
+        aligned=aligned,
         **kind.parts(prefix_len),
     )
