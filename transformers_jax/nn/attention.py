@@ -485,9 +485,13 @@ def _per_shard(kernel, q, k, v, ab, segments):
 # [Q, K] array ever exists: memory is O(Q + K) plus one tile.
 #
 # Two things make it fast on CPU (BENCHMARKS.md has the measurements):
-# - Head-major layout. q is transposed once to [B, N, G, Q, D] and k, v to [B, N, K, D], so every
-#   tile product is a batched matmul whose batch axes (B, N) lead and whose rows (G, cq) are
-#   contiguous: XLA emits no transpose copy per tile (the [B, Q, N, G, D] layout did).
+# - Block-major, head-major layout. q is laid out as [nq, B, N, G, cq, D] and k, v as
+#   [nk, B, N, ck, D]: a tile's block is one contiguous slab, and every tile product is a
+#   batched matmul whose batch axes (B, N) lead and whose rows are contiguous (the
+#   [B, Q, N, G, D] layout made XLA copy each tile transposed).
+# - Key-major tiles in the backward pass ([B, N, ck, G, cq]): each product then contracts a
+#   minor axis of its left operand, as the CPU matmul library wants; query-major tiles made XLA
+#   copy every tile's p and ds transposed (for dv and dk).
 # - Tile skipping. A tile in which the mask hides every key is skipped at run time (for a causal
 #   mask about half of them). It is decided from the tile's mask values themselves, so it is
 #   exact for any mask (packed segments, a ring-buffer KV cache, padding). A third run-time
@@ -513,10 +517,12 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
     q_chunk, k_chunk = min(chunk_size, q_len), min(chunk_size, k_len)
     q_pad, k_pad = -q_len % q_chunk, -k_len % k_chunk
 
-    q = _pad_axis(q.reshape(b, q_len, n, h // n, d), 1, q_pad)  # [B, Qp, N, G, D]
-    q = q.transpose(0, 2, 3, 1, 4)  # [B, N, G, Qp, D]
-    k = _pad_axis(k, 1, k_pad).transpose(0, 2, 1, 3)  # [B, N, Kp, D]
-    v = _pad_axis(v, 1, k_pad).transpose(0, 2, 1, 3)
+    g, num_q, num_k = h // n, (q_len + q_pad) // q_chunk, (k_len + k_pad) // k_chunk
+    # Block-major: tile i of q is q[i], one contiguous slab (a slice costs no copy).
+    q = _pad_axis(q.reshape(b, q_len, n, g, d), 1, q_pad).reshape(b, num_q, q_chunk, n, g, d)
+    q = q.transpose(1, 0, 3, 4, 2, 5)  # [nq, B, N, G, cq, D]
+    k = _pad_axis(k, 1, k_pad).reshape(b, num_k, k_chunk, n, d).transpose(1, 0, 3, 2, 4)
+    v = _pad_axis(v, 1, k_pad).reshape(b, num_k, k_chunk, n, d).transpose(1, 0, 3, 2, 4)
     if bias is not None:
         bias = _pad_scores(_group_heads(bias, n), q_pad, k_pad)  # [B|1, N|1, G|1, Qp|1, Kp|1]
     if isinstance(mask, AttentionMask):
@@ -524,11 +530,11 @@ def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=1
     elif mask is not None:
         mask = _pad_scores(_group_heads(mask, n), q_pad, k_pad)
 
-    tiles = (q_len + q_pad) // q_chunk * ((k_len + k_pad) // k_chunk)
     tiling = _Tiling(scale, logit_softcap, q_chunk, k_chunk, q_len, k_len,
-                     tiles <= unroll_tiles)
-    out = _flash(tiling, q, k, v, bias, mask)  # [B, N, G, Qp, D]; padded queries dropped next
-    return out[:, :, :, :q_len].transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d)
+                     num_q * num_k <= unroll_tiles)
+    out = _flash(tiling, q, k, v, bias, mask)  # [nq, B, N, G, cq, D]
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, num_q * q_chunk, h, d)
+    return out[:, :q_len]  # padded queries dropped
 
 
 class _Tiling(NamedTuple):
@@ -615,14 +621,6 @@ def _pad_attention_mask(mask: AttentionMask, q_pad: int, k_pad: int) -> Attentio
     )
 
 
-def _tile(x: jax.Array, q_start, q_size: int, k_start, k_size: int) -> jax.Array:
-    """The ``[.., q_size, k_size]`` tile of a 5-D bias or mask; size-1 axes stay size 1."""
-    q_bcast, k_bcast = x.shape[3] == 1, x.shape[4] == 1
-    starts = (0, 0, 0, 0 if q_bcast else q_start, 0 if k_bcast else k_start)
-    sizes = (*x.shape[:3], 1 if q_bcast else q_size, 1 if k_bcast else k_size)
-    return lax.dynamic_slice(x, starts, sizes)
-
-
 def _tile_keep(t: _Tiling, mask, qi, kj) -> jax.Array | None:
     """The boolean ``keep`` of tile (qi, kj), broadcastable to ``[B, N, G, cq, ck]``; None
     when every key counts (no mask and no key padding)."""
@@ -631,26 +629,34 @@ def _tile_keep(t: _Tiling, mask, qi, kj) -> jax.Array | None:
     if isinstance(mask, AttentionMask):
         keep = mask.block(q_start, t.q_chunk, k_start, t.k_chunk)[:, :, None]  # [B,1,1,cq,ck]
     elif mask is not None:
-        keep = _tile(mask, q_start, t.q_chunk, k_start, t.k_chunk)
+        keep = _tile(mask, t, qi, kj)
     if t.k_len % t.k_chunk:  # the last key block holds padding
         real = k_start + jnp.arange(t.k_chunk) < t.k_len  # [ck]
         keep = real if keep is None else keep & real
     return keep
 
 
-def _tile_scores(t: _Tiling, q_blk, k_blk, bias, qi, kj):
-    """Scores of one tile, q_blk ``[B, N, G, cq, D]`` and k_blk ``[B, N, ck, D]`` ->
-    ``[B, N, G, cq, ck]`` float32, and with a softcap the slope ``d capped / d raw`` that the
-    backward pass needs (else None)."""
-    s = jnp.einsum("bngqd,bnkd->bngqk", q_blk, k_blk, preferred_element_type=jnp.float32)
+def _tile(x: jax.Array | None, t: _Tiling, qi, kj) -> jax.Array | None:
+    """Tile (qi, kj) ``[.., cq, ck]`` of a 5-D bias or mask (None stays None); size-1 axes
+    stay size 1."""
+    if x is None:
+        return None
+    q_bcast, k_bcast = x.shape[3] == 1, x.shape[4] == 1
+    starts = (0, 0, 0, 0 if q_bcast else qi * t.q_chunk, 0 if k_bcast else kj * t.k_chunk)
+    sizes = (*x.shape[:3], 1 if q_bcast else t.q_chunk, 1 if k_bcast else t.k_chunk)
+    return lax.dynamic_slice(x, starts, sizes)
+
+
+def _scores(t: _Tiling, s, bias_tile):
+    """Raw tile products -> the scores (scaled, soft-capped, biased; float32), and with a
+    softcap the slope ``d capped / d raw`` that the backward pass needs (else None)."""
     s = s * t.scale
     slope = None
     if t.softcap is not None:
         s = t.softcap * jnp.tanh(s / t.softcap)
         slope = 1.0 - jnp.square(s / t.softcap)
-    if bias is not None:
-        tile = _tile(bias, qi * t.q_chunk, t.q_chunk, kj * t.k_chunk, t.k_chunk)
-        s = s + tile.astype(jnp.float32)
+    if bias_tile is not None:
+        s = s + bias_tile.astype(jnp.float32)
     return s, slope
 
 
@@ -683,26 +689,40 @@ def _by_visibility(keep, compute, skipped, vma: frozenset = frozenset()):
                     lambda: _vary(skipped(), vma))
 
 
-def _block(x: jax.Array, index, size: int, axis: int) -> jax.Array:
-    return lax.dynamic_slice_in_dim(x, index * size, size, axis=axis)
+def _take(blocks: jax.Array, index) -> jax.Array:
+    """Block ``index`` of a block-major array (its leading axis): contiguous, so no copy."""
+    return lax.dynamic_index_in_dim(blocks, index, 0, keepdims=False)
+
+
+def _key_major(x: jax.Array | None) -> jax.Array | None:
+    """A tile's mask or bias ``[.., cq, ck]`` (or a key mask ``[ck]``) laid out like the
+    backward pass's key-major scores ``[B, N, ck, G, cq]``."""
+    if x is None:
+        return None
+    return x[:, None, None] if x.ndim == 1 else jnp.moveaxis(x, 4, 2)
 
 
 def _flash_forward(t: _Tiling, q, k, v, bias, mask):
-    """q ``[B, N, G, Qp, D]``, k, v ``[B, N, Kp, D]`` -> output like q and the logsumexp per
-    row ``[B, N, G, Qp]`` float32."""
-    b, n, g, q_padded, d = q.shape
-    num_q, num_k = q_padded // t.q_chunk, k.shape[2] // t.k_chunk
+    """q ``[nq, B, N, G, cq, D]``, k, v ``[nk, B, N, ck, D]`` (block-major) -> output like q
+    and the logsumexp per row ``[nq, B, N, G, cq]`` float32."""
+    num_q, b, n, g, _, d = q.shape
+    num_k = k.shape[0]
     vma = _vma(q, k, v, bias, mask)
 
     def one_query_block(qi):
-        q_blk = _block(q, qi, t.q_chunk, 3)  # [B, N, G, cq, D]
+        q_blk = _take(q, qi)  # [B, N, G, cq, D]
 
         def visit_key_block(carry, kj):
             m, l, acc = carry  # [B, N, G, cq] x 2, [B, N, G, cq, D]
-            k_blk, v_blk = _block(k, kj, t.k_chunk, 2), _block(v, kj, t.k_chunk, 2)
+            plan = _tile_plan(t, mask, qi, kj)
+            if plan == "skip":
+                return carry, None
+            k_blk, v_blk = _take(k, kj), _take(v, kj)
 
             def compute(keep):
-                s, _ = _tile_scores(t, q_blk, k_blk, bias, qi, kj)
+                s = jnp.einsum("bngqd,bnkd->bngqk", q_blk, k_blk,
+                               preferred_element_type=jnp.float32)
+                s, _ = _scores(t, s, _tile(bias, t, qi, kj))
                 if keep is not None:
                     s = jnp.where(keep, s, -jnp.inf)
                 m_new = jnp.maximum(m, s.max(axis=-1))
@@ -717,9 +737,6 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
                 )
                 return m_new, l * rescale + p.sum(axis=-1), acc * rescale[..., None] + pv
 
-            plan = _tile_plan(t, mask, qi, kj)
-            if plan == "skip":
-                return carry, None
             keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
             return _tile_result(plan, keep, compute, lambda: carry, vma), None
 
@@ -735,10 +752,8 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
         lse = jnp.where(seen, m + jnp.log(safe_l), 0.0)  # [B, N, G, cq]
         return out, lse
 
-    _, (out, lse) = _fold(lambda c, qi: (c, one_query_block(qi)), None, num_q,
-                          t.unroll)  # [nq, B, N, G, cq, (D)]
-    out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
-    return out, jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
+    _, (out, lse) = _fold(lambda c, qi: (c, one_query_block(qi)), None, num_q, t.unroll)
+    return out, lse  # [nq, B, N, G, cq, D], [nq, B, N, G, cq]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -753,80 +768,89 @@ def _flash_fwd(t: _Tiling, q, k, v, bias, mask):
 
 def _flash_bwd(t: _Tiling, residuals, d_out):
     """FlashAttention-2 style: for each key block, sweep the query blocks, accumulating dk, dv
-    for that block and adding into dq (and the bias gradient) tile by tile."""
+    for that block and adding into dq (and the bias gradient) tile by tile.
+
+    Tiles are key-major here, ``[B, N, ck, G, cq]``: every product then contracts a minor axis
+    of its left operand, which the CPU matmul library takes as it is. Query-major tiles made
+    XLA copy each tile's p and ds transposed (for dv and dk); now only k is transposed, once
+    per key block (for dq, accumulated as dq^T and transposed once)."""
     q, k, v, bias, mask, out, lse = residuals
     vma = _vma(q, k, v, bias, mask, out, lse, d_out)
-    num_q, num_k = q.shape[3] // t.q_chunk, k.shape[2] // t.k_chunk
-    # delta_i = sum_j p_ij dp_ij = do_i . o_i, the softmax-backward row term; [B, N, G, Qp]
-    delta = jnp.einsum("bngqd,bngqd->bngq", d_out, out, preferred_element_type=jnp.float32)
+    num_q, num_k = q.shape[0], k.shape[0]
+    # delta_i = sum_j p_ij dp_ij = do_i . o_i, the softmax-backward row term; [nq, B, N, G, cq]
+    delta = jnp.einsum("jbngqd,jbngqd->jbngq", d_out, out, preferred_element_type=jnp.float32)
 
     def one_key_block(carry, kj):
-        dq, d_bias = carry
-        k_blk, v_blk = _block(k, kj, t.k_chunk, 2), _block(v, kj, t.k_chunk, 2)  # [B,N,ck,D]
+        dq_t, d_bias = carry  # dq_t [nq, B, N, D, G, cq]
+        k_blk, v_blk = _take(k, kj), _take(v, kj)  # [B, N, ck, D]
+        k_t = jnp.swapaxes(k_blk, 2, 3)  # [B, N, D, ck]
+        if target_platform() == "cpu":  # materialised: else XLA folds the transpose back into
+            k_t = lax.optimization_barrier(k_t)  # dq's product, which its own emitter then runs
 
         def visit_query_block(carry, qi):
-            dk, dv, dq, d_bias = carry
+            dk, dv, dq_t, d_bias = carry
             plan = _tile_plan(t, mask, qi, kj)
             if plan == "skip":
                 return carry, None
-            q_blk, do_blk = _block(q, qi, t.q_chunk, 3), _block(d_out, qi, t.q_chunk, 3)
-            lse_blk, delta_blk = _block(lse, qi, t.q_chunk, 3), _block(delta, qi, t.q_chunk, 3)
+            q_blk, do_blk = _take(q, qi), _take(d_out, qi)  # [B, N, G, cq, D]
+            lse_blk = _take(lse, qi)[:, :, None]  # [B, N, 1, G, cq]
+            delta_blk = _take(delta, qi)[:, :, None]
 
             def compute(keep):
-                s, slope = _tile_scores(t, q_blk, k_blk, bias, qi, kj)
-                p = jnp.exp(s - lse_blk[..., None])  # [B, N, G, cq, ck], exact softmax weights
+                s = jnp.einsum("bnkd,bngqd->bnkgq", k_blk, q_blk,
+                               preferred_element_type=jnp.float32)
+                s, slope = _scores(t, s, _key_major(_tile(bias, t, qi, kj)))
+                p = jnp.exp(s - lse_blk)  # [B, N, ck, G, cq], exact softmax weights
                 if keep is not None:
-                    p = jnp.where(keep, p, 0.0)
+                    p = jnp.where(_key_major(keep), p, 0.0)
                 dv_blk = jnp.einsum(
-                    "bngqk,bngqd->bnkd", p.astype(do_blk.dtype), do_blk,
+                    "bnkgq,bngqd->bnkd", p.astype(do_blk.dtype), do_blk,
                     preferred_element_type=jnp.float32,
                 )
                 dp = jnp.einsum(
-                    "bngqd,bnkd->bngqk", do_blk, v_blk, preferred_element_type=jnp.float32
+                    "bnkd,bngqd->bnkgq", v_blk, do_blk, preferred_element_type=jnp.float32
                 )
-                ds_biased = p * (dp - delta_blk[..., None])  # gradient of the biased scores
+                ds_biased = p * (dp - delta_blk)  # gradient of the biased scores
                 ds = ds_biased if slope is None else ds_biased * slope  # back through the cap
                 ds = (ds * t.scale).astype(q_blk.dtype)
-                dq_blk = jnp.einsum(
-                    "bngqk,bnkd->bngqd", ds, k_blk, preferred_element_type=jnp.float32
-                )
                 dk_blk = jnp.einsum(
-                    "bngqk,bngqd->bnkd", ds, q_blk, preferred_element_type=jnp.float32
+                    "bnkgq,bngqd->bnkd", ds, q_blk, preferred_element_type=jnp.float32
                 )
-                return dk_blk, dv_blk, dq_blk, ds_biased if d_bias is not None else None
+                dq_t_blk = jnp.einsum(
+                    "bndk,bnkgq->bndgq", k_t, ds, preferred_element_type=jnp.float32
+                )
+                ds_tile = None if d_bias is None else jnp.moveaxis(ds_biased, 2, 4)
+                return dk_blk, dv_blk, dq_t_blk, ds_tile
 
             def skipped():
                 zeros_kv = jnp.zeros(k_blk.shape, jnp.float32)
                 zeros_ds = None
                 if d_bias is not None:
                     zeros_ds = jnp.zeros((*q_blk.shape[:-1], t.k_chunk), jnp.float32)
-                return zeros_kv, zeros_kv, jnp.zeros(q_blk.shape, jnp.float32), zeros_ds
+                return zeros_kv, zeros_kv, jnp.zeros(dq_t.shape[1:], jnp.float32), zeros_ds
 
             keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
-            dk_blk, dv_blk, dq_blk, ds = _tile_result(plan, keep, compute, skipped, vma)
-            start = qi * t.q_chunk
-            dq = lax.dynamic_update_slice_in_dim(
-                dq, lax.dynamic_slice_in_dim(dq, start, t.q_chunk, axis=3) + dq_blk, start, 3
-            )
+            dk_blk, dv_blk, dq_t_blk, ds = _tile_result(plan, keep, compute, skipped, vma)
+            dq_t = lax.dynamic_update_index_in_dim(dq_t, _take(dq_t, qi) + dq_t_blk, qi, 0)
             if d_bias is not None:
-                d_bias = _add_tile(d_bias, ds, start, kj * t.k_chunk)
-            return (dk + dk_blk, dv + dv_blk, dq, d_bias), None
+                d_bias = _add_tile(d_bias, ds, qi * t.q_chunk, kj * t.k_chunk)
+            return (dk + dk_blk, dv + dv_blk, dq_t, d_bias), None
 
         zeros_kv = _vary(jnp.zeros(k_blk.shape, jnp.float32), vma)
-        (dk, dv, dq, d_bias), _ = _fold(
-            visit_query_block, (zeros_kv, zeros_kv, dq, d_bias), num_q, t.unroll
+        (dk, dv, dq_t, d_bias), _ = _fold(
+            visit_query_block, (zeros_kv, zeros_kv, dq_t, d_bias), num_q, t.unroll
         )
-        return (dq, d_bias), (dk, dv)
+        return (dq_t, d_bias), (dk, dv)
 
+    nq, b, n, g, cq, d = q.shape
     init = _vary((
-        jnp.zeros(q.shape, jnp.float32),
+        jnp.zeros((nq, b, n, d, g, cq), jnp.float32),
         None if bias is None else jnp.zeros(bias.shape, jnp.float32),
     ), vma)
-    (dq, d_bias), (dk, dv) = _fold(one_key_block, init, num_k, t.unroll)
-    dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape).astype(k.dtype)  # [nk, B, N, ck, D] -> k
-    dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape).astype(v.dtype)
+    (dq_t, d_bias), (dk, dv) = _fold(one_key_block, init, num_k, t.unroll)
+    dq = jnp.moveaxis(dq_t, 3, 5)  # [nq, B, N, G, cq, D]
     d_bias = None if bias is None else d_bias.astype(bias.dtype)
-    return dq.astype(q.dtype), dk, dv, d_bias, None  # the mask gets no gradient
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_bias, None
 
 
 def _add_tile(d_bias, ds, q_start, k_start):
