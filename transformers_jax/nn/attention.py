@@ -561,6 +561,26 @@ def _fold(body, init, length: int, unroll: bool):
     return carry, jax.tree.map(lambda *y: jnp.stack(y), *ys) if ys[0] is not None else None
 
 
+def _blocks_init(shape: tuple, count: int, unroll: bool):
+    """Zeroed float32 accumulators for ``count`` blocks of ``shape``: one array per block when
+    unrolled (each sum stays its own buffer: updating a stacked one in place made XLA copy all
+    of it before every update), else one stacked array that a loop updates in place."""
+    if unroll:
+        return tuple(jnp.zeros(shape, jnp.float32) for _ in range(count))
+    return jnp.zeros((count, *shape), jnp.float32)
+
+
+def _blocks_add(blocks, index, x: jax.Array):
+    """Add ``x`` into block ``index`` of ``_blocks_init``'s accumulators."""
+    if isinstance(blocks, tuple):
+        return (*blocks[:index], blocks[index] + x, *blocks[index + 1:])
+    return lax.dynamic_update_index_in_dim(blocks, _take(blocks, index) + x, index, 0)
+
+
+def _blocks_stack(blocks) -> jax.Array:
+    return jnp.stack(blocks) if isinstance(blocks, tuple) else blocks
+
+
 def _tile_plan(t: _Tiling, mask, qi, kj) -> str:
     """How tile (qi, kj) is computed: ``"skip"`` (no key visible: not at all), ``"full"``
     (every key visible: no masking), ``"masked"`` (some keys visible: masked element by
@@ -776,12 +796,13 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
     per key block (for dq, accumulated as dq^T and transposed once)."""
     q, k, v, bias, mask, out, lse = residuals
     vma = _vma(q, k, v, bias, mask, out, lse, d_out)
-    num_q, num_k = q.shape[0], k.shape[0]
+    num_q, b, n, g, cq, d = q.shape
+    num_k, dq_t_shape = k.shape[0], (b, n, d, g, cq)  # dq^T blocks
     # delta_i = sum_j p_ij dp_ij = do_i . o_i, the softmax-backward row term; [nq, B, N, G, cq]
     delta = jnp.einsum("jbngqd,jbngqd->jbngq", d_out, out, preferred_element_type=jnp.float32)
 
     def one_key_block(carry, kj):
-        dq_t, d_bias = carry  # dq_t [nq, B, N, D, G, cq]
+        dq_t, d_bias = carry  # nq blocks of dq^T [B, N, D, G, cq]
         k_blk, v_blk = _take(k, kj), _take(v, kj)  # [B, N, ck, D]
         k_t = jnp.swapaxes(k_blk, 2, 3)  # [B, N, D, ck]
         if target_platform() == "cpu":  # materialised: else XLA folds the transpose back into
@@ -827,11 +848,11 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
                 zeros_ds = None
                 if d_bias is not None:
                     zeros_ds = jnp.zeros((*q_blk.shape[:-1], t.k_chunk), jnp.float32)
-                return zeros_kv, zeros_kv, jnp.zeros(dq_t.shape[1:], jnp.float32), zeros_ds
+                return zeros_kv, zeros_kv, jnp.zeros(dq_t_shape, jnp.float32), zeros_ds
 
             keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
             dk_blk, dv_blk, dq_t_blk, ds = _tile_result(plan, keep, compute, skipped, vma)
-            dq_t = lax.dynamic_update_index_in_dim(dq_t, _take(dq_t, qi) + dq_t_blk, qi, 0)
+            dq_t = _blocks_add(dq_t, qi, dq_t_blk)
             if d_bias is not None:
                 d_bias = _add_tile(d_bias, ds, qi * t.q_chunk, kj * t.k_chunk)
             return (dk + dk_blk, dv + dv_blk, dq_t, d_bias), None
@@ -842,13 +863,12 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
         )
         return (dq_t, d_bias), (dk, dv)
 
-    nq, b, n, g, cq, d = q.shape
     init = _vary((
-        jnp.zeros((nq, b, n, d, g, cq), jnp.float32),
+        _blocks_init(dq_t_shape, num_q, t.unroll),
         None if bias is None else jnp.zeros(bias.shape, jnp.float32),
     ), vma)
     (dq_t, d_bias), (dk, dv) = _fold(one_key_block, init, num_k, t.unroll)
-    dq = jnp.moveaxis(dq_t, 3, 5)  # [nq, B, N, G, cq, D]
+    dq = jnp.moveaxis(_blocks_stack(dq_t), 3, 5)  # [nq, B, N, G, cq, D]
     d_bias = None if bias is None else d_bias.astype(bias.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_bias, None
 
