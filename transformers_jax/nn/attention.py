@@ -599,13 +599,6 @@ def _tile_plan(t: _Tiling, mask, qi, kj) -> str:
     return {"none": "skip", "all": "full", "some": "masked"}.get(seen, "unknown")
 
 
-def _tile_result(plan: str, keep, compute, skipped, vma: frozenset):
-    """A tile's ``compute(keep)``, guarded by a run-time skip only when its plan is unknown."""
-    if plan == "unknown":
-        return _by_visibility(keep, compute, skipped, vma)
-    return compute(keep)
-
-
 def _pad_axis(x: jax.Array, axis: int, amount: int, value=0) -> jax.Array:
     if amount == 0:
         return x
@@ -700,11 +693,13 @@ def _vary(tree, vma: frozenset):
     return jax.tree.map(cast, tree) if vma else tree
 
 
-def _by_visibility(keep, compute, skipped, vma: frozenset = frozenset()):
-    """``compute(keep)`` for a tile, or ``skipped()`` when no key of the tile is visible
-    (decided at run time); both vary over ``vma``."""
-    if keep is None:
-        return compute(None)
+def _visit_tile(t: _Tiling, mask, qi, kj, plan: str, compute, skipped, vma: frozenset):
+    """``compute(keep)`` for tile (qi, kj) of a ``plan`` other than "skip": no ``keep`` when
+    every key is visible; when the plan is unknown, ``skipped()`` instead if no key of the
+    tile is visible (decided at run time), both varying over ``vma``."""
+    keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
+    if plan != "unknown" or keep is None:
+        return compute(keep)
     return lax.cond(jnp.any(keep), lambda: _vary(compute(keep), vma),
                     lambda: _vary(skipped(), vma))
 
@@ -757,8 +752,7 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
                 )
                 return m_new, l * rescale + p.sum(axis=-1), acc * rescale[..., None] + pv
 
-            keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
-            return _tile_result(plan, keep, compute, lambda: carry, vma), None
+            return _visit_tile(t, mask, qi, kj, plan, compute, lambda: carry, vma), None
 
         init = _vary((
             jnp.full((b, n, g, t.q_chunk), -jnp.inf, jnp.float32),
@@ -850,8 +844,8 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
                     zeros_ds = jnp.zeros((*q_blk.shape[:-1], t.k_chunk), jnp.float32)
                 return zeros_kv, zeros_kv, jnp.zeros(dq_t_shape, jnp.float32), zeros_ds
 
-            keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
-            dk_blk, dv_blk, dq_t_blk, ds = _tile_result(plan, keep, compute, skipped, vma)
+            dk_blk, dv_blk, dq_t_blk, ds = _visit_tile(t, mask, qi, kj, plan, compute, skipped,
+                                                       vma)
             dq_t = _blocks_add(dq_t, qi, dq_t_blk)
             if d_bias is not None:
                 d_bias = _add_tile(d_bias, ds, qi * t.q_chunk, kj * t.k_chunk)

@@ -116,7 +116,6 @@ class AttentionMask:
             take(self.kv_segments, k_start, k_size),
         )
 
-
     def tile_visibility(self, q_start: int, q_size: int, k_start: int, k_size: int):
         """``"none"`` when no query of the tile at (q_start, k_start) sees any of its keys,
         ``"all"`` when every query sees every key, ``"some"`` between the two, None when that
