@@ -1,17 +1,26 @@
 """Tiny models shared by the model tests (small enough that each compile takes about a second)."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import numpy as np
 
 from transformers_jax import ModelConfig, build_model
-from transformers_jax.registry import ATTENTION
+from transformers_jax.registry import ATTENTION, MASKS
 from transformers_jax.registry import POSITIONS as POSITION_REGISTRY
 
 # Every registered scheme and every implementation that runs here: a new entry is covered the
 # moment it is registered.
 POSITIONS = POSITION_REGISTRY.names()
 CPU_ATTENTION = [name for name, impl in ATTENTION.items() if "cpu" in impl.backends]
+
+
+def mask_settings(name: str, window: int = 3) -> dict:
+    """The settings that make a small test of registered mask kind ``name`` meaningful: a
+    window where the kind takes one."""
+    fields = {f.name for f in dataclasses.fields(MASKS.get(name)) if f.init}
+    return {"window": window} if "window" in fields else {}
 
 
 def attention(name: str, chunk_size: int = 4):

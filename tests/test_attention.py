@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_helpers import mask_settings
 
 from transformers_jax import ModelConfig
 from transformers_jax.nn import masks
@@ -350,17 +351,11 @@ def test_chunked_rolled_and_unrolled_tile_loops_agree(unroll_tiles):
 
 
 def _aligned_masks():
-    """Every registered mask kind on positions the model made itself (``aligned``: tiles
-    decided from their offsets), with a small window where it takes one."""
-    import dataclasses
-
+    """Every registered mask kind, with a small window where it takes one."""
     from transformers_jax.registry import MASKS
 
-    cases = []
-    for name, kind in MASKS.items():
-        fields = {f.name for f in dataclasses.fields(kind) if f.init}
-        cases.append(pytest.param(kind(**({"window": 5} if "window" in fields else {})), id=name))
-    return cases
+    return [pytest.param(kind(**mask_settings(name, window=5)), id=name)
+            for name, kind in MASKS.items()]
 
 
 @pytest.mark.parametrize("kind", _aligned_masks())

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_helpers import POSITIONS, init, tiny
+from model_helpers import POSITIONS, init, mask_settings, tiny
 from model_helpers import attention as attention_switch
 
 from transformers_jax.nn.kvcache import init_cache, plan_write
@@ -154,16 +154,6 @@ def test_encoder_decoder_generate_equals_uncached_greedy():
     assert out == np.asarray(reference).tolist()
 
 
-def _mask_switch(name: str) -> dict:
-    """A registered mask kind with settings that make a small test meaningful."""
-    import dataclasses
-
-    from transformers_jax.registry import MASKS
-
-    fields = {f.name for f in dataclasses.fields(MASKS.get(name)) if f.init}
-    return {"name": name, **({"window": 3} if "window" in fields else {})}
-
-
 def _decoding_masks() -> list[str]:
     from transformers_jax.registry import MASKS
 
@@ -177,7 +167,7 @@ def test_every_decoding_mask_kind_generates_what_the_full_forward_pass_predicts(
     pass over the prompt plus the tokens so far. A prefix-LM takes the prompt as its prefix."""
     from transformers_jax.sample import decode_step, prefill
 
-    cfg = tiny(mask=_mask_switch(mask), position="rope", init_std=0.3)
+    cfg = tiny(mask={"name": mask, **mask_settings(mask)}, position="rope", init_std=0.3)
     needs_prefix = cfg.mask.needs_prefix_len
     lengths = jnp.array([5], jnp.int32)
     model, params, tokens = init(cfg, T=5, B=1, **({"prefix_len": lengths} if needs_prefix else {}))

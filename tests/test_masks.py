@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_helpers import mask_settings
 
 from transformers_jax.nn.masks import AttentionMask, SlidingWindow, build_mask
 
@@ -68,16 +69,9 @@ def test_blocks_tile_the_dense_mask():
 
 def _registered_kinds():
     """Every registered mask kind, with a small window where it takes one."""
-    import dataclasses
-
     from transformers_jax.registry import MASKS
 
-    kinds = []
-    for name, kind in MASKS.items():
-        fields = {f.name for f in dataclasses.fields(kind) if f.init}
-        kinds.append(pytest.param(kind(**({"window": 3} if "window" in fields else {})),
-                                  id=name))
-    return kinds
+    return [pytest.param(kind(**mask_settings(name)), id=name) for name, kind in MASKS.items()]
 
 
 @pytest.mark.parametrize("kind", _registered_kinds())
