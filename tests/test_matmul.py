@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformers_jax.nn.matmul import _product, matmul
+from transformers_jax.nn.matmul import _product, matmul, matmul_transposed
 
 SHAPES = [(64, 32, 8), (64, 8, 32), (16, 16, 16), (48, 24, 12), (15, 24, 12)]  # rows, in, out
 
@@ -75,6 +75,62 @@ def test_bfloat16_gradients_take_bfloat16_operands_and_halved_rows_on_cpu(n_in, 
     assert not re.search(r" dot\(", entry), entry
     # ... and neither widens an activation-sized operand to float32
     assert not re.search(r"= f32\[256,\d+\]\{[^}]*\} (convert|fusion)\((?!.*ynn)", entry), entry
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("rows", [64, 15])
+def test_the_transposed_product_and_its_gradients(rows, dtype):
+    # a tied output projection: x [R, C] against the token table [V, C]
+    kx, kw, kg = jax.random.split(jax.random.key(rows), 3)
+    x = jax.random.normal(kx, (rows, 24)).astype(dtype)
+    table = jax.random.normal(kw, (40, 24)).astype(dtype)
+    g = jax.random.normal(kg, (rows, 40)).astype(dtype).astype(jnp.float32)
+
+    def value_and_grads(f):
+        y, pullback = jax.vjp(f, x, table)
+        return (y, *pullback(g))
+
+    ours = jax.jit(lambda: value_and_grads(matmul_transposed))()
+    plain = jax.jit(lambda: value_and_grads(lambda x, w: _product(x, w.T)))()
+    for a, b in zip(ours, plain, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        ulp = 2.0**-7 if dtype == jnp.bfloat16 else 1e-6  # float32: only the summation order
+        np.testing.assert_allclose(a, b, rtol=ulp, atol=ulp * np.abs(b).max())
+
+
+def test_the_transposed_products_kernel_gradient_is_a_table_shaped_library_product():
+    x, table, g = jnp.ones((256, 24)), jnp.ones((96, 24)), jnp.ones((256, 96))
+    pullback = jax.jit(lambda x, w, g: jax.vjp(matmul_transposed, x, w)[1](g))
+    text = pullback.lower(x, table, g).compile().as_text()
+    entry = text[text.index("\nENTRY "):]
+    entry = entry[: entry.index("\n}")]
+    # [V, C] straight from the product (a [C, V] one transposed slowed the norm's sum 25x)
+    assert re.search(r"= f32\[96,24\]\{1,0\} fusion\([^\n]*__ynn_fusion", entry), entry
+    assert not re.search(r" dot\(", entry), entry
+
+
+@pytest.mark.parametrize("product", [matmul, matmul_transposed])
+def test_inside_shard_map_a_replicated_kernels_gradient_is_summed_over_shards(product):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2,), ("data",))
+    x = jax.random.normal(jax.random.key(0), (32, 16)).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(1), (16, 8) if product is matmul else (8, 16))
+    w = w.astype(jnp.bfloat16)
+
+    def loss(x, w):
+        return jnp.sum(product(x, w) ** 2)
+
+    sharded = jax.shard_map(jax.grad(loss, argnums=1), mesh=mesh, in_specs=(P("data"), P()),
+                            out_specs=P(), check_vma=True)
+    whole = jax.grad(loss, argnums=1)(x, w)
+    x_sharded = jax.device_put(x, NamedSharding(mesh, P("data")))
+    w_replicated = jax.device_put(w, NamedSharding(mesh, P()))
+    whole = np.asarray(whole, np.float32)  # bfloat16 partial sums: a few roundings apart
+    np.testing.assert_allclose(np.asarray(jax.jit(sharded)(x_sharded, w_replicated), np.float32),
+                               whole, rtol=2.0**-6, atol=2.0**-6 * np.abs(whole).max())
 
 
 def test_a_dense_layer_trains_the_same_with_either_product():

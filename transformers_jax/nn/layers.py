@@ -25,7 +25,7 @@ from transformers_jax.config import ModelConfig
 from transformers_jax.nn.attention import attend_to_cache, dot_product_attention
 from transformers_jax.nn.kvcache import CacheWrite, LayerKV, RowSlot, write_row_slot, write_slots
 from transformers_jax.nn.masks import AttentionMask
-from transformers_jax.nn.matmul import matmul
+from transformers_jax.nn.matmul import matmul, matmul_transposed
 from transformers_jax.nn.norms import make_norm, norm_placement
 from transformers_jax.registry import MLPS
 
@@ -318,7 +318,13 @@ class Embedder(nn.Module):
         return x_BTC
 
     def attend(self, x_BTC: jax.Array) -> jax.Array:
-        return self.tokens.attend(x_BTC)
+        """Logits ``[B, T, V]`` float32 against the token table (float32 sums: in a lower
+        compute dtype ``nn.Embed.attend`` rounded the logits, and XLA:CPU widened its operands)."""
+        *lead, c = x_BTC.shape
+        dtype = self.tokens.dtype
+        logits_RV = matmul_transposed(x_BTC.reshape(-1, c).astype(dtype),
+                                      self.tokens.embedding.astype(dtype))
+        return logits_RV.reshape(*lead, -1)
 
     def table_VC(self) -> jax.Array:
         """The token table ``[V, C]`` (what a tied output projection multiplies by)."""

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformers_jax.nn.attention import target_platform
+from transformers_jax.nn.attention import _vma, target_platform
 
 _ROWS_BY_IN = (((1,), (0,)), ((), ()))  # [R, I] x [I, O] -> [R, O]
 _ROWS_BY_OUT = (((1,), (1,)), ((), ()))  # [R, I] x [O, I] -> [R, O]
@@ -68,18 +68,32 @@ def _low_precision_backward(residuals, g_RO):
     x_RI, w_IO = residuals
     g_RO = g_RO.astype(x_RI.dtype)
     dx_RI = lax.dot_general(g_RO, w_IO, _ROWS_BY_OUT, preferred_element_type=jnp.float32)
-    rows = x_RI.shape[0]
-    if rows % 2 == 0 and w_IO.shape[0] > w_IO.shape[1]:
-        dw_OI = lax.dot_general(g_RO.reshape(2, rows // 2, -1), x_RI.reshape(2, rows // 2, -1),
-                                _HALVES_BY_HALVES, preferred_element_type=jnp.float32)
-        dw_IO = lax.optimization_barrier(dw_OI).T
-    elif rows % 2 == 0:
-        dw_IO = lax.dot_general(x_RI.reshape(2, rows // 2, -1), g_RO.reshape(2, rows // 2, -1),
-                                _HALVES_BY_HALVES, preferred_element_type=jnp.float32)
-    else:  # cannot halve: the one-axis product (XLA's own emitter, as plain autodiff)
-        dw_IO = lax.dot_general(x_RI, g_RO, (((0,), (0,)), ((), ())),
-                                preferred_element_type=jnp.float32)
-    return dx_RI.astype(x_RI.dtype), dw_IO.astype(w_IO.dtype)
+    if w_IO.shape[0] > w_IO.shape[1]:  # [out, in]: the transposed copy is of the smaller g
+        dw_IO = lax.optimization_barrier(_rows_contracted(g_RO, x_RI)).T
+    else:
+        dw_IO = _rows_contracted(x_RI, g_RO)
+    return (_summed_like(dx_RI.astype(x_RI.dtype), x_RI),
+            _summed_like(dw_IO.astype(w_IO.dtype), w_IO))
+
+
+def _summed_like(grad: jax.Array, primal: jax.Array) -> jax.Array:
+    """``grad`` summed over the mesh axes it varies over and ``primal`` does not (inside
+    ``shard_map``: a replicated kernel's gradient is the sum over the shards, as autodiff
+    gives it; custom gradients must do it themselves)."""
+    extra = tuple(sorted(_vma(grad) - _vma(primal)))
+    return lax.psum(grad, extra) if extra else grad
+
+
+def _rows_contracted(a_RA: jax.Array, b_RB: jax.Array) -> jax.Array:
+    """``a^T b`` ``[A, B]`` float32, over the rows split in two (a bitcast): XLA:CPU gives a
+    product over two contracted axes to its matmul library, one over the row axis alone to its
+    own emitter. Odd row counts keep the one-axis product."""
+    rows = a_RA.shape[0]
+    if rows % 2:
+        return lax.dot_general(a_RA, b_RB, (((0,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+    return lax.dot_general(a_RA.reshape(2, rows // 2, -1), b_RB.reshape(2, rows // 2, -1),
+                           _HALVES_BY_HALVES, preferred_element_type=jnp.float32)
 
 
 _product_low_precision_grad.defvjp(_forward, _low_precision_backward)
@@ -96,3 +110,39 @@ def matmul(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
     if w_IO.shape[0] > w_IO.shape[1]:
         return _product_short_grad(x_RI, w_IO)
     return _product(x_RI, w_IO)
+
+
+def _product_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
+    return lax.dot_general(x_RI, w_OI, _ROWS_BY_OUT, preferred_element_type=jnp.float32)
+
+
+@jax.custom_vjp
+def _product_transposed_rows_grad(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
+    return _product_transposed(x_RI, w_OI)
+
+
+def _transposed_forward(x_RI, w_OI):
+    return _product_transposed(x_RI, w_OI), (x_RI, w_OI)
+
+
+def _transposed_rows_backward(residuals, g_RO):
+    x_RI, w_OI = residuals
+    g_RO = g_RO.astype(x_RI.dtype)
+    dx_RI = lax.dot_general(g_RO, w_OI, _ROWS_BY_IN, preferred_element_type=jnp.float32)
+    dw_OI = _rows_contracted(g_RO, x_RI)
+    return (_summed_like(dx_RI.astype(x_RI.dtype), x_RI),
+            _summed_like(dw_OI.astype(w_OI.dtype), w_OI))
+
+
+_product_transposed_rows_grad.defvjp(_transposed_forward, _transposed_rows_backward)
+
+
+def matmul_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
+    """``x_RI @ w_OI^T`` in float32: a tied output projection, whose kernel is the token table
+    ``[V, C]``. On CPU the kernel gradient contracts the halved rows straight into ``[V, C]``
+    (in any dtype: autodiff's one-axis product runs in XLA's own emitter, and one computed as
+    ``[C, V]`` and transposed made the gradient norm's sum over it about 25x slower); below
+    float32 both gradients take operands in the compute dtype, as ``matmul``'s."""
+    if target_platform() == "cpu" and x_RI.dtype == w_OI.dtype:
+        return _product_transposed_rows_grad(x_RI, w_OI)
+    return _product_transposed(x_RI, w_OI)
