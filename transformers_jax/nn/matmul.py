@@ -1,4 +1,5 @@
-"""The 2-D product under every ``Dense``: ``[R, I] @ [I, O]`` with float32 accumulation.
+"""The 2-D product under every ``Dense``, ``[R, I] @ [I, O]`` with float32 accumulation, and
+under a tied output projection, ``[R, C] @ [V, C]^T`` (``matmul_transposed``).
 
 On XLA:CPU the weight gradient ``x^T g`` (contracting the R rows) is emitted as a plain dot,
 not a library call, and that dot is about twice as fast when its output has fewer rows than
@@ -36,16 +37,18 @@ def _product(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
     return lax.dot_general(x_RI, w_IO, _ROWS_BY_IN, preferred_element_type=jnp.float32)
 
 
-@jax.custom_vjp
-def _product_short_grad(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
-    return _product(x_RI, w_IO)
+def _product_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
+    return lax.dot_general(x_RI, w_OI, _ROWS_BY_OUT, preferred_element_type=jnp.float32)
 
 
-def _forward(x_RI, w_IO):
-    return _product(x_RI, w_IO), (x_RI, w_IO)
+def _with_backward(product, backward):
+    """``product(x, w)`` with the custom ``backward((x, w), g) -> (dx, dw)``."""
+    product = jax.custom_vjp(product)
+    product.defvjp(lambda x, w: (product(x, w), (x, w)), backward)
+    return product
 
 
-def _backward(residuals, g_RO):
+def _short_grad_backward(residuals, g_RO):
     x_RI, w_IO = residuals
     # the input gradient exactly as autodiff of the plain product computes it
     dx_RI = jax.vjp(lambda x: _product(x, w_IO), x_RI)[1](g_RO)[0]
@@ -54,14 +57,6 @@ def _backward(residuals, g_RO):
     dw_OI = jax.vjp(lambda w: lax.dot_general(x_RI, w, _ROWS_BY_OUT,
                                               preferred_element_type=jnp.float32), w_OI)[1](g_RO)[0]
     return dx_RI, lax.optimization_barrier(dw_OI).T
-
-
-_product_short_grad.defvjp(_forward, _backward)
-
-
-@jax.custom_vjp
-def _product_low_precision_grad(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
-    return _product(x_RI, w_IO)
 
 
 def _low_precision_backward(residuals, g_RO):
@@ -96,7 +91,8 @@ def _rows_contracted(a_RA: jax.Array, b_RB: jax.Array) -> jax.Array:
                            _HALVES_BY_HALVES, preferred_element_type=jnp.float32)
 
 
-_product_low_precision_grad.defvjp(_forward, _low_precision_backward)
+_product_short_grad = _with_backward(_product, _short_grad_backward)
+_product_low_precision_grad = _with_backward(_product, _low_precision_backward)
 
 
 def matmul(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
@@ -112,19 +108,6 @@ def matmul(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
     return _product(x_RI, w_IO)
 
 
-def _product_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
-    return lax.dot_general(x_RI, w_OI, _ROWS_BY_OUT, preferred_element_type=jnp.float32)
-
-
-@jax.custom_vjp
-def _product_transposed_rows_grad(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
-    return _product_transposed(x_RI, w_OI)
-
-
-def _transposed_forward(x_RI, w_OI):
-    return _product_transposed(x_RI, w_OI), (x_RI, w_OI)
-
-
 def _transposed_rows_backward(residuals, g_RO):
     x_RI, w_OI = residuals
     g_RO = g_RO.astype(x_RI.dtype)
@@ -134,7 +117,7 @@ def _transposed_rows_backward(residuals, g_RO):
             _summed_like(dw_OI.astype(w_OI.dtype), w_OI))
 
 
-_product_transposed_rows_grad.defvjp(_transposed_forward, _transposed_rows_backward)
+_product_transposed_rows_grad = _with_backward(_product_transposed, _transposed_rows_backward)
 
 
 def matmul_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
