@@ -60,15 +60,18 @@ def test_the_kernel_gradient_has_fewer_output_rows_than_columns_on_cpu():
     assert "32,96" in _dot_outputs(32, 96)
 
 
-@pytest.mark.parametrize("n_in,n_out", [(96, 32), (32, 96)])
-def test_bfloat16_gradients_take_bfloat16_operands_and_halved_rows_on_cpu(n_in, n_out):
-    x = jnp.ones((256, n_in), jnp.bfloat16)
-    w = jnp.ones((n_in, n_out), jnp.bfloat16)
-    g = jnp.ones((256, n_out))
-    pullback = jax.jit(lambda x, w, g: jax.vjp(matmul, x, w)[1](g))
+def _compiled_pullback(product, x, w, g) -> str:
+    """The ENTRY computation of the compiled gradients of ``product(x, w)`` for cotangent g."""
+    pullback = jax.jit(lambda x, w, g: jax.vjp(product, x, w)[1](g))
     text = pullback.lower(x, w, g).compile().as_text()
     entry = text[text.index("\nENTRY "):]
-    entry = entry[: entry.index("\n}")]
+    return entry[: entry.index("\n}")]
+
+
+@pytest.mark.parametrize("n_in,n_out", [(96, 32), (32, 96)])
+def test_bfloat16_gradients_take_bfloat16_operands_and_halved_rows_on_cpu(n_in, n_out):
+    entry = _compiled_pullback(matmul, jnp.ones((256, n_in), jnp.bfloat16),
+                               jnp.ones((n_in, n_out), jnp.bfloat16), jnp.ones((256, n_out)))
     # both gradients are library products (the halved rows make XLA hand the weight gradient
     # to its library; over the one row axis it stays in its own float32-speed emitter) ...
     assert entry.count("__ynn_fusion") == 2, entry
@@ -100,11 +103,8 @@ def test_the_transposed_product_and_its_gradients(rows, dtype):
 
 
 def test_the_transposed_products_kernel_gradient_is_a_table_shaped_library_product():
-    x, table, g = jnp.ones((256, 24)), jnp.ones((96, 24)), jnp.ones((256, 96))
-    pullback = jax.jit(lambda x, w, g: jax.vjp(matmul_transposed, x, w)[1](g))
-    text = pullback.lower(x, table, g).compile().as_text()
-    entry = text[text.index("\nENTRY "):]
-    entry = entry[: entry.index("\n}")]
+    entry = _compiled_pullback(matmul_transposed, jnp.ones((256, 24)), jnp.ones((96, 24)),
+                               jnp.ones((256, 96)))
     # [V, C] straight from the product (a [C, V] one transposed slowed the norm's sum 25x)
     assert re.search(r"= f32\[96,24\]\{1,0\} fusion\([^\n]*__ynn_fusion", entry), entry
     assert not re.search(r" dot\(", entry), entry

@@ -27,9 +27,8 @@ import numpy as np
 from transformers_jax.config import ModelConfig
 from transformers_jax.models.family import Family
 from transformers_jax.models.gpt import check_length, default_positions
-from transformers_jax.nn.layers import Dense, Embedder, dtype_of, make_embed, softcap
+from transformers_jax.nn.layers import Dense, Embedder, dtype_of, make_embed, softcap, tied_logits
 from transformers_jax.nn.masks import build_mask
-from transformers_jax.nn.matmul import matmul_transposed
 from transformers_jax.nn.norms import make_norm, norm_placement
 from transformers_jax.nn.stack import LayerStack, encoding_positions
 from transformers_jax.registry import FAMILIES, MLPS
@@ -133,9 +132,7 @@ class MLMHead(nn.Module):
             logits_BTV = Dense((cfg.vocab_size,), ("embed", "vocab"), use_bias=False,
                                std=cfg.init_std, name="output", **dense)(h_BTC)
         else:
-            *lead, c = h_BTC.shape
-            logits_BTV = matmul_transposed(h_BTC.reshape(-1, c).astype(dense["dtype"]),
-                                           embedding_VC.astype(dense["dtype"])).reshape(*lead, -1)
+            logits_BTV = tied_logits(h_BTC, embedding_VC, dense["dtype"])
         bias_V = self.param(
             "output_bias",
             nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),

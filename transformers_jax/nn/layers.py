@@ -297,6 +297,15 @@ def make_embed(cfg: ModelConfig, rows: int, axes: tuple[str | None, str]) -> nn.
                     param_dtype=dtype_of(cfg.param_dtype), dtype=dtype_of(cfg.dtype))
 
 
+def tied_logits(x_BTC: jax.Array, table_VC: jax.Array, dtype: Any) -> jax.Array:
+    """Logits ``[B, T, V]`` float32 of a tied output projection: ``x`` against the token table,
+    both in the compute ``dtype`` (float32 sums: in a lower compute dtype ``nn.Embed.attend``
+    rounded the logits, and XLA:CPU widened its operands)."""
+    *lead, c = x_BTC.shape
+    logits_RV = matmul_transposed(x_BTC.reshape(-1, c).astype(dtype), table_VC.astype(dtype))
+    return logits_RV.reshape(*lead, -1)
+
+
 class Embedder(nn.Module):
     """Token embedding plus the position scheme's embedding, if it has one (learned,
     sinusoidal); ``attend`` is the tied output projection, so the two share one table."""
@@ -318,13 +327,7 @@ class Embedder(nn.Module):
         return x_BTC
 
     def attend(self, x_BTC: jax.Array) -> jax.Array:
-        """Logits ``[B, T, V]`` float32 against the token table (float32 sums: in a lower
-        compute dtype ``nn.Embed.attend`` rounded the logits, and XLA:CPU widened its operands)."""
-        *lead, c = x_BTC.shape
-        dtype = self.tokens.dtype
-        logits_RV = matmul_transposed(x_BTC.reshape(-1, c).astype(dtype),
-                                      self.tokens.embedding.astype(dtype))
-        return logits_RV.reshape(*lead, -1)
+        return tied_logits(x_BTC, self.tokens.embedding, self.tokens.dtype)
 
     def table_VC(self) -> jax.Array:
         """The token table ``[V, C]`` (what a tied output projection multiplies by)."""
