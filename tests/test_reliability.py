@@ -67,16 +67,16 @@ def test_the_issue_recipe_stops_non_zero_and_keeps_the_last_good_checkpoint(tmp_
 
 def poison_update_at(monkeypatch, bad_step: int):
     """Make update number ``bad_step`` (1-based) non-finite inside the jitted step: its loss
-    and its new params become NaN, as a diverging batch would make them."""
-    real = strategies.keep_if_finite
+    and its gradients become NaN, as a diverging batch would make them."""
+    real = strategies.apply_gradients
 
-    def poisoned(state, new_state, metrics):
+    def poisoned(optimizer, state, grads, metrics, schedule, rng):
         hit = state.step + 1 == bad_step
-        params = jax.tree.map(lambda p: jnp.where(hit, jnp.nan, p), new_state.params)
+        grads = jax.tree.map(lambda g: jnp.where(hit, jnp.nan, g), grads)
         metrics = {**metrics, "loss": jnp.where(hit, jnp.nan, metrics["loss"])}
-        return real(state, new_state.replace(params=params), metrics)
+        return real(optimizer, state, grads, metrics, schedule, rng)
 
-    monkeypatch.setattr(strategies, "keep_if_finite", poisoned)
+    monkeypatch.setattr(strategies, "apply_gradients", poisoned)
 
 
 def small_cfg(tmp_path, **kw):

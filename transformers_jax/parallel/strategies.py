@@ -60,7 +60,12 @@ from transformers_jax.parallel.rules import (
     mesh_shardings,
 )
 from transformers_jax.train.losses import lm_loss
-from transformers_jax.train.step import TrainState, init_state, keep_if_finite, model_inputs
+from transformers_jax.train.step import (
+    TrainState,
+    apply_gradients,
+    init_state,
+    model_inputs,
+)
 
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
 DATA_AXIS = "data"
@@ -199,13 +204,8 @@ def apply_update(
     """Normalise the global sums by the global weight, update, and report metrics."""
     count = jnp.maximum(weight, 1.0)
     grads = jax.tree.map(lambda g: g / count, grad_of_sum)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {**finish_metrics(sums, weight), "grad_norm": optax.tree.norm(grads)}
-    if schedule is not None:
-        metrics["learning_rate"] = schedule(state.step)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
-    return keep_if_finite(state, new_state, metrics)  # a non-finite update is not applied
+    # a non-finite update is not applied
+    return apply_gradients(optimizer, state, grads, finish_metrics(sums, weight), schedule, rng)
 
 
 def _init(model, optimizer, seed: int, example_batch: dict, objective: Any = None,

@@ -1,6 +1,6 @@
 """The non-finite guard and the loss-spike detector of a training run.
 
-The jitted step (``train.step.keep_if_finite``) never applies an update whose loss or gradient
+The jitted step (``train.step.apply_gradients``) never applies an update whose loss or gradient
 norm is not finite: params and optimizer state stay as they were, the step counter and the data
 position advance, and the step reports ``nonfinite=1``. The loop hands every step's metrics to
 ``Guard.check`` on each logged step and before every save; the guard tolerates up to

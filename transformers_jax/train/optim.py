@@ -36,14 +36,64 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    return optax.chain(
-        optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(
-            learning_rate_schedule(cfg),
-            b1=cfg.b1,
-            b2=cfg.b2,
-            weight_decay=cfg.weight_decay,
-            mask=decay_mask,
-        ),
-    )
+class SkipsNonFinite(optax.GradientTransformationExtraArgs):
+    """An optimizer whose ``update`` takes ``keep`` (a boolean scalar) and, where it is False,
+    returns zero updates and its state unchanged: ``train.step.apply_gradients`` then selects
+    nothing after it."""
+
+
+def make_optimizer(cfg: TrainConfig) -> SkipsNonFinite:
+    return clipped_adamw(learning_rate_schedule(cfg), max_norm=cfg.grad_clip, b1=cfg.b1,
+                         b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
+
+
+def clipped_adamw(schedule: optax.Schedule, *, max_norm: float, b1: float, b2: float,
+                  weight_decay: float, mask, eps: float = 1e-8) -> SkipsNonFinite:
+    """``optax.chain(clip_by_global_norm(max_norm), adamw(schedule, ...))`` written as one
+    update: the same state (checkpoints and shardings do not change), the same numbers
+    (bit for bit unless a step is clipped; then the clip multiplies by ``max_norm / norm``
+    where optax divides by the norm and multiplies, a rounding apart).
+
+    Why not the chain: the update takes ``keep`` (the train step's "loss and gradient norm
+    are finite"), keeps the moments where it is False, and moves each parameter by the kept
+    moments. Built from the chain's pieces and selected afterwards (or selected twice),
+    XLA:CPU copied every
+    moment before overwriting it in place (two copies per parameter) and re-read each one
+    three times; clipping by a division materialised a clipped copy of every gradient.
+    GPT-2 small's step: 8% faster, config a compiles 0.5 s sooner (BENCHMARKS.md 2l). With
+    ``keep`` False the updates are zero and the state comes back unchanged."""
+    reference = optax.chain(optax.clip_by_global_norm(max_norm),
+                            optax.adamw(schedule, b1=b1, b2=b2, eps=eps,
+                                        weight_decay=weight_decay, mask=mask))
+
+    def update(grads, state, params=None, *, keep=True, **_):
+        if params is None:
+            raise ValueError("clipped_adamw needs the parameters (weight decay): "
+                             "call update(grads, state, params)")
+        clip_state, (adam, decay_state, lr_state) = state
+        norm = optax.tree.norm(grads)
+        scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)  # a multiply fuses freely
+        count = optax.safe_increment(adam.count)
+
+        def moment(g, m, decay, power):  # optax.tree.update_moment, kept where not `keep`
+            return jnp.where(keep, (1 - decay) * ((g * scale.astype(g.dtype)) ** power)
+                             + decay * m, m)
+
+        mu = jax.tree.map(lambda g, m: moment(g, m, b1, 1), grads, adam.mu)
+        nu = jax.tree.map(lambda g, v: moment(g, v, b2, 2), grads, adam.nu)
+        step_size = -1 * schedule(lr_state.count)
+
+        def step(m, v, p, decays):  # scale_by_adam, add_decayed_weights, scale_by_lr
+            u = (m / (1 - b1 ** count).astype(m.dtype)) / (
+                jnp.sqrt(v / (1 - b2 ** count).astype(v.dtype) + 0.0) + eps)
+            if decays and weight_decay:
+                u = u + weight_decay * p
+            return jnp.where(keep, jnp.array(step_size, u.dtype) * u, 0)
+
+        updates = jax.tree.map(step, mu, nu, params, mask(params))
+        adam = adam._replace(count=jnp.where(keep, count, adam.count), mu=mu, nu=nu)
+        lr_state = lr_state._replace(
+            count=jnp.where(keep, optax.safe_increment(lr_state.count), lr_state.count))
+        return updates, (clip_state, (adam, decay_state, lr_state))
+
+    return SkipsNonFinite(reference.init, update)

@@ -12,6 +12,7 @@ import optax
 from flax import struct
 
 from transformers_jax.train.objectives import OBJECTIVES
+from transformers_jax.train.optim import SkipsNonFinite
 
 
 @struct.dataclass
@@ -65,30 +66,35 @@ def make_train_step(
             return objective.loss(model, params, batch, dropout_rng, False)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        if schedule is not None:
-            metrics["learning_rate"] = schedule(state.step)
-        new_state = state.replace(
-            step=state.step + 1, params=params, opt_state=opt_state, rng=jax.random.key_data(rng)
-        )
-        return keep_if_finite(state, new_state, metrics)
+        return apply_gradients(optimizer, state, grads, {**metrics, "loss": loss}, schedule,
+                               jax.random.key_data(rng))
 
     return train_step
 
 
-def keep_if_finite(state: TrainState, new_state: TrainState, metrics: dict
-                   ) -> tuple[TrainState, dict]:
-    """Inside the jitted step: keep ``state``'s params and optimizer state when the loss or the
-    gradient norm is not finite (the step counter and RNG still advance, as the data does), and
-    add ``nonfinite`` (0 or 1) to the metrics. A select per array, fused into the update: no
-    extra pass over memory and nothing to fetch beyond the metrics already logged."""
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-    kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                        (new_state.params, new_state.opt_state), (state.params, state.opt_state))
-    new_state = new_state.replace(params=kept[0], opt_state=kept[1])
-    return new_state, {**metrics, "nonfinite": (~finite).astype(jnp.int32)}
+def apply_gradients(optimizer: optax.GradientTransformation, state: TrainState, grads,
+                    metrics: dict, schedule, rng: jax.Array) -> tuple[TrainState, dict]:
+    """Inside the jitted step: the optimizer's update, unless the loss or the gradient norm is
+    not finite. Then ``state``'s params and optimizer state stay (the step counter and RNG
+    still advance, as the data does), and ``nonfinite`` (0 or 1) joins the metrics; ``metrics``
+    must hold the ``loss``. A ``SkipsNonFinite`` optimizer (``train.optim.clipped_adamw``)
+    skips the update itself, which lets XLA update its state in place (a second select made
+    XLA:CPU copy each moment first); any other optimizer's state is kept by a select per
+    array, fused into the update."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    if isinstance(optimizer, SkipsNonFinite):
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, keep=finite)
+        kept = optax.apply_updates(state.params, updates), opt_state
+    else:
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                            (optax.apply_updates(state.params, updates), opt_state),
+                            (state.params, state.opt_state))
+    metrics = {**metrics, "grad_norm": grad_norm, "nonfinite": (~finite).astype(jnp.int32)}
+    if schedule is not None:
+        metrics["learning_rate"] = schedule(state.step)
+    return state.replace(step=state.step + 1, params=kept[0], opt_state=kept[1], rng=rng), metrics
 
 
 def make_eval_step(model: nn.Module, objective=None):
