@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import optax
 
 from transformers_jax.config import TrainConfig
+from transformers_jax.train.step import SkipsNonFinite
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -34,12 +35,6 @@ def decay_mask(params):
         return p.ndim - int(stacked) >= 2
 
     return jax.tree_util.tree_map_with_path(is_matrix, params)
-
-
-class SkipsNonFinite(optax.GradientTransformationExtraArgs):
-    """An optimizer whose ``update`` takes ``keep`` (a boolean scalar) and, where it is False,
-    returns zero updates and its state unchanged: ``train.step.apply_gradients`` then selects
-    nothing after it."""
 
 
 def make_optimizer(cfg: TrainConfig) -> SkipsNonFinite:

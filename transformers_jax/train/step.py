@@ -12,7 +12,12 @@ import optax
 from flax import struct
 
 from transformers_jax.train.objectives import OBJECTIVES
-from transformers_jax.train.optim import SkipsNonFinite
+
+
+class SkipsNonFinite(optax.GradientTransformationExtraArgs):
+    """An optimizer whose ``update`` takes ``keep`` (a boolean scalar) and, where it is False,
+    returns zero updates and its state unchanged: ``train.step.apply_gradients`` then selects
+    nothing after it."""
 
 
 @struct.dataclass
