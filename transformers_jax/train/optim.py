@@ -45,18 +45,17 @@ def make_optimizer(cfg: TrainConfig) -> SkipsNonFinite:
 def clipped_adamw(schedule: optax.Schedule, *, max_norm: float, b1: float, b2: float,
                   weight_decay: float, mask, eps: float = 1e-8) -> SkipsNonFinite:
     """``optax.chain(clip_by_global_norm(max_norm), adamw(schedule, ...))`` written as one
-    update: the same state (checkpoints and shardings do not change), the same numbers
-    (bit for bit unless a step is clipped; then the clip multiplies by ``max_norm / norm``
-    where optax divides by the norm and multiplies, a rounding apart).
+    update: the same state (checkpoints and shardings do not change) and the same numbers to
+    a rounding or two (XLA fuses the two programs differently, and a clipped step multiplies
+    by ``max_norm / norm`` where optax divides by the norm and multiplies).
 
     Why not the chain: the update takes ``keep`` (the train step's "loss and gradient norm
     are finite"), keeps the moments where it is False, and moves each parameter by the kept
     moments. Built from the chain's pieces and selected afterwards (or selected twice),
-    XLA:CPU copied every
-    moment before overwriting it in place (two copies per parameter) and re-read each one
-    three times; clipping by a division materialised a clipped copy of every gradient.
-    GPT-2 small trains 1.11x faster, config a compiles 0.3 s sooner (BENCHMARKS.md 2l). With
-    ``keep`` False the updates are zero and the state comes back unchanged."""
+    XLA:CPU copied every moment before overwriting it in place (two copies per parameter) and
+    re-read each one three times; clipping by a division materialised a clipped copy of every
+    gradient. GPT-2 small trains 1.11x faster, config a compiles 0.3 s sooner (BENCHMARKS.md
+    2l). With ``keep`` False the updates are zero and the state comes back unchanged."""
     reference = optax.chain(optax.clip_by_global_norm(max_norm),
                             optax.adamw(schedule, b1=b1, b2=b2, eps=eps,
                                         weight_decay=weight_decay, mask=mask))
