@@ -16,7 +16,7 @@ from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.corpus import default_corpus, read_text
 from transformers_jax.loop import train
 from transformers_jax.train.flops import flops_per_token
-from transformers_jax.train.losses import lm_loss
+from transformers_jax.train.losses import lm_loss, predicts_target
 from transformers_jax.train.optim import decay_mask, learning_rate_schedule
 
 TINY_MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, max_len=32)
@@ -32,6 +32,20 @@ def test_lm_loss_of_uniform_logits_is_log_vocab():
     weights = jnp.zeros((2, 5)).at[0, 0].set(1.0)
     loss, acc = lm_loss(logits, targets, weights)
     assert float(loss) < 1e-6 and float(acc) == 1.0
+
+
+def test_predicts_target_is_argmax_equals_target_with_ties():
+    """The argmax-free accuracy agrees with ``argmax == target`` everywhere, ties included
+    (argmax takes the first maximum): rows of few distinct values make ties common."""
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.integers(0, 3, (64, 9, 7)).astype(np.float32))
+    targets = jnp.asarray(rng.integers(0, 7, (64, 9)))
+    got = predicts_target(logits, targets)
+    want = jnp.argmax(logits, -1) == targets
+    np.testing.assert_array_equal(got, want)
+    assert 0 < int(got.sum()) < got.size  # both outcomes occur
+    uniform = predicts_target(jnp.zeros((1, 3, 5)), jnp.array([[0, 2, 4]]))
+    assert uniform.tolist() == [[True, False, False]]  # all tied: only id 0 is the argmax
 
 
 def test_schedule_warms_up_then_decays_to_floor():
