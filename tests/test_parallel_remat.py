@@ -9,7 +9,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
@@ -23,7 +22,7 @@ from transformers_jax.nn.stack import (
 )
 from transformers_jax.parallel import make_trainer
 from transformers_jax.registry import FAMILIES
-from transformers_jax.train.optim import decay_mask, learning_rate_schedule
+from transformers_jax.train.optim import decay_mask, make_optimizer
 from transformers_jax.train.step import init_state, make_train_step
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_len=32, dropout=0.1)
@@ -122,13 +121,8 @@ def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
     assert kernel.names == ("layers", "embed", "heads", "head_dim")
     assert kernel.value.shape == (cfg.n_layers, 32, 4, 8)
 
-    # train.optim's optimizer with the layout-aware decay mask (see train.optim.decay_mask).
-    tc = TrainConfig(steps=10, warmup_steps=2, learning_rate=1e-3)
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(tc.grad_clip),
-        optax.adamw(learning_rate_schedule(tc), b1=tc.b1, b2=tc.b2,
-                    weight_decay=tc.weight_decay, mask=decay_mask),
-    )
+    # train.optim's optimizer, whose decay mask knows the stacked layout (train.optim.decay_mask).
+    optimizer = make_optimizer(TrainConfig(steps=10, warmup_steps=2, learning_rate=1e-3))
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(3):
