@@ -1,0 +1,195 @@
+"""The most a training step can get from this machine's matmul engine, and what a target ratio
+against PyTorch asks of it: the FLOPs a side-by-side shape's step must do, over the fastest
+matmul each library runs here, measured in processes of their own.
+
+    python benchmarks/ceiling.py --shape a --side-by-side benchmarks/results/X.json --rounds 3
+
+Each round runs one JAX and one PyTorch process (alternating, each with its library's default
+threads, as ``side_by_side.py`` runs them) that time square float32 and bfloat16 matmuls
+(float32 accumulation) and report the best. The step's needed FLOPs count every weight matmul
+and, for attention, only the visible part of the score matrix (a causal GPT needs ``(T+1)/2T``
+of it; a tiled kernel that skips the masked tiles comes close to that). So the ceiling is a
+bound, not a prediction: no implementation on this engine trains faster than
+``peak / needed FLOPs per token``.
+
+With ``--side-by-side`` (a ``side_by_side.py`` JSON of the same shape) it also reports, per
+contender, the share of the peak its step reaches, and per target ratio of issue 17 (ours in
+float32 1.5x the best PyTorch float32; ours in bfloat16 2x) the share of the peak that target
+needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from side_by_side import worker_environment  # noqa: E402
+from side_by_side_shared import SHAPES  # noqa: E402
+
+DTYPES = ("float32", "bfloat16")
+# Issue 17's targets: (our contender, its dtype's peak, the ratio to the best PyTorch float32)
+TARGETS = {"jax_float32": ("float32", 1.5), "jax_bfloat16": ("bfloat16", 2.0)}
+TORCH_CONTENDERS = ("torch", "torch_compile", "hf")
+
+
+def needed_flops_per_token(shape: dict) -> dict:
+    """FLOPs per trained token (2 per multiply-add, x3 for forward and backward): the weight
+    matmuls (4 C^2 for attention, 8 C^2 for a 4C-wide MLP, the C x V output head and, for a
+    BERT, its C x C head transform) and the attention products (scores and weighted sum, 2 T C
+    per token per layer over the full keys), counted whole (PaLM's MFU convention) and over the
+    visible keys only (what the step must do)."""
+    c, t, layers = shape["width"], shape["train_len"], shape["layers"]
+    weights = layers * 12 * c * c + c * shape["vocab"] + (c * c if shape["kind"] == "bert" else 0)
+    visible = 1.0 if shape["kind"] == "bert" else (t + 1) / (2 * t)  # causal: (T+1)/2T
+    attention = layers * 2 * t * c
+    return {"weights": 6.0 * weights, "attention_full": 6.0 * attention,
+            "attention_visible": 6.0 * attention * visible,
+            "needed": 6.0 * (weights + attention * visible),
+            "palm_convention": 6.0 * (weights + attention)}
+
+
+def _best_rate(matmul, make, dtype, n: int, repeats: int) -> float:
+    a, b = make(n, dtype), make(n, dtype)
+    matmul(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n ** 3 / best
+
+
+def worker(library: str, sizes: list[int], repeats: int) -> dict:
+    """Best FLOP/s of an n x n x n matmul per dtype and size, in this process."""
+    if library == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        product = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+        matmul = lambda x, y: product(x, y).block_until_ready()  # noqa: E731
+        make = lambda n, d: jax.random.normal(jax.random.key(n), (n, n), d)  # noqa: E731
+        threads = None
+    else:
+        import torch
+
+        matmul = lambda x, y: torch.matmul(x, y)  # noqa: E731  (synchronous on CPU)
+        make = lambda n, d: torch.randn(n, n).to(getattr(torch, d))  # noqa: E731
+        threads = torch.get_num_threads()
+    rates = {d: {str(n): _best_rate(matmul, make, d, n, repeats) for n in sizes} for d in DTYPES}
+    return {"library": library, "rates": rates, "threads": threads,
+            "load_average": list(os.getloadavg())}
+
+
+def run_worker(library: str, sizes: list[int], repeats: int) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", library,
+               "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats)]
+    done = subprocess.run(command, env=worker_environment(), capture_output=True, text=True,
+                          check=False, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def peaks_over_rounds(runs: list[dict]) -> dict:
+    """Per library and dtype: the best rate of any size in any round (the ceiling), and the
+    median over rounds of each round's best (how steady it was)."""
+    out = {}
+    for library in ("jax", "torch"):
+        per_round = {d: [max(r["rates"][d].values()) for r in runs if r["library"] == library]
+                     for d in DTYPES}
+        out[library] = {d: {"best": max(v), "median": statistics.median(v), "per_round": v}
+                        for d, v in per_round.items() if v}
+    return out
+
+
+def against_contenders(side_by_side: dict, flops: dict, peaks: dict) -> dict:
+    """Each contender's share of the best peak of its dtype, and what each target asks."""
+    best = {d: max(peaks[lib][d]["best"] for lib in peaks) for d in DTYPES}
+    speeds = {name: c["training_tokens_per_s"]["median"]
+              for name, c in side_by_side["summary"]["per_contender"].items()
+              if "training_tokens_per_s" in c}
+    out = {"tokens_per_s": speeds, "share_of_peak": {}}
+    for name, tokens_per_s in speeds.items():
+        dtype = "bfloat16" if name.endswith("bfloat16") else "float32"
+        out["share_of_peak"][name] = tokens_per_s * flops["needed"] / best[dtype]
+    torch_speeds = {n: speeds[n] for n in TORCH_CONTENDERS if n in speeds}
+    if torch_speeds:
+        fastest = max(torch_speeds, key=torch_speeds.get)
+        out["fastest_pytorch"] = fastest
+        out["targets"] = {}
+        for ours, (dtype, ratio) in TARGETS.items():
+            ceiling = best[dtype] / flops["needed"]
+            wanted = ratio * torch_speeds[fastest]
+            entry = {"ratio": ratio, "peak_dtype": dtype,
+                     "ceiling_ratio": ceiling / torch_speeds[fastest],
+                     "share_of_peak_needed": wanted / ceiling}
+            if ours in speeds:
+                entry["measured_ratio"] = speeds[ours] / torch_speeds[fastest]
+                entry["share_of_peak_now"] = speeds[ours] / ceiling
+            out["targets"][ours] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="a")
+    p.add_argument("--side-by-side", metavar="JSON",
+                   help="a side_by_side.py result of the same shape: the contenders' speeds")
+    p.add_argument("--rounds", type=int, default=3, help="JAX and PyTorch processes each")
+    p.add_argument("--sizes", default="1024,2048", help="square matmul sizes, comma-separated")
+    p.add_argument("--repeats", type=int, default=5, help="timed products per size and dtype")
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        p.error(f"--sizes {args.sizes!r}: give square matmul sizes like 1024,2048")
+    if args.worker:
+        print(json.dumps(worker(args.worker, sizes, args.repeats)))
+        return 0
+    side_by_side = None
+    if args.side_by_side:
+        with open(args.side_by_side) as f:
+            side_by_side = json.load(f)
+        if side_by_side["shape"]["name"] != args.shape:
+            p.error(f"{args.side_by_side} measured shape {side_by_side['shape']['name']!r}, "
+                    f"not --shape {args.shape}: pass the matching --shape")
+    shape = SHAPES[args.shape]
+    load_start = list(os.getloadavg())
+    runs = []
+    for _ in range(args.rounds):
+        for library in ("jax", "torch"):
+            runs.append(run_worker(library, sizes, args.repeats))
+    flops = needed_flops_per_token(shape)
+    peaks = peaks_over_rounds(runs)
+    result = {
+        "command": " ".join(["python", "benchmarks/ceiling.py", *(argv or sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "shape": {"name": args.shape, **shape},
+        "load_average_start": load_start, "load_average_end": list(os.getloadavg()),
+        "flops_per_token": flops, "peak_flops_per_s": peaks,
+        "ceiling_tokens_per_s": {d: max(peaks[lib][d]["best"] for lib in peaks) / flops["needed"]
+                                 for d in DTYPES},
+        "runs": runs,
+    }
+    if side_by_side is not None:
+        result["side_by_side"] = {"file": args.side_by_side, "date": side_by_side.get("date"),
+                                  **against_contenders(side_by_side, flops, peaks)}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

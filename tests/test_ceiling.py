@@ -1,0 +1,93 @@
+"""benchmarks/ceiling.py: the FLOPs a side-by-side shape's step must do, worked by hand, and the
+arithmetic that turns peaks and measured speeds into shares of the peak. Nothing here is timed
+(the matmul worker runs once at a toy size, and only its output's form is checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def ceiling():
+    path = os.path.join(ROOT, "benchmarks", "ceiling.py")
+    spec = importlib.util.spec_from_file_location("benchmarks_ceiling", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_needed_flops_of_config_a_by_hand(ceiling):
+    flops = ceiling.needed_flops_per_token(ceiling.SHAPES["a"])
+    # weights: 4 layers x 12 x 128^2 + the 128 x 65 head = 794,752 multiply-adds per token
+    assert flops["weights"] == 6 * 794_752
+    # attention: 4 layers x 2 products x 256 keys x 128 = 262,144; causal sees 257/512 of it
+    assert flops["attention_full"] == 6 * 262_144
+    assert flops["attention_visible"] == 6 * 131_584
+    assert flops["needed"] == 5_558_016
+    assert flops["palm_convention"] == 6_341_376  # issue 17's "6.34 MFLOP/token"
+
+
+def test_palm_convention_matches_the_library_count(ceiling):
+    from transformers_jax.bench import DEFAULT_MODEL
+    from transformers_jax.train.flops import flops_per_token
+
+    shape = ceiling.SHAPES["a"]  # config a: tjax bench's default model
+    assert ceiling.needed_flops_per_token(shape)["palm_convention"] == pytest.approx(
+        flops_per_token(DEFAULT_MODEL, shape["train_len"]), rel=1e-12)
+
+
+def test_bert_sees_every_key_and_has_a_head_transform(ceiling):
+    flops = ceiling.needed_flops_per_token(ceiling.SHAPES["b"])
+    assert flops["attention_visible"] == flops["attention_full"]
+    assert flops["weights"] == 6 * (4 * 12 * 128 ** 2 + 128 * 65 + 128 ** 2)
+
+
+def test_shares_of_the_peak_and_what_targets_ask(ceiling):
+    def speed(x):
+        return {"training_tokens_per_s": {"median": x}}
+
+    side_by_side = {"summary": {"per_contender": {
+        "jax_float32": speed(12_000.0), "jax_bfloat16": speed(16_000.0),
+        "torch": speed(10_000.0), "hf": speed(8_000.0)}}}
+    peaks = {"jax": {"float32": {"best": 100e9}, "bfloat16": {"best": 200e9}},
+             "torch": {"float32": {"best": 80e9}, "bfloat16": {"best": 150e9}}}
+    out = ceiling.against_contenders(side_by_side, {"needed": 5e6}, peaks)
+    assert out["fastest_pytorch"] == "torch"
+    assert out["share_of_peak"]["torch"] == pytest.approx(10_000 * 5e6 / 100e9)
+    assert out["share_of_peak"]["jax_bfloat16"] == pytest.approx(16_000 * 5e6 / 200e9)
+    f32, bf16 = out["targets"]["jax_float32"], out["targets"]["jax_bfloat16"]
+    # float32 ceiling 100e9 / 5e6 = 20k tokens/s: 2x torch; 1.5x torch needs 15k of it
+    assert f32["ceiling_ratio"] == pytest.approx(2.0)
+    assert f32["share_of_peak_needed"] == pytest.approx(0.75)
+    assert f32["measured_ratio"] == pytest.approx(1.2)
+    assert f32["share_of_peak_now"] == pytest.approx(0.6)
+    # bfloat16 ceiling 40k tokens/s; 2x torch float32 needs 20k of it
+    assert bf16["ceiling_ratio"] == pytest.approx(4.0)
+    assert bf16["share_of_peak_needed"] == pytest.approx(0.5)
+    assert bf16["share_of_peak_now"] == pytest.approx(0.4)
+
+
+def test_peaks_are_the_best_of_every_round(ceiling):
+    runs = [{"library": "jax", "rates": {"float32": {"64": 1.0, "128": 3.0},
+                                         "bfloat16": {"64": 2.0, "128": 5.0}}},
+            {"library": "torch", "rates": {"float32": {"64": 2.0}, "bfloat16": {"64": 4.0}}},
+            {"library": "jax", "rates": {"float32": {"64": 4.0, "128": 2.0},
+                                         "bfloat16": {"64": 1.0, "128": 1.0}}}]
+    peaks = ceiling.peaks_over_rounds(runs)
+    assert peaks["jax"]["float32"] == {"best": 4.0, "median": 3.5, "per_round": [3.0, 4.0]}
+    assert peaks["jax"]["bfloat16"]["best"] == 5.0
+    assert peaks["torch"]["float32"]["per_round"] == [2.0]
+
+
+def test_the_jax_worker_reports_a_rate_per_dtype_and_size(ceiling):
+    out = ceiling.worker("jax", [32], repeats=1)
+    assert out["library"] == "jax"
+    assert set(out["rates"]) == {"float32", "bfloat16"}
+    assert all(r["32"] > 0 for r in out["rates"].values())
