@@ -206,6 +206,13 @@ def summarise(runs: dict) -> dict:
     return {"per_contender": out, "ratios": ratios}
 
 
+def step_times_ms(runs: dict) -> dict:
+    """Every timed training step of every process, in ms, per contender and round: whether a
+    slow round was slow throughout (the process) or in bursts (the machine)."""
+    return {name: [[round(1e3 * s, 2) for s in r["training"]["step_s"]] for r in rs]
+            for name, rs in runs.items() if all("step_s" in r.get("training", {}) for r in rs)}
+
+
 def markdown(result: dict) -> str:
     summary = result["summary"]["per_contender"]
     keys = sorted({k for fs in summary.values() for k in fs},
@@ -379,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         result["training_compile_or_first_step_s"] = {
             n: [r["training"].get("compile_s", r["training"].get("first_step_s")) for r in rs]
             for n, rs in runs.items() if "training" in rs[0]}
+        result["training_step_ms_per_process"] = step_times_ms(runs)
     result["load_average_end"] = list(os.getloadavg())
     result["other_cpu_share_per_process"] = {n: [r["other_cpu_share"] for r in rs]
                                              for n, rs in runs.items()}

@@ -110,6 +110,14 @@ def test_summary_ratio_is_the_median_of_per_round_ratios(driver):
     assert "machine: Some CPU, avx512f (no avx512_bf16), 2 CPUs;" in table
 
 
+def test_every_timed_step_is_kept_per_process(driver):
+    runs = {"jax_float32": [{"training": {"step_s": [0.1, 0.2]}},
+                            {"training": {"step_s": [0.3]}}],
+            "hf": [{"training": {"losses": [1.0]}}],  # an untimed worker: nothing to keep
+            "torch": [{"decoding": {}}]}
+    assert driver.step_times_ms(runs) == {"jax_float32": [[100.0, 200.0], [300.0]]}
+
+
 def test_correctness_flags_a_loss_gap_and_a_different_token(driver):
     ours = _run(1.0, 1.0)
     close = _run(1.0, 1.0)
