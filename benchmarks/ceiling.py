@@ -6,10 +6,11 @@ matmul each library runs here, measured in processes of their own.
 
 Each round runs one JAX and one PyTorch process (alternating, each with its library's default
 threads, as ``side_by_side.py`` runs them) that time square float32 and bfloat16 matmuls
-(float32 accumulation) and report the best. The step's needed FLOPs count every weight matmul
-and, for attention, only the visible part of the score matrix (a causal GPT needs ``(T+1)/2T``
-of it; a tiled kernel that skips the masked tiles comes close to that). So the ceiling is a
-bound, not a prediction: no implementation on this engine trains faster than
+(float32 accumulation) and report the best; they also time the shape's own forward weight
+products (how near the peak those run alone). The step's needed FLOPs count every weight
+matmul and, for attention, only the visible part of the score matrix (a causal GPT needs
+``(T+1)/2T`` of it; a tiled kernel that skips the masked tiles comes close to that). So the
+ceiling is a bound, not a prediction: no implementation on this engine trains faster than
 ``peak / needed FLOPs per token``.
 
 With ``--side-by-side`` (a ``side_by_side.py`` JSON of the same shape) it also reports, per
@@ -55,40 +56,54 @@ def needed_flops_per_token(shape: dict) -> dict:
             "palm_convention": 6.0 * (weights + attention)}
 
 
-def _best_rate(matmul, make, dtype, n: int, repeats: int) -> float:
-    a, b = make(n, dtype), make(n, dtype)
+def dense_products(shape: dict) -> dict[str, tuple[int, int, int]]:
+    """The step's own forward weight products ``[M, K] x [K, N]`` (M = batch x length): the
+    attention projections, the MLP's two, and the output head."""
+    m, c, v = shape["batch"] * shape["train_len"], shape["width"], shape["vocab"]
+    return {"projection": (m, c, c), "mlp_up": (m, c, 4 * c), "mlp_down": (m, 4 * c, c),
+            "head": (m, c, v)}
+
+
+def _best_rate(matmul, make, dtype, mkn: tuple[int, int, int], repeats: int) -> float:
+    m, k, n = mkn
+    a, b = make((m, k), dtype), make((k, n), dtype)
     matmul(a, b)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         matmul(a, b)
         best = min(best, time.perf_counter() - start)
-    return 2.0 * n ** 3 / best
+    return 2.0 * m * k * n / best
 
 
-def worker(library: str, sizes: list[int], repeats: int) -> dict:
-    """Best FLOP/s of an n x n x n matmul per dtype and size, in this process."""
+def worker(library: str, sizes: list[int], repeats: int,
+           products: dict[str, tuple[int, int, int]] | None = None) -> dict:
+    """Best FLOP/s per dtype of an n x n x n matmul per size and of each named product, in
+    this process."""
     if library == "jax":
         import jax
         import jax.numpy as jnp
 
         product = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
         matmul = lambda x, y: product(x, y).block_until_ready()  # noqa: E731
-        make = lambda n, d: jax.random.normal(jax.random.key(n), (n, n), d)  # noqa: E731
+        make = lambda s, d: jax.random.normal(jax.random.key(sum(s)), s, d)  # noqa: E731
         threads = None
     else:
         import torch
 
         matmul = lambda x, y: torch.matmul(x, y)  # noqa: E731  (synchronous on CPU)
-        make = lambda n, d: torch.randn(n, n).to(getattr(torch, d))  # noqa: E731
+        make = lambda s, d: torch.randn(*s).to(getattr(torch, d))  # noqa: E731
         threads = torch.get_num_threads()
-    rates = {d: {str(n): _best_rate(matmul, make, d, n, repeats) for n in sizes} for d in DTYPES}
-    return {"library": library, "rates": rates, "threads": threads,
+    rates = {d: {str(n): _best_rate(matmul, make, d, (n, n, n), repeats) for n in sizes}
+             for d in DTYPES}
+    own = {d: {name: _best_rate(matmul, make, d, mkn, repeats)
+               for name, mkn in (products or {}).items()} for d in DTYPES}
+    return {"library": library, "rates": rates, "products": own, "threads": threads,
             "load_average": list(os.getloadavg())}
 
 
-def run_worker(library: str, sizes: list[int], repeats: int) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--worker", library,
+def run_worker(library: str, sizes: list[int], repeats: int, shape: str) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", library, "--shape", shape,
                "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats)]
     done = subprocess.run(command, env=worker_environment(), capture_output=True, text=True,
                           check=False, timeout=900)
@@ -107,6 +122,21 @@ def peaks_over_rounds(runs: list[dict]) -> dict:
                      for d in DTYPES}
         out[library] = {d: {"best": max(v), "median": statistics.median(v), "per_round": v}
                         for d, v in per_round.items() if v}
+    return out
+
+
+def products_over_rounds(runs: list[dict], peaks: dict) -> dict:
+    """Per library, dtype and named product: its best rate over the rounds, and that as a share
+    of the library's own peak in the dtype (how near its best the step's shapes run alone)."""
+    out = {}
+    for library in ("jax", "torch"):
+        mine = [r["products"] for r in runs if r["library"] == library and r.get("products")]
+        if not mine:
+            continue
+        out[library] = {d: {name: {"best": max(r[d][name] for r in mine),
+                                   "share_of_peak": max(r[d][name] for r in mine)
+                                   / peaks[library][d]["best"]}
+                            for name in mine[0][d]} for d in DTYPES}
     return out
 
 
@@ -154,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--sizes {args.sizes!r}: give square matmul sizes like 1024,2048")
     if args.worker:
-        print(json.dumps(worker(args.worker, sizes, args.repeats)))
+        print(json.dumps(worker(args.worker, sizes, args.repeats,
+                                dense_products(SHAPES[args.shape]))))
         return 0
     side_by_side = None
     if args.side_by_side:
@@ -168,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for _ in range(args.rounds):
         for library in ("jax", "torch"):
-            runs.append(run_worker(library, sizes, args.repeats))
+            runs.append(run_worker(library, sizes, args.repeats, args.shape))
     flops = needed_flops_per_token(shape)
     peaks = peaks_over_rounds(runs)
     result = {
@@ -176,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "shape": {"name": args.shape, **shape},
         "load_average_start": load_start, "load_average_end": list(os.getloadavg()),
         "flops_per_token": flops, "peak_flops_per_s": peaks,
+        "dense_products": {"shapes_mkn": dense_products(shape),
+                           **products_over_rounds(runs, peaks)},
         "ceiling_tokens_per_s": {d: max(peaks[lib][d]["best"] for lib in peaks) / flops["needed"]
                                  for d in DTYPES},
         "runs": runs,

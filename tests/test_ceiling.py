@@ -86,8 +86,24 @@ def test_peaks_are_the_best_of_every_round(ceiling):
     assert peaks["torch"]["float32"]["per_round"] == [2.0]
 
 
-def test_the_jax_worker_reports_a_rate_per_dtype_and_size(ceiling):
-    out = ceiling.worker("jax", [32], repeats=1)
+def test_the_jax_worker_reports_a_rate_per_dtype_size_and_product(ceiling):
+    out = ceiling.worker("jax", [32], repeats=1, products={"p": (16, 8, 24)})
     assert out["library"] == "jax"
-    assert set(out["rates"]) == {"float32", "bfloat16"}
+    assert set(out["rates"]) == set(out["products"]) == {"float32", "bfloat16"}
     assert all(r["32"] > 0 for r in out["rates"].values())
+    assert all(r["p"] > 0 for r in out["products"].values())
+
+
+def test_dense_products_of_config_a_and_their_share_of_the_peak(ceiling):
+    assert ceiling.dense_products(ceiling.SHAPES["a"]) == {
+        "projection": (4096, 128, 128), "mlp_up": (4096, 128, 512),
+        "mlp_down": (4096, 512, 128), "head": (4096, 128, 65)}
+    runs = [{"library": "jax", "rates": {"float32": {"8": 10.0}, "bfloat16": {"8": 20.0}},
+             "products": {"float32": {"p": 4.0}, "bfloat16": {"p": 5.0}}},
+            {"library": "jax", "rates": {"float32": {"8": 8.0}, "bfloat16": {"8": 16.0}},
+             "products": {"float32": {"p": 6.0}, "bfloat16": {"p": 4.0}}}]
+    peaks = ceiling.peaks_over_rounds(runs)
+    own = ceiling.products_over_rounds(runs, peaks)
+    assert own["jax"]["float32"]["p"] == {"best": 6.0, "share_of_peak": 0.6}
+    assert own["jax"]["bfloat16"]["p"] == {"best": 5.0, "share_of_peak": 0.25}
+    assert "torch" not in own  # no PyTorch rounds: nothing reported for it
