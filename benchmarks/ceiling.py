@@ -6,12 +6,12 @@ matmul each library runs here, measured in processes of their own.
 
 Each round runs one JAX and one PyTorch process (alternating, each with its library's default
 threads, as ``side_by_side.py`` runs them) that time square float32 and bfloat16 matmuls
-(float32 accumulation) and report the best; they also time the shape's own forward weight
-products (how near the peak those run alone). The step's needed FLOPs count every weight
-matmul and, for attention, only the visible part of the score matrix (a causal GPT needs
-``(T+1)/2T`` of it; a tiled kernel that skips the masked tiles comes close to that). So the
-ceiling is a bound, not a prediction: no implementation on this engine trains faster than
-``peak / needed FLOPs per token``.
+and the shape's own forward weight products; the fastest of any of them is the peak. The
+step's needed FLOPs count every weight matmul and, for attention, only the visible part of the
+score matrix (a causal GPT needs ``(T+1)/2T`` of it; a tiled kernel that skips the masked tiles
+comes close to that). So the ceiling is a bound relative to the fastest matmul measured, not
+a prediction: a step that ran every needed FLOP at that rate, and did nothing else, would
+train at ``peak / needed FLOPs per token``.
 
 With ``--side-by-side`` (a ``side_by_side.py`` JSON of the same shape) it also reports, per
 contender, the share of the peak its step reaches, and per target ratio of issue 17 (ours in
@@ -35,20 +35,27 @@ from side_by_side import worker_environment  # noqa: E402
 from side_by_side_shared import SHAPES  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
-# Issue 17's targets: (our contender, its dtype's peak, the ratio to the best PyTorch float32)
+# Issue 17's targets: our contender -> (the dtype whose peak bounds it, the ratio it must reach
+# against the fastest PyTorch contender, which trains in float32)
 TARGETS = {"jax_float32": ("float32", 1.5), "jax_bfloat16": ("bfloat16", 2.0)}
 TORCH_CONTENDERS = ("torch", "torch_compile", "hf")
+KINDS = ("gpt", "bert")  # the side-by-side shapes' models: causal GPT-2, bidirectional BERT
 
 
 def needed_flops_per_token(shape: dict) -> dict:
     """FLOPs per trained token (2 per multiply-add, x3 for forward and backward): the weight
-    matmuls (4 C^2 for attention, 8 C^2 for a 4C-wide MLP, the C x V output head and, for a
-    BERT, its C x C head transform) and the attention products (scores and weighted sum, 2 T C
-    per token per layer over the full keys), counted whole (PaLM's MFU convention) and over the
-    visible keys only (what the step must do)."""
+    matmuls (4 C^2 for attention, 8 C^2 for a 4C-wide ungated MLP, the C x V output head and,
+    for a BERT, its C x C head transform) and the attention products (scores and weighted sum,
+    2 T C per token per layer over the full keys), counted whole (PaLM's MFU convention) and
+    over the visible keys only (what the step must do). A BERT's head counts at every position,
+    as the side-by-side contenders run it (gathering the masked 15% first would save about 2%
+    of its FLOPs)."""
+    if shape["kind"] not in KINDS:
+        raise ValueError(f"shape kind {shape['kind']!r}: the FLOP count knows {KINDS}")
     c, t, layers = shape["width"], shape["train_len"], shape["layers"]
-    weights = layers * 12 * c * c + c * shape["vocab"] + (c * c if shape["kind"] == "bert" else 0)
-    visible = 1.0 if shape["kind"] == "bert" else (t + 1) / (2 * t)  # causal: (T+1)/2T
+    bert = shape["kind"] == "bert"
+    weights = layers * 12 * c * c + c * shape["vocab"] + (c * c if bert else 0)
+    visible = 1.0 if bert else (t + 1) / (2 * t)  # causal: (T+1)/2T of the scores
     attention = layers * 2 * t * c
     return {"weights": 6.0 * weights, "attention_full": 6.0 * attention,
             "attention_visible": 6.0 * attention * visible,
@@ -79,7 +86,8 @@ def _best_rate(matmul, make, dtype, mkn: tuple[int, int, int], repeats: int) -> 
 def worker(library: str, sizes: list[int], repeats: int,
            products: dict[str, tuple[int, int, int]] | None = None) -> dict:
     """Best FLOP/s per dtype of an n x n x n matmul per size and of each named product, in
-    this process."""
+    this process (JAX asks for float32 accumulation; PyTorch's CPU bfloat16 matmul accumulates
+    in float32 by itself)."""
     if library == "jax":
         import jax
         import jax.numpy as jnp
@@ -87,7 +95,7 @@ def worker(library: str, sizes: list[int], repeats: int,
         product = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
         matmul = lambda x, y: product(x, y).block_until_ready()  # noqa: E731
         make = lambda s, d: jax.random.normal(jax.random.key(sum(s)), s, d)  # noqa: E731
-        threads = None
+        threads = None  # XLA sizes its pool to the CPUs allowed (cpus_allowed)
     else:
         import torch
 
@@ -99,7 +107,8 @@ def worker(library: str, sizes: list[int], repeats: int,
     own = {d: {name: _best_rate(matmul, make, d, mkn, repeats)
                for name, mkn in (products or {}).items()} for d in DTYPES}
     return {"library": library, "rates": rates, "products": own, "threads": threads,
-            "load_average": list(os.getloadavg())}
+            "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(), "load_average": list(os.getloadavg())}
 
 
 def run_worker(library: str, sizes: list[int], repeats: int, shape: str) -> dict:
@@ -107,42 +116,60 @@ def run_worker(library: str, sizes: list[int], repeats: int, shape: str) -> dict
                "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats)]
     done = subprocess.run(command, env=worker_environment(), capture_output=True, text=True,
                           check=False, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}, "
+                           f"{'no output' if not lines else 'output ends: ' + lines[-1][:200]}):"
+                           f"\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _round_best(run: dict, dtype: str) -> float:
+    """A round's fastest product in ``dtype``: the squares or the shape's own, whichever won."""
+    return max([*run["rates"][dtype].values(), *run.get("products", {}).get(dtype, {}).values()])
 
 
 def peaks_over_rounds(runs: list[dict]) -> dict:
-    """Per library and dtype: the best rate of any size in any round (the ceiling), and the
-    median over rounds of each round's best (how steady it was)."""
+    """Per library and dtype: the fastest product of any round (the peak), and the median over
+    rounds of each round's fastest (how steady it was)."""
     out = {}
     for library in ("jax", "torch"):
-        per_round = {d: [max(r["rates"][d].values()) for r in runs if r["library"] == library]
+        per_round = {d: [_round_best(r, d) for r in runs if r["library"] == library]
                      for d in DTYPES}
         out[library] = {d: {"best": max(v), "median": statistics.median(v), "per_round": v}
                         for d, v in per_round.items() if v}
     return out
 
 
-def products_over_rounds(runs: list[dict], peaks: dict) -> dict:
+def machine_peak(peaks: dict) -> dict[str, float]:
+    """Per dtype, the faster library's peak: every share below is of this one."""
+    return {d: max(p[d]["best"] for p in peaks.values() if d in p) for d in DTYPES}
+
+
+def products_over_rounds(runs: list[dict], best: dict[str, float]) -> dict:
     """Per library, dtype and named product: its best rate over the rounds, and that as a share
-    of the library's own peak in the dtype (how near its best the step's shapes run alone)."""
+    of the machine's peak in the dtype (how near it the step's own shapes run alone)."""
     out = {}
     for library in ("jax", "torch"):
         mine = [r["products"] for r in runs if r["library"] == library and r.get("products")]
         if not mine:
             continue
-        out[library] = {d: {name: {"best": max(r[d][name] for r in mine),
-                                   "share_of_peak": max(r[d][name] for r in mine)
-                                   / peaks[library][d]["best"]}
-                            for name in mine[0][d]} for d in DTYPES}
+        out[library] = {}
+        for d in DTYPES:
+            rates = {name: max(r[d][name] for r in mine) for name in mine[0][d]}
+            out[library][d] = {name: {"best": rate, "share_of_peak": rate / best[d]}
+                               for name, rate in rates.items()}
     return out
 
 
-def against_contenders(side_by_side: dict, flops: dict, peaks: dict) -> dict:
-    """Each contender's share of the best peak of its dtype, and what each target asks."""
-    best = {d: max(peaks[lib][d]["best"] for lib in peaks) for d in DTYPES}
+def _per_round(side_by_side: dict, name: str) -> list[float]:
+    return side_by_side["summary"]["per_contender"][name]["training_tokens_per_s"]["per_round"]
+
+
+def against_contenders(side_by_side: dict, flops: dict, best: dict[str, float]) -> dict:
+    """Each contender's share of the machine's peak of its dtype, and what each target asks:
+    ratios are medians of per-round ratios (the rounds alternate, so a slow phase of the
+    machine hits both sides of a ratio), as side_by_side.py computes its own."""
     speeds = {name: c["training_tokens_per_s"]["median"]
               for name, c in side_by_side["summary"]["per_contender"].items()
               if "training_tokens_per_s" in c}
@@ -151,21 +178,52 @@ def against_contenders(side_by_side: dict, flops: dict, peaks: dict) -> dict:
         dtype = "bfloat16" if name.endswith("bfloat16") else "float32"
         out["share_of_peak"][name] = tokens_per_s * flops["needed"] / best[dtype]
     torch_speeds = {n: speeds[n] for n in TORCH_CONTENDERS if n in speeds}
-    if torch_speeds:
-        fastest = max(torch_speeds, key=torch_speeds.get)
-        out["fastest_pytorch"] = fastest
-        out["targets"] = {}
-        for ours, (dtype, ratio) in TARGETS.items():
-            ceiling = best[dtype] / flops["needed"]
-            wanted = ratio * torch_speeds[fastest]
-            entry = {"ratio": ratio, "peak_dtype": dtype,
-                     "ceiling_ratio": ceiling / torch_speeds[fastest],
-                     "share_of_peak_needed": wanted / ceiling}
-            if ours in speeds:
-                entry["measured_ratio"] = speeds[ours] / torch_speeds[fastest]
-                entry["share_of_peak_now"] = speeds[ours] / ceiling
-            out["targets"][ours] = entry
+    if not torch_speeds:
+        out["targets"] = None
+        out["note"] = f"no PyTorch contender ({', '.join(TORCH_CONTENDERS)}) in this run"
+        return out
+    fastest = max(torch_speeds, key=torch_speeds.get)
+    out["fastest_pytorch"] = fastest
+    out["targets"] = {}
+    for ours, (dtype, ratio) in TARGETS.items():
+        ceiling = best[dtype] / flops["needed"]
+        entry = {"ratio": ratio, "peak_dtype": dtype,
+                 "ceiling_ratio": ceiling / torch_speeds[fastest],
+                 "share_of_peak_needed": ratio * torch_speeds[fastest] / ceiling}
+        if ours in speeds:
+            rounds = [a / b for a, b in zip(_per_round(side_by_side, ours),
+                                             _per_round(side_by_side, fastest), strict=True)]
+            entry["measured_ratio"] = {"median": statistics.median(rounds), "min": min(rounds),
+                                       "max": max(rounds), "per_round": rounds}
+        out["targets"][ours] = entry
     return out
+
+
+def summarise(runs: list[dict], shape_name: str, side_by_side: dict | None,
+              side_by_side_file: str | None) -> dict:
+    """Everything but the run's own facts (command, date, load), from the workers' outputs."""
+    shape = SHAPES[shape_name]
+    flops = needed_flops_per_token(shape)
+    peaks = peaks_over_rounds(runs)
+    best = machine_peak(peaks)
+    out = {"shape": {"name": shape_name, **shape}, "flops_per_token": flops,
+           "peak_flops_per_s": peaks, "machine_peak_flops_per_s": best,
+           "ceiling_tokens_per_s": {d: best[d] / flops["needed"] for d in DTYPES},
+           "dense_products": {"shapes_mkn": dense_products(shape),
+                              **products_over_rounds(runs, best)},
+           "runs": runs}
+    if side_by_side is not None:
+        out["side_by_side"] = {"file": side_by_side_file, "date": side_by_side.get("date"),
+                               **against_contenders(side_by_side, flops, best)}
+    return out
+
+
+def _read_json(parser, path: str, what: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        parser.error(f"{what} {path!r}: {err}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,46 +234,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="JAX and PyTorch processes each")
     p.add_argument("--sizes", default="1024,2048", help="square matmul sizes, comma-separated")
     p.add_argument("--repeats", type=int, default=5, help="timed products per size and dtype")
+    p.add_argument("--reuse", metavar="JSON",
+                   help="no new measurement: summarise the worker runs of an earlier output")
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
-        p.error(f"--sizes {args.sizes!r}: give square matmul sizes like 1024,2048")
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        p.error(f"--sizes {args.sizes!r}: give positive square matmul sizes like 1024,2048")
+    if args.rounds < 1 or args.repeats < 1:
+        p.error(f"--rounds {args.rounds} --repeats {args.repeats}: both must be at least 1")
     if args.worker:
         print(json.dumps(worker(args.worker, sizes, args.repeats,
                                 dense_products(SHAPES[args.shape]))))
         return 0
     side_by_side = None
     if args.side_by_side:
-        with open(args.side_by_side) as f:
-            side_by_side = json.load(f)
-        if side_by_side["shape"]["name"] != args.shape:
-            p.error(f"{args.side_by_side} measured shape {side_by_side['shape']['name']!r}, "
-                    f"not --shape {args.shape}: pass the matching --shape")
-    shape = SHAPES[args.shape]
-    load_start = list(os.getloadavg())
-    runs = []
-    for _ in range(args.rounds):
-        for library in ("jax", "torch"):
-            runs.append(run_worker(library, sizes, args.repeats, args.shape))
-    flops = needed_flops_per_token(shape)
-    peaks = peaks_over_rounds(runs)
-    result = {
-        "command": " ".join(["python", "benchmarks/ceiling.py", *(argv or sys.argv[1:])]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "shape": {"name": args.shape, **shape},
-        "load_average_start": load_start, "load_average_end": list(os.getloadavg()),
-        "flops_per_token": flops, "peak_flops_per_s": peaks,
-        "dense_products": {"shapes_mkn": dense_products(shape),
-                           **products_over_rounds(runs, peaks)},
-        "ceiling_tokens_per_s": {d: max(peaks[lib][d]["best"] for lib in peaks) / flops["needed"]
-                                 for d in DTYPES},
-        "runs": runs,
-    }
-    if side_by_side is not None:
-        result["side_by_side"] = {"file": args.side_by_side, "date": side_by_side.get("date"),
-                                  **against_contenders(side_by_side, flops, peaks)}
+        side_by_side = _read_json(p, args.side_by_side, "--side-by-side")
+        if side_by_side.get("shape", {}).get("name") != args.shape or "summary" not in side_by_side:
+            p.error(f"{args.side_by_side} is not a timed side_by_side.py run of shape "
+                    f"{args.shape}: pass the matching --shape, and a run made without --check")
+    load_start, earlier = list(os.getloadavg()), None
+    if args.reuse:
+        earlier = _read_json(p, args.reuse, "--reuse")
+        runs = earlier["runs"]
+    else:
+        runs = [run_worker(library, sizes, args.repeats, args.shape)
+                for _ in range(args.rounds) for library in ("jax", "torch")]
+    result = {"command": " ".join(["python", "benchmarks/ceiling.py", *(argv or sys.argv[1:])]),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_start": load_start,
+              "load_average_end": list(os.getloadavg()),
+              **summarise(runs, args.shape, side_by_side, args.side_by_side)}
+    if earlier is not None:  # the measurement's own date and load, not this summary's
+        result["runs_from"] = {"file": args.reuse, **{k: earlier.get(k) for k in (
+            "command", "date", "load_average_start", "load_average_end")}}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -69,6 +69,9 @@ def test_flops_per_token_by_hand():
     macs = 2 * 512 + 80 + 2 * 2 * 4 * 8
     assert flops_per_token(cfg, seq_len=4, training=False) == 2 * macs
     assert flops_per_token(cfg, seq_len=4) == 6 * macs
+    # BERT's masked-LM head has an 8 x 8 transform before the output matrix
+    bert = cfg.replace(family="bert", mask={"name": "bidirectional"})
+    assert flops_per_token(bert, seq_len=4, training=False) == 2 * (macs + 8 * 8)
 
 
 def test_corpus_errors_and_default(tmp_path):

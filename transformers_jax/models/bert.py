@@ -225,4 +225,4 @@ def fill_mask(
 
 
 FAMILIES.add("bert", Family(BERT, objective="mlm", default_mask="bidirectional", tasks=None,
-                            masked_lm=True, fills_masks=True))
+                            masked_lm=True, fills_masks=True, head_transform=True))

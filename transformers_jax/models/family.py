@@ -42,6 +42,7 @@ class Family:
     masked_lm: bool = False
     fills_masks: bool = False
     cross_attention: bool = False  # a decoder stack that reads an encoder (FLOPs, layers)
+    head_transform: bool = False  # a C x C dense before the output matrix (BERT's MLM; FLOPs)
     recurrent: bool = False
 
     def build(self, config: ModelConfig) -> nn.Module:
@@ -66,9 +67,10 @@ class Family:
 
     def forward_flops(self, config: ModelConfig, seq_len: int) -> float:
         """Matmul FLOPs per token of one forward pass (2 per multiply-add): every weight
-        matmul (the output head included, not the embedding lookup) and the two attention
-        matmuls over the full ``seq_len`` keys (PaLM's MFU convention: causal masking is not
-        subtracted). An encoder-decoder counts both stacks over equally long sequences."""
+        matmul (the output head and any transform before it included, not the embedding
+        lookup) and the two attention matmuls over the full ``seq_len`` keys (PaLM's MFU
+        convention: causal masking is not subtracted). An encoder-decoder counts both stacks
+        over equally long sequences."""
         C, H, N, D, F, V = (config.d_model, config.n_heads, config.kv_heads,
                             config.dims_per_head, config.ff_dim, config.vocab_size)
         mlp_mats = 3 if MLPS.get(config.mlp).gated else 2
@@ -79,6 +81,8 @@ class Family:
             cross_layers = config.decoder_layers
             layers += cross_layers
         weight_macs = layers * per_layer + cross_layers * attention + C * V
+        if self.head_transform:
+            weight_macs += C * C
         attention_macs = (layers + cross_layers) * 2 * seq_len * H * D
         return 2.0 * (weight_macs + attention_macs)
 
