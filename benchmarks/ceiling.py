@@ -25,14 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from side_by_side import worker_environment  # noqa: E402
-from side_by_side_shared import SHAPES  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from side_by_side import run_worker  # noqa: E402
+from side_by_side_shared import SHAPES, emit, process_facts  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 # Issue 17's targets: our contender -> (the dtype whose peak bounds it, the ratio it must reach
@@ -107,21 +105,16 @@ def worker(library: str, sizes: list[int], repeats: int,
     own = {d: {name: _best_rate(matmul, make, d, mkn, repeats)
                for name, mkn in (products or {}).items()} for d in DTYPES}
     return {"library": library, "rates": rates, "products": own, "threads": threads,
-            "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count(), "load_average": list(os.getloadavg())}
+            **process_facts()}
 
 
-def run_worker(library: str, sizes: list[int], repeats: int, shape: str) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--worker", library, "--shape", shape,
-               "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats)]
-    done = subprocess.run(command, env=worker_environment(), capture_output=True, text=True,
-                          check=False, timeout=900)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}, "
-                           f"{'no output' if not lines else 'output ends: ' + lines[-1][:200]}):"
-                           f"\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])
+def measure(library: str, sizes: list[int], repeats: int, shape: str) -> dict:
+    """One worker process of ``library`` (side_by_side.py's runner: the same environment,
+    wall time and the share of the CPUs other processes took meanwhile)."""
+    return run_worker(os.path.basename(__file__),
+                      ["--worker", library, "--shape", shape, "--sizes", ",".join(map(str, sizes)),
+                       "--repeats", str(repeats)],
+                      lambda message: print(message, file=sys.stderr), timeout=900)
 
 
 def _round_best(run: dict, dtype: str) -> float:
@@ -262,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         earlier = _read_json(p, args.reuse, "--reuse")
         runs = earlier["runs"]
     else:
-        runs = [run_worker(library, sizes, args.repeats, args.shape)
+        runs = [measure(library, sizes, args.repeats, args.shape)
                 for _ in range(args.rounds) for library in ("jax", "torch")]
     result = {"command": " ".join(["python", "benchmarks/ceiling.py", *(argv or sys.argv[1:])]),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_average_start": load_start,
@@ -271,11 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if earlier is not None:  # the measurement's own date and load, not this summary's
         result["runs_from"] = {"file": args.reuse, **{k: earlier.get(k) for k in (
             "command", "date", "load_average_start", "load_average_end")}}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
     return 0
 
 

@@ -118,7 +118,11 @@ def run_worker(script: str, arguments: list[str], log, timeout: float,
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
                            f"{done.stderr[-3000:]}")
-    result = json.loads(done.stdout)
+    try:
+        result = json.loads(done.stdout)
+    except json.JSONDecodeError as err:  # a worker that printed nothing, or not only its JSON
+        raise RuntimeError(f"{' '.join(command)} printed no JSON object ({err}); its stdout "
+                           f"ends: {done.stdout[-200:]!r}\n{done.stderr[-3000:]}") from err
     result["process_wall_s"] = wall
     # The share of the machine other processes used while this worker ran: the machine's busy
     # CPU time minus the worker's own, over wall time x CPUs. (The load average cannot tell:

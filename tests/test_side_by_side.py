@@ -118,6 +118,13 @@ def test_every_timed_step_is_kept_per_process(driver):
     assert driver.step_times_ms(runs) == {"jax_float32": [[100.0, 200.0], [300.0]]}
 
 
+def test_a_worker_without_json_output_is_named(driver, tmp_path, monkeypatch):
+    (tmp_path / "silent.py").write_text("print('not json')\n")
+    monkeypatch.setattr(driver, "HERE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="silent.py printed no JSON object.*not json"):
+        driver.run_worker("silent.py", [], lambda message: None, timeout=60)
+
+
 def test_correctness_flags_a_loss_gap_and_a_different_token(driver):
     ours = _run(1.0, 1.0)
     close = _run(1.0, 1.0)
