@@ -430,3 +430,35 @@ def test_abstract_state_matches_the_real_state_without_allocating(strategy, mesh
         assert shape.sharding.is_equivalent_to(array.sharding, array.ndim)
     batch = trainer.abstract_batch(example)
     assert batch["inputs"].sharding.spec[0] in ("data", ("data", "fsdp"))
+
+
+def _lowered_train_step(model_cfg: ModelConfig, devices) -> str:
+    """StableHLO of the "single" strategy's train step lowered for ``devices``."""
+    from transformers_jax.models import build_model
+    from transformers_jax.parallel.mesh import make_mesh
+    from transformers_jax.parallel.strategies import make_trainer
+    from transformers_jax.plan.steps import _zeros, example_batch
+    from transformers_jax.train.objectives import objective_for
+    from transformers_jax.train.optim import make_optimizer
+
+    cfg = TINY_TRAIN.replace(strategy="single", mesh=None)
+    batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
+    trainer = make_trainer(cfg.strategy, build_model(model_cfg), make_optimizer(cfg),
+                           _zeros(batch), mesh=make_mesh(cfg.mesh, devices=devices),
+                           objective=objective_for(model_cfg.family))
+    return trainer.lower(trainer.abstract_state(), trainer.abstract_batch(batch)).as_text()
+
+
+@needs_libtpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_only_gradients_stay_out_of_the_tpu_program(dtype):
+    """Issue 17: nothing done for the CPU may change the accelerator program. The CPU-only
+    gradients (``nn.matmul``'s kernel gradients computed in another orientation behind an
+    ``optimization_barrier``; the chunked kernel's materialised k^T) follow the platform
+    compiled for: lowered for a TPU the train step has none of them; lowered for this host it
+    has them (so the check can fail)."""
+    model_cfg = TINY.replace(dtype=dtype, attention="chunked")  # MLP down: I > O (256 -> 64)
+    on_tpu = _lowered_train_step(model_cfg, planning.tpu_target(TOPOLOGY).devices[:1])
+    on_cpu = _lowered_train_step(model_cfg, jax.devices("cpu")[:1])
+    assert on_cpu.count("optimization_barrier") >= 2  # a kernel gradient and the attention's k^T
+    assert "optimization_barrier" not in on_tpu
