@@ -14,6 +14,7 @@ import shlex
 import sys
 from typing import Any
 
+from transformers_jax.compile_cache import use_compile_cache
 from transformers_jax.config import (
     ConfigError,
     ModelConfig,
@@ -78,6 +79,7 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
 def cmd_train(argv: list[str]) -> int:
     model_cfg, train_cfg = build_configs(argv)
     preset = train_parser().parse(argv)[0].preset
+    use_compile_cache()  # every seed and resume of a run compiles the same step
     from transformers_jax.loop import train  # imports JAX: after the configs are valid
 
     # The vocabulary follows the tokenizer unless given explicitly (a published preset's is).
@@ -104,6 +106,7 @@ def cmd_sample(argv: list[str]) -> int:
     parser.add_argument("--num-samples", type=int, default=1, help="continuations of the prompt")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
     args, _, _ = parser.parse(argv)
+    use_compile_cache()
 
     from transformers_jax.runs import load_run
     from transformers_jax.sample import SamplingConfig, generate
@@ -166,6 +169,7 @@ def cmd_fill_mask(argv: list[str]) -> int:
     parser.add_argument("--text", required=True, help='e.g. "The [MASK] statement"')
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK]")
     args, _, _ = parser.parse(argv)
+    use_compile_cache()
 
     from transformers_jax.models.bert import fill_mask
     from transformers_jax.runs import load_run
@@ -216,6 +220,7 @@ def cmd_eval(argv: list[str]) -> int:
         raise ValueError(f"--passkey-trials {args.passkey_trials}: must be a positive integer")
     if args.out:  # before the evaluation, so a bad path does not lose its result
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    use_compile_cache()
 
     from transformers_jax.evaluation import evaluate_run
 

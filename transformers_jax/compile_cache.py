@@ -1,0 +1,78 @@
+"""JAX's persistent compilation cache for the ``tjax`` commands that train or run a model.
+
+A researcher runs the same program many times: every seed of an ablation, every resume, every
+``tjax sample`` of a run. XLA compiles it afresh in each new process (config a: 3-4 s on a
+2-core CPU; a GPT-2-sized step for a TPU: minutes), unless JAX's persistent cache holds the
+executable: then a new process loads it (config a: 0.84 s, BENCHMARKS.md section 3).
+
+``tjax train``, ``sample``, ``eval`` and ``fill-mask`` turn it on, first setting found wins:
+
+1. ``TJAX_COMPILE_CACHE=DIR`` (``off`` turns tjax's cache off);
+2. JAX's own setting (``JAX_COMPILATION_CACHE_DIR``, or ``jax_compilation_cache_dir`` set in
+   Python): left as it is;
+3. ``$XDG_CACHE_HOME/transformers_jax/xla`` (default ``~/.cache/transformers_jax/xla``).
+
+JAX's thresholds stay (only programs that took a second or more to compile are written), and
+its cache key covers the program, the JAX and XLA versions, the flags and the devices, so an
+entry is never used for another program. ``tjax bench`` measures compiles: it uses a cache only
+when told (``--compile-cache DIR``), and then for every program. A folder that cannot be made
+is reported and the command compiles without it; it never stops a run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+ENV = "TJAX_COMPILE_CACHE"
+OFF = ("off", "none", "0", "false", "")
+
+
+def default_dir(environ: Mapping[str, str] = os.environ) -> str:
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "transformers_jax", "xla")
+
+
+def chosen_dir(explicit: str | None = None, environ: Mapping[str, str] = os.environ,
+               jax_dir: str | None = None) -> str | None:
+    """The folder to use (None: no cache of ours), from an explicit choice, then ``ENV``, then
+    JAX's own setting ``jax_dir`` (kept as it is), then ``default_dir``."""
+    if explicit is None:
+        explicit = environ.get(ENV)
+        if explicit is None and jax_dir:
+            return jax_dir
+    if explicit is None:
+        return default_dir(environ)
+    return None if explicit.strip().lower() in OFF else os.path.expanduser(explicit)
+
+
+def use_compile_cache(explicit: str | None = None, *, every_compile: bool = False) -> str | None:
+    """Point JAX's persistent cache at ``chosen_dir(explicit)``; returns the folder in use, or
+    None. Call it before the process compiles anything (JAX fixes the folder at its first
+    compile). ``every_compile``: cache even sub-second compiles (what ``tjax bench`` times)."""
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    directory = chosen_dir(explicit, os.environ, current)
+    if directory is None or directory == current:
+        if directory is not None and every_compile:
+            _every_compile(jax)
+        return directory
+    if "://" not in directory:  # gs://... and other remote folders are JAX's to open
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as err:
+            print(f"tjax: warning: cannot use {directory} as the compilation cache ({err}); "
+                  f"compiling without it (set {ENV} to another folder, or to off)",
+                  file=sys.stderr)
+            return None
+    jax.config.update("jax_compilation_cache_dir", directory)
+    if every_compile:
+        _every_compile(jax)
+    return directory
+
+
+def _every_compile(jax) -> None:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
