@@ -10,8 +10,15 @@ the model and batch are ``tjax bench``'s (config a unless ``--preset``/``--model
     python benchmarks/profile_step.py                      # config a's train step
     python benchmarks/profile_step.py --decode-batch 8     # its decoding loop at batch 8
     python benchmarks/profile_step.py --model.attention.unroll_tiles=0 --top 15
+    python benchmarks/profile_step.py --compile           # where the step's compile goes
 
 Times under the profiler run a little slower than without it: compare profiles with profiles.
+
+``--compile`` traces the XLA compile of the training step instead: the wall time of tracing,
+lowering and compiling; XLA's phases (its HLO passes, the kernel compiles of its fusions,
+LLVM's code generation, the thunk emission; inclusive wall ms, summed over threads where they
+run in parallel); and the kernel compiles by the part of the model each fusion comes from
+(its ``op_name``), since XLA:CPU compiles each distinct fusion on its own.
 """
 
 from __future__ import annotations
@@ -79,6 +86,106 @@ def summarise(counts: collections.Counter, shapes: dict[str, str], runs: int, to
             "plain_dots_by_output_shape_ms": ms(plain)}
 
 
+# XLA:CPU's compile phases, as its trace names them (a name starts with one of these)
+COMPILE_PHASES = ("HLO passes through layout assignment", "HLO passes after layout assignment",
+                  "FusionCompiler::Compile", "JitCompiler::Compile",
+                  "ThunkEmitter::EmitEntryComputation", "ThunkEmitter::ConsumeKernels")
+_PARTS = ("attention", "mlp", "norm", "embed", "head")
+
+
+def op_names(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> its ``op_name`` metadata, in every computation of a module's text."""
+    names = {}
+    for m in re.finditer(r"^\s+(?:ROOT )?%([\w.\-]+) = .*$", hlo_text, re.M):
+        found = re.search(r'op_name="([^"]*)"', m.group(0))
+        names[m.group(1)] = found.group(1) if found else ""
+    return names
+
+
+def model_part(op_name: str) -> str:
+    """``"forward attention"``, ``"backward mlp"``, ...; ``"optimizer and step"`` for what is
+    neither (the update, the gradient norm, the RNG); ``"unnamed"`` without metadata."""
+    if not op_name:
+        return "unnamed"
+    direction = ("backward" if "transpose(" in op_name
+                 else "forward" if "jvp(" in op_name else None)
+    if direction is None:
+        return "optimizer and step"
+    part = next((p for p in _PARTS if re.search(rf"/[\w.]*{p}", op_name)), "other")
+    return f"{direction} {part}"
+
+
+def compile_anatomy(events: list[dict], hlo_text: str, top: int) -> dict:
+    """XLA's compile phases (inclusive wall ms and counts) and its kernel compiles by model
+    part, from a trace of one compile."""
+    phases = collections.Counter()
+    counts = collections.Counter()
+    kernels = collections.Counter()
+    kernel_counts = collections.Counter()
+    names = op_names(hlo_text)
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        phase = next((p for p in COMPILE_PHASES if e["name"].startswith(p)), None)
+        if phase is None:
+            continue
+        phases[phase] += e["dur"]
+        counts[phase] += 1
+        if phase == "FusionCompiler::Compile":
+            module = (e.get("args") or {}).get("module", "")
+            fusion = re.sub(r"_kernel_module$", "", re.sub(r"^__compute_module_", "", module))
+            part = model_part(names.get(fusion, ""))
+            kernels[part] += e["dur"]
+            kernel_counts[part] += 1
+    return {
+        "phases_ms": {p: round(phases[p] / 1e3, 1) for p in COMPILE_PHASES},
+        "phase_counts": {p: counts[p] for p in COMPILE_PHASES},
+        "kernel_compiles_by_part": [
+            {"part": part, "kernels": kernel_counts[part], "ms": round(t / 1e3, 1)}
+            for part, t in kernels.most_common(top)],
+    }
+
+
+def trace_events(trace_dir: str) -> list[dict]:
+    traces = glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
+    if not traces:
+        raise SystemExit("profile_step: the profiler wrote no perfetto trace")
+    with gzip.open(traces[0]) as f:
+        return json.load(f)["traceEvents"]
+
+
+def profile_compile(step, state, batch, top: int) -> dict:
+    import time
+
+    import jax
+
+    wall = time.perf_counter()
+    traced = step.trace(state, batch)
+    trace_s = time.perf_counter() - wall
+    lowered = traced.lower()
+    lower_s = time.perf_counter() - wall - trace_s
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+        start = time.perf_counter()
+        compiled = lowered.compile()
+        compile_s = time.perf_counter() - start
+        jax.profiler.stop_trace()
+        events = trace_events(trace_dir)
+    text = compiled.as_text()
+    anatomy = compile_anatomy(events, text, top)
+    if not any(anatomy["phase_counts"].values()):
+        raise SystemExit(
+            "profile_step: XLA compiled nothing: the program came from JAX's persistent "
+            f"compilation cache ({jax.config.jax_compilation_cache_dir}); unset "
+            "JAX_COMPILATION_CACHE_DIR (or choose another model) to profile a compile")
+    return {"trace_s": round(trace_s, 3), "lower_s": round(lower_s, 3),
+            "compile_s": round(compile_s, 3),
+            "fusions": len(re.findall(r" fusion\(", text)),
+            **anatomy,
+            "note": "the compile ran under the profiler (a little slower); phases are "
+                    "inclusive wall ms summed over XLA's compile threads"}
+
+
 def main(argv: list[str] | None = None) -> None:
     relaunch_with_tunables()  # the malloc setting tjax runs with (BENCHMARKS.md section 2b)
     import flax.linen as nn
@@ -92,8 +199,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="profile greedy decoding at this batch instead of a training step")
     p.add_argument("--runs", type=int, default=5, help="traced executions (after 3 untimed)")
     p.add_argument("--top", type=int, default=25, help="rows per table")
+    p.add_argument("--compile", action="store_true",
+                   help="profile the training step's XLA compile instead of its executions")
     args, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     model_cfg, cfg, _, _ = bench_configs(rest)
+    if args.compile:
+        if args.decode_batch is not None:
+            raise SystemExit("profile_step: --compile profiles the training step; drop "
+                             "--decode-batch")
+        step, state, batch = training_setup(model_cfg, cfg)
+        print(json.dumps({"training_step_compile": {"batch_size": cfg.batch_size,
+                                                    "seq_len": cfg.seq_len},
+                          "model": model_cfg.to_dict(),
+                          **profile_compile(step, state, batch, args.top)}, indent=1))
+        return
     if args.decode_batch is None:
         step, state, batch = training_setup(model_cfg, cfg)
         compiled = step.lower(state, batch).compile()
@@ -127,11 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.runs):
             jax.block_until_ready(run())
         jax.profiler.stop_trace()
-        traces = glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
-        if not traces:
-            raise SystemExit("profile_step: the profiler wrote no perfetto trace")
-        with gzip.open(traces[0]) as f:
-            events = json.load(f)["traceEvents"]
+        events = trace_events(trace_dir)
     summary = summarise(self_times(events), output_shapes(compiled.as_text()), args.runs,
                         args.top)
     print(json.dumps({**what, "model": model_cfg.to_dict(), "runs": args.runs, **summary,

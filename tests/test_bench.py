@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -227,6 +228,58 @@ def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
     assert result["training_step"]["batch_size"] == int(bench.TINY_TRAIN["batch_size"])
     assert result["self_ms_per_run"] > 0 and len(result["by_kind_ms"]) == 5
     assert any(kind.endswith("fusion") for kind, _ in result["by_kind_ms"])
+
+
+def test_profile_step_compile_anatomy(monkeypatch, capsys):
+    """The compile phases and the kernel compiles by model part, from a hand-made trace; then
+    a real (tiny) compile profiled end to end."""
+    profile = _load("profile_step")
+    meta = 'metadata={{op_name="jit(train_step)/{}"}}'.format
+    hlo = "\n".join([
+        "ENTRY %main {",
+        f"  %fusion.1 = f32[8]{{0}} fusion(%a), kind=kLoop, calls=%f1, "
+        f"{meta('jvp(GPT)/stack/layer_0/attention/exp')}",
+        f"  %add_fusion.2 = f32[8]{{0}} fusion(%b), kind=kLoop, calls=%f2, "
+        f"{meta('transpose(jvp(GPT))/stack/layer_0/mlp/up/mul')}",
+        f"  ROOT %select_add_fusion.3 = f32[8]{{0}} fusion(%c), kind=kLoop, calls=%f3, "
+        f"{meta('add')}",
+        "}"])
+
+    def kernel(module, ts, dur):
+        return {"ph": "X", "name": "FusionCompiler::Compile", "ts": ts, "dur": dur, "pid": 1,
+                "tid": 1, "args": {"module": module}}
+
+    events = [
+        {"ph": "X", "name": "HLO passes through layout assignment (jit_train_step)", "ts": 0,
+         "dur": 3000, "pid": 1, "tid": 1},
+        kernel("fusion.1_kernel_module", 10, 2000),
+        kernel("__compute_module_add_fusion.2", 20, 1000),
+        kernel("select_add_fusion.3_kernel_module", 30, 500),
+        kernel("wrapped_scatter", 40, 500),  # no such instruction: unnamed
+        {"ph": "X", "name": "JitCompiler::Compile", "ts": 50, "dur": 4000, "pid": 1, "tid": 2},
+    ]
+    got = profile.compile_anatomy(events, hlo, top=10)
+    assert got["phases_ms"]["HLO passes through layout assignment"] == 3.0
+    assert got["phases_ms"]["FusionCompiler::Compile"] == 4.0
+    assert got["phase_counts"]["FusionCompiler::Compile"] == 4
+    assert got["phases_ms"]["JitCompiler::Compile"] == 4.0
+    assert got["kernel_compiles_by_part"] == [
+        {"part": "forward attention", "kernels": 1, "ms": 2.0},
+        {"part": "backward mlp", "kernels": 1, "ms": 1.0},
+        {"part": "optimizer and step", "kernels": 1, "ms": 0.5},
+        {"part": "unnamed", "kernels": 1, "ms": 0.5}]
+
+    monkeypatch.setenv("TJAX_HOST_MALLOC", "system")  # no re-exec of the test process
+    # a shape no other test compiles: the suite's persistent cache would serve it uncompiled
+    profile.main(["--compile", "--tiny", "--top", "5", "--model.d_ff=96"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["trace_s"] > 0 and result["compile_s"] > 0 and result["fusions"] > 0
+    assert result["phase_counts"]["FusionCompiler::Compile"] > 0
+    parts = {row["part"] for row in result["kernel_compiles_by_part"]}
+    assert "optimizer and step" in parts or len(parts) == 5
+    if jax.config.jax_compilation_cache_dir:  # the suite's cache now holds that program
+        with pytest.raises(SystemExit, match="persistent compilation cache"):
+            profile.main(["--compile", "--tiny", "--model.d_ff=96"])
 
 
 def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
