@@ -8,7 +8,11 @@ side's spread (``rounds.spread``) and that of the per-round ratios (after / befo
 
     python benchmarks/commits_ab.py --before HEAD~1 --rounds 8 --out ab.json
     python benchmarks/commits_ab.py --before b779eaf --cores 0 -- --preset bert-cpu
-    # arguments after "--" go to `tjax bench` (always with --no-decode)
+    python benchmarks/commits_ab.py --before HEAD~1 --decode -- --steps 2 --warmup 1
+    # arguments after "--" go to `tjax bench` (with --no-decode unless --decode)
+
+``--decode`` times decoding too (``tjax bench``'s greedy loop at each of its decode batches)
+and reports its tokens/s and per-round ratios per batch beside the training figures.
 
 Measure on a quiet machine: the script records the load average before and after each run.
 """
@@ -38,11 +42,12 @@ def worktree(rev: str, into: str) -> str:
     return path
 
 
-def bench(tree: str, bench_args: list[str], cores: str | None, out: str) -> dict:
-    """One ``tjax bench --no-decode`` process from ``tree``; its JSON."""
+def bench(tree: str, bench_args: list[str], cores: str | None, out: str,
+          decode: bool = False) -> dict:
+    """One ``tjax bench`` process from ``tree`` (``--no-decode`` unless ``decode``); its JSON."""
     env = {**os.environ, "PYTHONPATH": tree}
-    cmd = [sys.executable, "-m", "transformers_jax.cli", "bench", "--no-decode", *bench_args,
-           "--out", out]
+    cmd = [sys.executable, "-m", "transformers_jax.cli", "bench",
+           *([] if decode else ["--no-decode"]), *bench_args, "--out", out]
     if cores:
         cmd = ["taskset", "-c", cores, *cmd]
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -50,6 +55,15 @@ def bench(tree: str, bench_args: list[str], cores: str | None, out: str) -> dict
         raise SystemExit(f"commits_ab: tjax bench failed in {tree}:\n{done.stderr[-2000:]}")
     with open(out) as f:
         return json.load(f)
+
+
+def decode_rates(out: dict) -> dict[str, float]:
+    """``{"batch_1": tokens/s, ...}`` from a ``tjax bench`` JSON; a clear error without them."""
+    decoding = out.get("decoding")
+    if not decoding:
+        raise SystemExit("commits_ab: --decode, but tjax bench did not decode "
+                         f"({out.get('decoding_note', 'no decoding section')})")
+    return {k: v["decode_tokens_per_s"] for k, v in decoding.items() if k.startswith("batch_")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--cores", default=None, help="run both pinned to these cores (taskset -c)")
     p.add_argument("--out", default=None, help="write the JSON there too")
+    p.add_argument("--decode", action="store_true",
+                   help="time decoding too and report it per decode batch")
     args = p.parse_args(own)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -74,12 +90,13 @@ def main(argv: list[str] | None = None) -> None:
                 for side in ("before", "after"):
                     load = os.getloadavg()[0]
                     out = bench(trees[side], bench_args, args.cores,
-                                os.path.join(tmp, f"{side}_{r}.json"))
+                                os.path.join(tmp, f"{side}_{r}.json"), args.decode)
                     t = out["training"]
                     runs[side].append({
                         "tokens_per_s": t["tokens_per_s"], "step_ms_median": t["step_ms_median"],
                         "compile_s": t["compile_s"], "mfu": t.get("mfu"),
-                        "load_before": load, "load_after": os.getloadavg()[0]})
+                        "load_before": load, "load_after": os.getloadavg()[0],
+                        **({"decode_tokens_per_s": decode_rates(out)} if args.decode else {})})
                     print(f"round {r + 1} {side}: {t['tokens_per_s']:,.0f} tokens/s, compile "
                           f"{t['compile_s']:.2f} s, load {load:.2f}", file=sys.stderr, flush=True)
         finally:
@@ -89,12 +106,21 @@ def main(argv: list[str] | None = None) -> None:
                                     trees[side]], capture_output=True)
     ratios = [a["tokens_per_s"] / b["tokens_per_s"]
               for a, b in zip(runs["after"], runs["before"], strict=True)]
+    decoding = {}
+    if args.decode:
+        for batch in runs["before"][0]["decode_tokens_per_s"]:
+            rates = {s: [x["decode_tokens_per_s"][batch] for x in runs[s]] for s in runs}
+            decoding[batch] = {
+                "tokens_per_s": {s: spread(v) for s, v in rates.items()},
+                "ratio_after_over_before": spread(
+                    [a / b for a, b in zip(rates["after"], rates["before"], strict=True)])}
     result = {
         "before": args.before, "after": args.after or "checkout", "bench_args": bench_args,
         "cores": args.cores, "rounds": args.rounds, "runs": runs,
         "tokens_per_s": {s: spread([x["tokens_per_s"] for x in runs[s]]) for s in runs},
         "compile_s": {s: spread([x["compile_s"] for x in runs[s]]) for s in runs},
         "ratio_after_over_before": spread(ratios),
+        **({"decoding": decoding} if args.decode else {}),
     }
     text = json.dumps(result, indent=1)
     print(text)

@@ -295,14 +295,20 @@ def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
                               text=True).stdout
 
     before = worktrees()
-    ab.main(["--before", "HEAD", "--rounds", "1", "--out", str(out), "--", "--tiny"])
+    ab.main(["--before", "HEAD", "--rounds", "1", "--decode", "--out", str(out), "--",
+             "--tiny", "--decode-batches", "1,2"])
     result = json.loads(out.read_text())
     for side in ("before", "after"):
         run, = result["runs"][side]
         assert _positive(run["tokens_per_s"]) and _positive(run["compile_s"])
         assert run["tokens_per_s"] == result["tokens_per_s"][side]["median"]
+        assert set(run["decode_tokens_per_s"]) == {"batch_1", "batch_2"}
     ratio = result["runs"]["after"][0]["tokens_per_s"] / result["runs"]["before"][0]["tokens_per_s"]
     assert result["ratio_after_over_before"]["values"] == [ratio]
+    b2 = [result["runs"][s][0]["decode_tokens_per_s"]["batch_2"] for s in ("after", "before")]
+    assert result["decoding"]["batch_2"]["ratio_after_over_before"]["values"] == [b2[0] / b2[1]]
+    with pytest.raises(SystemExit, match="did not decode"):
+        ab.decode_rates({"decoding": None, "decoding_note": "skipped: --no-decode"})
     assert worktrees() == before
     with pytest.raises(SystemExit, match="cannot check out 'no-such-rev'"):
         ab.main(["--before", "no-such-rev", "--rounds", "1"])

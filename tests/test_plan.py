@@ -462,3 +462,34 @@ def test_cpu_only_gradients_stay_out_of_the_tpu_program(dtype):
     on_cpu = _lowered_train_step(model_cfg, jax.devices("cpu")[:1])
     assert on_cpu.count("optimization_barrier") >= 2  # a kernel gradient and the attention's k^T
     assert "optimization_barrier" not in on_tpu
+
+
+@needs_libtpu
+def test_the_decoding_loop_with_its_cpu_compile_option_compiles_for_tpu():
+    """``generate_tokens`` carries ``DECODE_COMPILER_OPTIONS`` (an XLA:CPU pass turned off) on
+    every platform: the TPU compiler takes the option and the loop compiles."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from transformers_jax.models import build_model
+    from transformers_jax.parallel import make_mesh
+    from transformers_jax.sample import SamplingConfig, generate_tokens
+
+    model = build_model(TINY)
+    mesh = make_mesh("data=1", devices=planning.tpu_target(TOPOLOGY).devices[:1])
+    whole = NamedSharding(mesh, P())
+
+    def placed(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=whole)
+
+    params = jax.eval_shape(lambda: nn.meta.unbox(
+        model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
+    args = (jax.tree.map(placed, params), placed(jnp.zeros((2, 8), jnp.int32)),
+            placed(jnp.zeros((2,), jnp.int32)), placed(jax.random.key(0)))
+    with jax.set_mesh(mesh):
+        compiled = generate_tokens.lower(
+            model, *args, cfg=SamplingConfig(max_new_tokens=4, temperature=0.0)).compile()
+    assert "jit_generate_tokens" in compiled.as_text()
+    assert compiled.memory_analysis().argument_size_in_bytes > 0

@@ -94,3 +94,29 @@ def test_learned_positions_with_padding_stay_finite():
     out = generate(model, params, [[1, 2, 3]], SamplingConfig(max_new_tokens=4, temperature=0.0))
     assert len(out[0]) == 4
     jax.block_until_ready(out)
+
+
+def test_the_decoding_loop_compiles_without_splitting_its_small_passes_over_threads():
+    """``generate_tokens`` compiles with ``DECODE_COMPILER_OPTIONS``: on CPU no loop fusion of
+    the decoding program is split across threads (XLA's parallel task assignment), while the
+    same function compiled plainly has such splits (so the check can fail)."""
+    import flax.linen as nn
+
+    from transformers_jax import ModelConfig, build_model
+    from transformers_jax.sample import generate_tokens
+
+    cfg = ModelConfig(vocab_size=65, d_model=128, n_layers=1, n_heads=4, max_len=64,
+                      dropout=0.0)
+    model = build_model(cfg)
+    params = nn.meta.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    prompts, lengths = jnp.ones((8, 8), jnp.int32), jnp.full((8,), 8, jnp.int32)
+    greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    args = (model, params, prompts, lengths, jax.random.key(0))
+
+    def splits(fn) -> int:
+        text = fn.lower(*args, cfg=greedy).compile().as_text()
+        return text.count('"outer_dimension_partitions":["')
+
+    plain = jax.jit(generate_tokens.__wrapped__, static_argnames=("model", "cfg", "on_token"))
+    assert splits(plain) > 0
+    assert splits(generate_tokens) == 0

@@ -160,7 +160,17 @@ def decode_step(model, params, tokens_B: jax.Array, cache: KVCache) -> tuple[jax
     return logits_B1V[:, 0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("model", "cfg", "on_token"))
+# XLA:CPU splits a loop fusion across its threads when its cost model expects a gain (the
+# "cpu-parallel-task-assigner" pass). A decoding step's elementwise passes are one token per
+# row, [batch, width]: handing half of one to the other thread costs more than it saves
+# (config a, batch 8: the MLP activation 16 -> 3 us a call; the loop about 1.13x faster,
+# BENCHMARKS.md section 2p). Training keeps the pass (its step is 6% slower without it). The
+# pass exists only in XLA:CPU: on other platforms the option names nothing.
+DECODE_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cfg", "on_token"),
+                   compiler_options=DECODE_COMPILER_OPTIONS)
 def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, key: jax.Array,
                     *, cfg: SamplingConfig, on_token: Callable | None = None) -> jax.Array:
     """The compiled decoder: prefill, then one compiled loop of ``decode_step``; returns the
