@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.models import gpt as gpt_module
 from transformers_jax.nn import kvcache
-from transformers_jax.sample import SamplingConfig, generate_tokens
+from transformers_jax.sample import DECODE_COMPILER_OPTIONS, SamplingConfig, generate_tokens
 
 ORIGINAL = kvcache.plan_step
 
@@ -52,7 +52,7 @@ def main() -> None:
     for name, plan in (("read_first", ORIGINAL), ("write_first", write_first)):
         gpt_module.plan_step = plan  # traced now, so each compiled loop keeps its order
         run = jax.jit(lambda p, t, n, k: generate_tokens.__wrapped__(
-            model, p, t, n, k, cfg=sampling))
+            model, p, t, n, k, cfg=sampling), compiler_options=DECODE_COMPILER_OPTIONS)
         outputs[name] = run(params, tokens, lengths, jax.random.key(0)).block_until_ready()
         runs[name] = run
     gpt_module.plan_step = ORIGINAL

@@ -232,12 +232,13 @@ def main(argv: list[str] | None = None) -> None:
         prompts = jnp.ones((args.decode_batch, 16), jnp.int32)
         lengths = jnp.full((args.decode_batch,), 16, jnp.int32)
         greedy = SamplingConfig(max_new_tokens=240, temperature=0.0)
-        compiled = jax.jit(lambda params, p, n: generate_tokens(
-            model, params, p, n, jax.random.key(0), cfg=greedy)).lower(
-            params, prompts, lengths).compile()
+        key = jax.random.key(0)
+        # the top-level loop, with its compile options (sample.DECODE_COMPILER_OPTIONS)
+        compiled = generate_tokens.lower(model, params, prompts, lengths, key,
+                                         cfg=greedy).compile()
 
         def run():
-            return compiled(params, prompts, lengths)
+            return compiled(params, prompts, lengths, key)
         what = {"decoding": {"batch": args.decode_batch, "prompt": 16, "new_tokens": 240}}
     for _ in range(3):
         jax.block_until_ready(run())

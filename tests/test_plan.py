@@ -491,5 +491,5 @@ def test_the_decoding_loop_with_its_cpu_compile_option_compiles_for_tpu():
     with jax.set_mesh(mesh):
         compiled = generate_tokens.lower(
             model, *args, cfg=SamplingConfig(max_new_tokens=4, temperature=0.0)).compile()
-    assert "jit_generate_tokens" in compiled.as_text()
+    assert "generate_tokens" in compiled.as_text().splitlines()[0]  # the HloModule line
     assert compiled.memory_analysis().argument_size_in_bytes > 0

@@ -120,3 +120,9 @@ def test_the_decoding_loop_compiles_without_splitting_its_small_passes_over_thre
     plain = jax.jit(generate_tokens.__wrapped__, static_argnames=("model", "cfg", "on_token"))
     assert splits(plain) > 0
     assert splits(generate_tokens) == 0
+    # inside a caller's jit (JAX takes compile options on the outermost jit only) it is part
+    # of the caller's program, with the same tokens
+    top = generate_tokens(*args, cfg=greedy)
+    nested = jax.jit(lambda p, x, n: generate_tokens(model, p, x, n, jax.random.key(0),
+                                                     cfg=greedy))(params, prompts, lengths)
+    np.testing.assert_array_equal(np.asarray(nested), np.asarray(top))

@@ -7,7 +7,6 @@ deterministic.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -160,28 +159,47 @@ def decode_step(model, params, tokens_B: jax.Array, cache: KVCache) -> tuple[jax
     return logits_B1V[:, 0], cache
 
 
-# XLA:CPU splits a loop fusion across its threads when its cost model expects a gain (the
-# "cpu-parallel-task-assigner" pass). A decoding step's elementwise passes are one token per
-# row, [batch, width]: handing half of one to the other thread costs more than it saves
-# (config a, batch 8: the MLP activation 16 -> 3 us a call; the loop about 1.13x faster,
-# BENCHMARKS.md section 2p). Training keeps the pass (its step is 6% slower without it). The
-# pass exists only in XLA:CPU: on other platforms the option names nothing.
-DECODE_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
-
-
-@functools.partial(jax.jit, static_argnames=("model", "cfg", "on_token"),
-                   compiler_options=DECODE_COMPILER_OPTIONS)
-def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, key: jax.Array,
-                    *, cfg: SamplingConfig, on_token: Callable | None = None) -> jax.Array:
-    """The compiled decoder: prefill, then one compiled loop of ``decode_step``; returns the
-    new tokens ``[B, max_new_tokens]`` (``pad_id`` after a row stops). What ``generate`` and
-    the benchmarks run."""
+def _generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, key: jax.Array,
+                     *, cfg: SamplingConfig, on_token: Callable | None = None) -> jax.Array:
     first_BV, cache = prefill(model, params, prompts_BP, lengths_B, cfg.max_new_tokens,
                               bos_id=cfg.bos_id)
     def step_fn(cache, tokens_B):
         return decode_step(model, params, tokens_B, cache)
 
     return _decode_loop(step_fn, first_BV, cache, key, cfg, on_token)
+
+
+# XLA:CPU splits a loop fusion across its threads when its cost model expects a gain (the
+# "cpu-parallel-task-assigner" pass). A decoding step's elementwise passes are one token per
+# row, [batch, width]: handing half of one to the other thread costs more than it saves
+# (config a, batch 8: the MLP activation 16 -> 3 us a call, the loop 1.19x faster;
+# BENCHMARKS.md section 2p). Training keeps the pass (its step is 6% slower without it). The
+# pass exists only in XLA:CPU: on other platforms the option names nothing.
+DECODE_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
+_STATIC = ("model", "cfg", "on_token")
+_generate_top_level = jax.jit(_generate_tokens, static_argnames=_STATIC,
+                              compiler_options=DECODE_COMPILER_OPTIONS)
+_generate_nested = jax.jit(_generate_tokens, static_argnames=_STATIC)
+
+
+def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, key: jax.Array,
+                    *, cfg: SamplingConfig, on_token: Callable | None = None) -> jax.Array:
+    """The compiled decoder: prefill, then one compiled loop of ``decode_step``; returns the
+    new tokens ``[B, max_new_tokens]`` (``pad_id`` after a row stops). What ``generate`` and
+    the benchmarks run.
+
+    Called on arrays it compiles with ``DECODE_COMPILER_OPTIONS``; called inside a caller's
+    ``jit`` (its arguments traced) it becomes part of that program, which JAX compiles with
+    the caller's options (JAX takes compile options on the outermost ``jit`` only).
+    ``generate_tokens.lower`` lowers the top-level version."""
+    traced = any(isinstance(x, jax.core.Tracer)
+                 for x in jax.tree.leaves((params, prompts_BP, lengths_B, key)))
+    run = _generate_nested if traced else _generate_top_level
+    return run(model, params, prompts_BP, lengths_B, key, cfg=cfg, on_token=on_token)
+
+
+generate_tokens.lower = _generate_top_level.lower
+generate_tokens.__wrapped__ = _generate_tokens  # the undecorated function, as jax.jit keeps it
 
 
 def generate(
