@@ -12,27 +12,59 @@ from transformers_jax.compile_cache import ENV, chosen_dir, default_dir, use_com
 
 
 def test_the_first_setting_found_wins():
-    home = {"HOME": "/home/u"}
-    assert default_dir(home) == os.path.join(os.path.expanduser("~"), ".cache",
-                                             "transformers_jax", "xla")
-    assert default_dir({"XDG_CACHE_HOME": "/xdg"}) == "/xdg/transformers_jax/xla"
+    assert default_dir({"HOME": "/home/u"}) == "/home/u/.cache/transformers_jax/xla"
+    assert default_dir({"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"}) == \
+        "/xdg/transformers_jax/xla"
     # nothing set: tjax's default folder
     assert chosen_dir(None, {"XDG_CACHE_HOME": "/xdg"}, None) == "/xdg/transformers_jax/xla"
     # JAX's own setting is kept
     assert chosen_dir(None, {"XDG_CACHE_HOME": "/xdg"}, "/jax") == "/jax"
-    # TJAX_COMPILE_CACHE comes first; off (any case) means none of ours
+    # TJAX_COMPILE_CACHE comes first; off (any case, any spacing) means none of ours
     assert chosen_dir(None, {ENV: "/mine"}, "/jax") == "/mine"
-    for off in ("off", "OFF", "none", "0", ""):
+    for off in ("off", " OFF ", "none", "0", ""):
         assert chosen_dir(None, {ENV: off}, None) is None
-    # an explicit folder (tjax bench --compile-cache) beats everything; ~ is expanded
+    # an explicit folder (tjax bench --compile-cache) beats everything; local folders come
+    # back absolute, remote ones as given
     assert chosen_dir("/bench", {ENV: "/mine"}, "/jax") == "/bench"
     assert chosen_dir("~/c", {}, None) == os.path.join(os.path.expanduser("~"), "c")
+    assert chosen_dir(" rel/c ", {}, None) == os.path.join(os.getcwd(), "rel", "c")
+    assert chosen_dir("gs://bucket/xla", {}, None) == "gs://bucket/xla"
+
+
+def test_a_folder_of_ours_is_bounded_and_an_open_cache_is_kept(tmp_path, monkeypatch, capsys):
+    """In a folder tjax chose, JAX evicts beyond MAX_BYTES; once JAX has opened its cache in
+    this process another folder is refused with a warning, the open one reported."""
+    import jax
+
+    import transformers_jax.compile_cache as compile_cache
+
+    saved = {name: getattr(jax.config, name) for name in (
+        "jax_compilation_cache_dir", "jax_compilation_cache_max_size")}
+    try:
+        monkeypatch.setattr(compile_cache, "_cache_opened", lambda: False)
+        jax.config.update("jax_compilation_cache_max_size", -1)
+        folder = tmp_path / "xla"
+        assert use_compile_cache(str(folder)) == str(folder) and folder.is_dir()
+        assert jax.config.jax_compilation_cache_dir == str(folder)
+        assert jax.config.jax_compilation_cache_max_size == compile_cache.MAX_BYTES
+
+        monkeypatch.setattr(compile_cache, "_cache_opened", lambda: True)
+        assert use_compile_cache(str(tmp_path / "other")) == str(folder)
+        assert jax.config.jax_compilation_cache_dir == str(folder)
+        err = capsys.readouterr().err
+        assert "already open at" in err and str(tmp_path / "other") in err
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
 
 
 def test_a_folder_that_cannot_be_made_warns_and_turns_nothing_on(tmp_path, monkeypatch,
                                                                   capsys):
     import jax
 
+    import transformers_jax.compile_cache as compile_cache
+
+    monkeypatch.setattr(compile_cache, "_cache_opened", lambda: False)
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     monkeypatch.setenv(ENV, str(blocker / "cache"))  # a folder under a file
@@ -59,7 +91,8 @@ def _entries(folder) -> set[str]:
 @pytest.mark.slow
 def test_a_second_tjax_train_loads_the_executables_the_first_compiled(tmp_path):
     """Two `tjax train` processes with the same command: the first writes the cache folder
-    (TJAX_COMPILE_CACHE), the second finds every program there and adds nothing."""
+    (TJAX_COMPILE_CACHE), the second loads its train step from there (JAX's debug log says
+    so) and adds nothing."""
     cache = tmp_path / "cache"
     env = single_device_env()
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # conftest's folder for the suite
@@ -75,7 +108,9 @@ def test_a_second_tjax_train_loads_the_executables_the_first_compiled(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     written = _entries(cache)
     assert any("train_step" in name for name in written), sorted(written)
+    env["JAX_DEBUG_LOG_MODULES"] = "jax._src.compiler"  # logs each persistent cache hit
     second = subprocess.run([*argv, "--run-dir", str(tmp_path / "b")], env=env,
                             capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
+    assert "Persistent compilation cache hit for 'jit_train_step'" in second.stderr
     assert _entries(cache) == written  # every program was found: nothing new written

@@ -126,3 +126,10 @@ def test_the_decoding_loop_compiles_without_splitting_its_small_passes_over_thre
     nested = jax.jit(lambda p, x, n: generate_tokens(model, p, x, n, jax.random.key(0),
                                                      cfg=greedy))(params, prompts, lengths)
     np.testing.assert_array_equal(np.asarray(nested), np.asarray(top))
+    # ... also when every argument is a constant of the caller's program
+    closed = jax.jit(lambda: generate_tokens(*args, cfg=greedy))()
+    np.testing.assert_array_equal(np.asarray(closed), np.asarray(top))
+    scanned = jax.lax.scan(lambda c, _: (c, generate_tokens(*args, cfg=greedy)), 0, None,
+                           length=1)[1][0]
+    np.testing.assert_array_equal(np.asarray(scanned), np.asarray(top))
+    assert generate_tokens.eval_shape(*args, cfg=greedy).shape == top.shape

@@ -14,9 +14,12 @@ executable: then a new process loads it (config a: 0.84 s, BENCHMARKS.md section
 
 JAX's thresholds stay (only programs that took a second or more to compile are written), and
 its cache key covers the program, the JAX and XLA versions, the flags and the devices, so an
-entry is never used for another program. ``tjax bench`` measures compiles: it uses a cache only
-when told (``--compile-cache DIR``), and then for every program. A folder that cannot be made
-is reported and the command compiles without it; it never stops a run.
+entry is never used for another program. In a folder tjax chose, JAX keeps at most
+``MAX_BYTES`` and evicts the least recently used entries beyond it (unless
+``jax_compilation_cache_max_size`` is set); deleting the folder is always safe. ``tjax bench``
+measures compiles: it uses a cache only when told (``--compile-cache DIR``), and then for
+every program. A folder that cannot be made is reported and the command compiles without it;
+it never stops a run.
 """
 
 from __future__ import annotations
@@ -27,34 +30,47 @@ from collections.abc import Mapping
 
 ENV = "TJAX_COMPILE_CACHE"
 OFF = ("off", "none", "0", "false", "")
+MAX_BYTES = 4 * 2**30
 
 
 def default_dir(environ: Mapping[str, str] = os.environ) -> str:
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     return os.path.join(base, "transformers_jax", "xla")
 
 
 def chosen_dir(explicit: str | None = None, environ: Mapping[str, str] = os.environ,
                jax_dir: str | None = None) -> str | None:
     """The folder to use (None: no cache of ours), from an explicit choice, then ``ENV``, then
-    JAX's own setting ``jax_dir`` (kept as it is), then ``default_dir``."""
+    JAX's own setting ``jax_dir`` (kept as it is), then ``default_dir``. A local folder comes
+    back absolute (``~`` expanded), a remote one (``gs://...``) as given."""
     if explicit is None:
         explicit = environ.get(ENV)
         if explicit is None and jax_dir:
             return jax_dir
     if explicit is None:
         return default_dir(environ)
-    return None if explicit.strip().lower() in OFF else os.path.expanduser(explicit)
+    explicit = explicit.strip()
+    if explicit.lower() in OFF:
+        return None
+    if "://" in explicit:
+        return explicit
+    return os.path.abspath(os.path.expanduser(explicit))
 
 
 def use_compile_cache(explicit: str | None = None, *, every_compile: bool = False) -> str | None:
     """Point JAX's persistent cache at ``chosen_dir(explicit)``; returns the folder in use, or
-    None. Call it before the process compiles anything (JAX fixes the folder at its first
-    compile). ``every_compile``: cache even sub-second compiles (what ``tjax bench`` times)."""
+    None. JAX opens its cache at the process's first compile and keeps that folder: called
+    later with another one, this warns and keeps JAX's. ``every_compile``: cache even
+    sub-second compiles (what ``tjax bench`` times)."""
     import jax
 
     current = jax.config.jax_compilation_cache_dir
     directory = chosen_dir(explicit, os.environ, current)
+    if directory is not None and directory != current and _cache_opened():
+        print(f"tjax: warning: JAX's compilation cache is already open at {current} in this "
+              f"process; {directory} is not used", file=sys.stderr)
+        return current
     if directory is None or directory == current:
         if directory is not None and every_compile:
             _every_compile(jax)
@@ -68,9 +84,30 @@ def use_compile_cache(explicit: str | None = None, *, every_compile: bool = Fals
                   file=sys.stderr)
             return None
     jax.config.update("jax_compilation_cache_dir", directory)
+    if jax.config.jax_compilation_cache_max_size == -1 and _can_evict():
+        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     if every_compile:
         _every_compile(jax)
     return directory
+
+
+def _cache_opened() -> bool:
+    """Whether JAX has opened its persistent cache in this process (private API, so a JAX
+    without it reads as not opened)."""
+    try:
+        from jax._src import compilation_cache
+    except ImportError:
+        return False
+    return bool(getattr(compilation_cache, "_cache_initialized", False))
+
+
+def _can_evict() -> bool:
+    """JAX evicts old entries only with the ``filelock`` package (a dependency of ours)."""
+    try:
+        import filelock  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _every_compile(jax) -> None:

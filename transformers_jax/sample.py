@@ -192,13 +192,25 @@ def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, 
     ``jit`` (its arguments traced) it becomes part of that program, which JAX compiles with
     the caller's options (JAX takes compile options on the outermost ``jit`` only).
     ``generate_tokens.lower`` lowers the top-level version."""
-    traced = any(isinstance(x, jax.core.Tracer)
-                 for x in jax.tree.leaves((params, prompts_BP, lengths_B, key)))
-    run = _generate_nested if traced else _generate_top_level
+    nested = _inside_a_trace(params, prompts_BP, lengths_B, key)
+    run = _generate_nested if nested else _generate_top_level
     return run(model, params, prompts_BP, lengths_B, key, cfg=cfg, on_token=on_token)
 
 
-generate_tokens.lower = _generate_top_level.lower
+def _inside_a_trace(*args) -> bool:
+    """Whether JAX is tracing (a caller's ``jit``, ``scan``, ``vmap``, ``eval_shape``...), even
+    when every argument is a closed-over constant. ``trace_state_clean`` is private: a JAX
+    without it falls back to asking whether any argument is traced."""
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:
+        return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
+    return not trace_state_clean()
+
+
+# what a jitted function offers, from the top-level version
+for _name in ("lower", "trace", "eval_shape", "clear_cache"):
+    setattr(generate_tokens, _name, getattr(_generate_top_level, _name))
 generate_tokens.__wrapped__ = _generate_tokens  # the undecorated function, as jax.jit keeps it
 
 
