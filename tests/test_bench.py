@@ -282,6 +282,29 @@ def test_profile_step_compile_anatomy(monkeypatch, capsys):
     assert jax.config.jax_enable_compilation_cache  # restored
 
 
+def test_compile_cache_ab_runs_cold_then_warm_processes(tmp_path, monkeypatch):
+    """One round of a toy `tjax train`, cold then warm: both figures recorded, the same final
+    loss (a loaded program is the same program); a failing `tjax train` is named."""
+    ab = _load("compile_cache_ab")
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # toy programs too
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    out = tmp_path / "ab.json"
+    result = ab.main(["--rounds", "1", "--out", str(out), "--", "--data", str(corpus),
+                      "--steps", "2", "--model.d_model=32", "--model.n_layers=1",
+                      "--model.n_heads=2", "--train.batch_size=2", "--train.seq_len=16",
+                      "--train.eval_batches=1"])
+    assert json.loads(out.read_text()) == result
+    assert result["same_final_losses"]
+    cold, = result["runs"]["cold"]
+    warm, = result["runs"]["warm"]
+    assert cold["train_loss"] == warm["train_loss"]
+    assert _positive(cold["wall_s"]) and _positive(warm["wall_s"])
+    assert result["wall_ratio_warm_over_cold"]["values"] == [warm["wall_s"] / cold["wall_s"]]
+    with pytest.raises(SystemExit, match="tjax train failed"):
+        ab.main(["--rounds", "1", "--", "--model.n_heads=3"])
+
+
 def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
     """One round at a toy size: HEAD from a worktree against this checkout; the worktree is
     removed afterwards. A revision git does not know is refused by name."""
