@@ -10,6 +10,8 @@ side's spread (``rounds.spread``) and that of the per-round ratios (after / befo
     python benchmarks/commits_ab.py --before b779eaf --cores 0 -- --preset bert-cpu
     python benchmarks/commits_ab.py --before HEAD~1 --decode -- --steps 2 --warmup 1
     # arguments after "--" go to `tjax bench` (with --no-decode unless --decode)
+    python benchmarks/commits_ab.py --before HEAD --after-args=--train.concurrent_groups=2
+    # one commit, two settings: --after-args go to the after side only
 
 ``--decode`` times decoding too (``tjax bench``'s greedy loop at each of its decode batches)
 and reports its tokens/s and per-round ratios per batch beside the training figures.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -78,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None, help="write the JSON there too")
     p.add_argument("--decode", action="store_true",
                    help="time decoding too and report it per decode batch")
+    p.add_argument("--after-args", default="",
+                   help="more tjax bench arguments for the after side only (one string, split "
+                        "as a shell would; write --after-args=--train.x=1): an A/B of a "
+                        "setting, with --before HEAD")
     args = p.parse_args(own)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -89,12 +96,14 @@ def main(argv: list[str] | None = None) -> None:
             for r in range(args.rounds):
                 for side in ("before", "after"):
                     load = os.getloadavg()[0]
-                    out = bench(trees[side], bench_args, args.cores,
+                    extra = shlex.split(args.after_args) if side == "after" else []
+                    out = bench(trees[side], [*bench_args, *extra], args.cores,
                                 os.path.join(tmp, f"{side}_{r}.json"), args.decode)
                     t = out["training"]
                     runs[side].append({
                         "tokens_per_s": t["tokens_per_s"], "step_ms_median": t["step_ms_median"],
                         "compile_s": t["compile_s"], "mfu": t.get("mfu"),
+                        "concurrent_groups": out.get("concurrent_groups"),
                         "load_before": load, "load_after": os.getloadavg()[0],
                         **({"decode_tokens_per_s": decode_rates(out)} if args.decode else {})})
                     print(f"round {r + 1} {side}: {t['tokens_per_s']:,.0f} tokens/s, compile "
@@ -116,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                     [a / b for a, b in zip(rates["after"], rates["before"], strict=True)])}
     result = {
         "before": args.before, "after": args.after or "checkout", "bench_args": bench_args,
+        "after_args": shlex.split(args.after_args),
         "cores": args.cores, "rounds": args.rounds, "runs": runs,
         "tokens_per_s": {s: spread([x["tokens_per_s"] for x in runs[s]]) for s in runs},
         "compile_s": {s: spread([x["compile_s"] for x in runs[s]]) for s in runs},

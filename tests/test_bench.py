@@ -318,9 +318,13 @@ def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
                               text=True).stdout
 
     before = worktrees()
-    ab.main(["--before", "HEAD", "--rounds", "1", "--decode", "--out", str(out), "--",
+    ab.main(["--before", "HEAD", "--rounds", "1", "--decode", "--out", str(out),
+             "--after-args=--train.concurrent_groups=2", "--",
              "--tiny", "--decode-batches", "1,2"])
     result = json.loads(out.read_text())
+    assert result["after_args"] == ["--train.concurrent_groups=2"]
+    assert result["runs"]["after"][0]["concurrent_groups"] == 2
+    assert result["runs"]["before"][0]["concurrent_groups"] in (1, None)  # None: HEAD predates it
     for side in ("before", "after"):
         run, = result["runs"][side]
         assert _positive(run["tokens_per_s"]) and _positive(run["compile_s"])

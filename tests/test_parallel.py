@@ -249,6 +249,102 @@ def test_strategy_matches_one_device(strategy, mesh, grad_accum):
             assert {s.data.shape for s in kernel.addressable_shards} == {(4, 128)}
 
 
+# Row groups computed side by side (train.concurrent_groups) -------------------------------------
+def uneven_groups(batches: list[dict]) -> list[dict]:
+    """Even rows keep only their last four targets, odd rows all: interleaved row groups
+    (``train.step.row_group``) then carry very different token weights."""
+    out = []
+    for batch in batches:
+        weights = np.ones_like(batch["weights"])
+        weights[::2, : T - 4] = 0.0
+        out.append({**batch, "weights": weights})
+    return out
+
+
+def step_run(cfg, batches, groups, objective=None):
+    """``train.step.make_train_step`` on one device: (losses, grad norms, final params)."""
+    model = build_model(cfg)
+    state = jax.jit(lambda: init_state(model, OPTIMIZER, 0, batches[0], objective))()
+    step = jax.jit(make_train_step(model, OPTIMIZER, objective=objective, groups=groups))
+    losses, norms = [], []
+    for batch in batches:
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+        norms.append(float(metrics["grad_norm"]))
+    return losses, norms, jax.device_get(state.params)
+
+
+def assert_same_training(got, want):
+    np.testing.assert_allclose(got[0], want[0], rtol=LOSS_RTOL)
+    np.testing.assert_allclose(got[1], want[1], rtol=LOSS_RTOL)
+    for a, b in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=PARAM_ATOL)
+
+
+def test_row_groups_carry_different_weights():
+    """A mean of the groups' means would differ from the token-weighted mean by far more than
+    the tolerance, so the tests below would catch one."""
+    from transformers_jax.train.step import row_group
+
+    batch = uneven_groups(make_batches(GPT, n=1))[0]
+    model = build_model(GPT)
+    params = jax.jit(lambda: init_state(model, OPTIMIZER, 0, batch).params)()
+    mean_loss = jax.jit(lambda b: (lambda s, w: s["loss"] / w)(
+        *weighted_sums(model, params, b, deterministic=True)))
+    group_means = [float(mean_loss(row_group(batch, 2, i))) for i in range(2)]
+    assert abs(np.mean(group_means) - float(mean_loss(batch))) > 100 * LOSS_RTOL
+    with pytest.raises(ValueError, match="16 rows cannot be split into 3 equal row groups"):
+        row_group(batch, 3, 0)
+
+
+@pytest.mark.parametrize("cfg, groups", [(GPT, 2), (GPT, 4), (ENCODER, 2)],
+                         ids=["gpt-2", "gpt-4", "encoder-2"])
+def test_concurrent_groups_give_the_one_batch_update(cfg, groups):
+    """``make_train_step(groups=k)``: k independent row groups with uneven token weights,
+    the same losses, gradient norms and parameters as the whole batch at once."""
+    objective = objectives.objective_for("bert") if cfg.family == "bert" else None
+    batches = uneven_groups(make_batches(cfg))
+    assert_same_training(step_run(cfg, batches, groups, objective),
+                         step_run(cfg, batches, 1, objective))
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh, grad_accum",
+    [
+        ("single", None, 1),
+        ("single", None, 2),  # 2 micro-batches scanned, each as 2 row groups
+        ("jit", "data=2,fsdp=2,tensor=2", 1),
+        ("shard_map", "data=8", 1),  # the accumulating path (not the global-sum one)
+        ("pmap", "data=8", 1),
+    ],
+)
+def test_concurrent_groups_match_one_device(strategy, mesh, grad_accum):
+    batches = uneven_groups(make_batches(GPT))
+    trainer = make_trainer(strategy, build_model(GPT), OPTIMIZER, batches[0], mesh=mesh,
+                           grad_accum=grad_accum, groups=2)
+    state, losses, norms = trainer.init_state(0), [], []
+    for batch in batches:
+        state, metrics = trainer.step(state, batch)
+        losses.append(float(metrics["loss"]))
+        norms.append(float(metrics["grad_norm"]))
+    params = jax.device_get(trainer.unreplicate(state).params)
+    assert_same_training((losses, norms, params), step_run(GPT, batches, 1))
+
+
+def test_concurrent_groups_errors():
+    model, batch = build_model(GPT), make_batches(GPT, n=1)[0]
+    with pytest.raises(ConfigError, match="concurrent_groups=0: must be a positive integer"):
+        make_trainer("single", model, OPTIMIZER, batch, groups=0)
+    with pytest.raises(ConfigError, match=r"batch_size=16: must be a multiple of 32 = 8 "
+                       r"data-parallel .* grad_accum=1 x concurrent_groups=4.*\[32, 64"):
+        make_trainer("jit", model, OPTIMIZER, batch, mesh="data=8", groups=4)
+    with pytest.raises(ConfigError, match="train.concurrent_groups.*grad_accum x "
+                       "concurrent_groups must divide train.batch_size=12"):
+        TrainConfig(batch_size=12, grad_accum=2, concurrent_groups=4)
+    with pytest.raises(ValueError, match="groups must be a positive integer"):
+        make_train_step(model, OPTIMIZER, groups=0)
+
+
 def test_encoder_matches_one_device_under_fsdp_and_tensor_parallel():
     """BERT with its masked-LM objective (``train.objectives``), weights marking the
     predicted positions; GPT with a bidirectional mask before BERT exists."""

@@ -141,7 +141,8 @@ def training_setup(model_cfg: ModelConfig, cfg: TrainConfig, packed: bool = Fals
     optimizer = make_optimizer(cfg)
     batch = training_batch(model_cfg, cfg, packed=packed)
     state = init_state(model, optimizer, 0, batch, objective)
-    step_fn = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg), objective),
+    step_fn = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg), objective,
+                                      groups=cfg.concurrent_groups),
                       donate_argnums=0)
     return step_fn, state, batch
 
@@ -332,6 +333,10 @@ def bench_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig, Any, str |
 
 def main(argv: list[str]) -> int:
     model_cfg, cfg, args, preset = bench_configs(argv)
+    if cfg.grad_accum != 1:
+        raise ConfigError(f"train.grad_accum={cfg.grad_accum}: tjax bench times one step over "
+                          "the whole batch; drop --train.grad_accum (--train.concurrent_groups "
+                          "splits the batch without scanning over it)")
     if args.compile_cache:  # else none of tjax's: bench times cold compiles
         use_compile_cache(args.compile_cache, every_compile=True)
     env = environment()
@@ -340,6 +345,7 @@ def main(argv: list[str]) -> int:
         "model": model_cfg.to_dict(),
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
+        "concurrent_groups": cfg.concurrent_groups,
         # the persistent cache in use (also one set through JAX's own JAX_COMPILATION_CACHE_DIR:
         # then compile_s may be a cache hit)
         "compile_cache": jax.config.jax_compilation_cache_dir,

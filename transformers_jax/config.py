@@ -281,6 +281,9 @@ class TrainConfig:
     strategy: str = "single"  # single, pmap, shard_map, jit
     mesh: str | None = None  # e.g. "data=4,fsdp=2,tensor=1"; default: all devices on data
     grad_accum: int = 1  # micro-batches per step (the batch is split, the update is the same)
+    # Row groups computed independently within each (micro-)batch, the same update: on a CPU
+    # XLA runs them side by side (small models train faster; BENCHMARKS.md section 2q).
+    concurrent_groups: int = 1
     coordinator: str | None = None  # HOST:PORT of process 0 for multi-host runs
     num_processes: int | None = None  # processes of a multi-host run (with coordinator)
     process_id: int | None = None  # this process's index, 0 .. num_processes-1
@@ -335,6 +338,11 @@ class TrainConfig:
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
             _fail("train.grad_accum", self.grad_accum,
                   f"must be >= 1 and divide train.batch_size={self.batch_size}")
+        if self.concurrent_groups < 1 or self.batch_size % (self.grad_accum
+                                                            * self.concurrent_groups):
+            _fail("train.concurrent_groups", self.concurrent_groups,
+                  f"must be >= 1, and grad_accum x concurrent_groups must divide "
+                  f"train.batch_size={self.batch_size}")
         if self.mesh is not None and self.strategy == "single":
             _fail("train.mesh", self.mesh, "needs train.strategy=pmap, shard_map or jit")
         multihost = (self.coordinator, self.num_processes, self.process_id)

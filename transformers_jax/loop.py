@@ -328,7 +328,8 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
                data.eval_batches[0].items()}
     trainer = make_trainer(cfg.strategy, model, optimizer, example, mesh=cfg.mesh,
                            schedule=schedule, grad_accum=cfg.grad_accum,
-                           objective=objective_for(model_cfg.family))
+                           objective=objective_for(model_cfg.family),
+                           groups=cfg.concurrent_groups)
     state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
 
     main = multihost.is_main_process()  # every process trains and saves; one of them talks

@@ -130,16 +130,20 @@ def check_shardable(
 
 
 def check_batch(
-    batch_size: int, mesh: Mesh, grad_accum: int = 1, rules: LogicalRules = LOGICAL_RULES
+    batch_size: int, mesh: Mesh, grad_accum: int = 1, rules: LogicalRules = LOGICAL_RULES,
+    groups: int = 1,
 ) -> None:
     """The global batch must split into ``grad_accum`` micro-batches, each split evenly over
-    the data-parallel devices."""
+    the data-parallel devices, and each device's rows into ``groups`` row groups."""
     ways = data_parallel_size(mesh, rules)
-    if batch_size % (ways * grad_accum):
-        unit = ways * grad_accum
+    if batch_size % (ways * grad_accum * groups):
+        unit = ways * grad_accum * groups
         ok = [unit * m for m in range(1, 5)]
+        grouped = f" x concurrent_groups={groups}" if groups > 1 else ""
+        knobs = ("the mesh, train.grad_accum or train.concurrent_groups" if groups > 1
+                 else "the mesh or train.grad_accum")
         raise ConfigError(
             f"train.batch_size={batch_size}: must be a multiple of {unit} = "
-            f"{ways} data-parallel devices (data x fsdp) x grad_accum={grad_accum}; "
-            f"use a batch size in {ok}, or change the mesh or train.grad_accum"
+            f"{ways} data-parallel devices (data x fsdp) x grad_accum={grad_accum}{grouped}; "
+            f"use a batch size in {ok}, or change {knobs}"
         )

@@ -59,12 +59,14 @@ from transformers_jax.parallel.rules import (
     check_shardable,
     mesh_shardings,
 )
-from transformers_jax.train.losses import lm_loss
-from transformers_jax.train.step import (
+from transformers_jax.train.step import (  # weighted_sums, finish_metrics: this API too
     TrainState,
     apply_gradients,
+    finish_metrics,
+    grouped_sums_and_grads,
     init_state,
     model_inputs,
+    weighted_sums,
 )
 
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
@@ -72,58 +74,6 @@ DATA_AXIS = "data"
 
 
 # The math shared by every strategy -------------------------------------------------------------
-def weighted_sums(
-    model: nn.Module,
-    params: Any,
-    batch: dict,
-    *,
-    deterministic: bool,
-    rng: jax.Array | None = None,
-    objective: Any = None,
-) -> tuple[dict[str, jax.Array], jax.Array]:
-    """``(sums, weight)`` of one batch (or shard, or micro-batch): its token weight ``W`` (the
-    sum of ``weights``; the row count for row-level objectives) and every metric times ``W``.
-
-    Adding these over shards and dividing by the added weights gives exactly the metrics of
-    the whole batch on one device. ``objective=None`` is next-token prediction through
-    ``train.losses.lm_loss`` (``make_train_step``'s loss); otherwise a
-    ``train.objectives.Objective``, whose mean loss and metrics are weighted by its ``tokens``
-    metric when it reports one. (Both divide by ``max(W, 1)``, and so does this.)
-    """
-    if objective is None:
-        logits_BTV = model.apply(
-            {"params": params},
-            batch["inputs"],
-            **model_inputs(batch),
-            deterministic=deterministic,
-            rngs=None if rng is None else {"dropout": rng},
-        )
-        weights_BT = batch.get("weights")
-        if weights_BT is None:
-            weights_BT = jnp.ones(batch["targets"].shape, jnp.float32)
-        weights_BT = weights_BT.astype(jnp.float32)
-        loss, accuracy = lm_loss(logits_BTV, batch["targets"], weights_BT)
-        metrics, weight = {"loss": loss, "accuracy": accuracy}, weights_BT.sum()
-    else:
-        loss, metrics = objective.loss(model, params, batch, rng, deterministic)
-        metrics = {**metrics, "loss": loss}
-        weight = metrics.get("tokens")
-        if weight is None:  # a mean over rows
-            weight = jnp.shape(batch["inputs"])[0]
-        weight = jnp.asarray(weight, jnp.float32)
-    count = jnp.maximum(weight, 1.0)
-    sums = {k: jnp.asarray(v, jnp.float32) * (1.0 if k == "tokens" else count)
-            for k, v in metrics.items()}
-    return sums, weight
-
-
-def finish_metrics(sums: dict, weight: jax.Array) -> dict:
-    """Global metrics from global sums: each divided by the global weight (a ``tokens``
-    count stays a sum)."""
-    count = jnp.maximum(weight, 1.0)
-    return {k: v if k == "tokens" else v / count for k, v in sums.items()}
-
-
 def split_micro_batches(batch: dict, k: int) -> dict:
     """``[B, ...] -> [k, B/k, ...]``; row r goes to micro-batch ``r % k``.
 
@@ -148,23 +98,21 @@ def sums_and_grads(
     objective: Any = None,
     vary: Callable[[Any], Any] = lambda t: t,
     constrain_grads: Callable[[Any], Any] = lambda g: g,
+    groups: int = 1,
 ) -> tuple[dict, jax.Array, Any]:
     """``(sums, weight, grad of sums["loss"])`` over ``batch`` (see ``weighted_sums``).
 
     With ``grad_accum > 1`` the batch is split into micro-batches and a ``lax.scan`` adds their
-    sums and gradients (one micro-batch's activations alive at a time). Inside ``shard_map``,
-    ``vary`` marks the zero scalar accumulators as device-varying (the gradient accumulators
-    take the kind of ``params``); under ``jit``, ``constrain_grads`` keeps the gradient
-    accumulator sharded like the parameters (FSDP).
+    sums and gradients (one micro-batch's activations alive at a time). Each (micro-)batch is
+    computed as ``groups`` independent row groups (``train.step.grouped_sums_and_grads``).
+    Inside ``shard_map``, ``vary`` marks the zero scalar accumulators as device-varying (the
+    gradient accumulators take the kind of ``params``); under ``jit``, ``constrain_grads``
+    keeps the gradient accumulator sharded like the parameters (FSDP).
     """
 
     def one(mb: dict, key: jax.Array):
-        def loss_sum(p):
-            sums, weight = weighted_sums(model, p, mb, deterministic=False, rng=key,
-                                         objective=objective)
-            return sums["loss"], (sums, weight)
-
-        (_, (sums, weight)), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+        sums, weight, grads = grouped_sums_and_grads(model, params, mb, key, groups,
+                                                     objective=objective)
         return sums, weight, constrain_grads(grads)
 
     if grad_accum == 1:
@@ -339,6 +287,7 @@ def make_trainer(
     objective: Any = None,
     rules: LogicalRules = LOGICAL_RULES,
     donate: bool = True,
+    groups: int = 1,
 ) -> ParallelTrainer:
     """Build the train/eval steps of ``strategy`` for global batches shaped like
     ``example_batch`` (a host dict of ``[B, ...]`` arrays).
@@ -347,11 +296,15 @@ def make_trainer(
     on ``data``); ``single`` ignores it and uses the first device. ``objective``: a
     ``train.objectives.Objective`` (default: next-token LM, as ``train.step``). ``donate``:
     the step reuses the input state's buffers (do not touch a state after passing it in).
+    ``groups``: each (micro-)batch computed as this many independent row groups
+    (``train.concurrent_groups``; ``train.step.grouped_sums_and_grads``).
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"train.strategy={strategy!r}: valid choices: {', '.join(STRATEGIES)}")
     if grad_accum < 1:
         raise ConfigError(f"train.grad_accum={grad_accum}: must be a positive integer")
+    if groups < 1:
+        raise ConfigError(f"train.concurrent_groups={groups}: must be a positive integer")
     if strategy == "single":
         if jax.process_count() > 1:
             raise ConfigError(
@@ -364,11 +317,11 @@ def make_trainer(
     elif not isinstance(mesh, Mesh):
         mesh = make_mesh(mesh)
     _check_strategy_mesh(strategy, mesh)
-    check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules)
+    check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules, groups)
     build = _pmap_trainer if strategy == "pmap" else (
         _shard_map_trainer if strategy == "shard_map" else _jit_trainer)
     return build(_Setup(strategy, model, optimizer, example_batch, mesh, schedule, grad_accum,
-                        objective, rules, (0,) if donate else ()))
+                        objective, rules, (0,) if donate else (), groups))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,6 +336,7 @@ class _Setup:
     objective: Any
     rules: LogicalRules
     donate: tuple[int, ...]
+    groups: int = 1
 
     def init(self, seed: int, out_shardings=None) -> TrainState:
         return _init(self.model, self.optimizer, seed, self.example_batch, self.objective,
@@ -413,6 +367,7 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
         sums, weight, grads = sums_and_grads(
             c.model, state.params, batch, dropout_rng, c.grad_accum, objective=c.objective,
             constrain_grads=lambda g: lax.with_sharding_constraint(g, param_sh),
+            groups=c.groups,
         )
         return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
 
@@ -468,7 +423,8 @@ def _pmap_trainer(c: _Setup) -> ParallelTrainer:
         rng, dropout_rng = split_rng(state.rng)
         dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(DATA_AXIS))
         sums, weight, grads = sums_and_grads(c.model, state.params, batch, dropout_rng,
-                                             c.grad_accum, objective=c.objective)
+                                             c.grad_accum, objective=c.objective,
+                                             groups=c.groups)
         # One all-reduce of the sums and of the gradients of the loss *sum*; apply_update
         # divides by the global weight, so shards with more (weighted) tokens count for more.
         sums, weight, grads = lax.psum((sums, weight, grads), DATA_AXIS)
@@ -534,7 +490,7 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
     def train_step(state, batch):
         rng, dropout_rng = split_rng(state.rng)
         dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(DATA_AXIS))
-        if c.grad_accum == 1 and checked:
+        if c.grad_accum == 1 and c.groups == 1 and checked:
             # Differentiate the *global* loss sum. The parameters are replicated (P()), so with
             # check_vma=True the transpose of their implicit broadcast already sums the
             # gradient over 'data': no pmean/psum of gradients (that would count N times).
@@ -553,7 +509,7 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
             local_params = jax.tree.map(vary, state.params)
             sums, weight, grads = sums_and_grads(
                 c.model, local_params, batch, dropout_rng, c.grad_accum, objective=c.objective,
-                vary=vary,
+                vary=vary, groups=c.groups,
             )
             sums, weight, grads = lax.psum((sums, weight, grads), DATA_AXIS)
         return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)

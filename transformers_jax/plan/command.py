@@ -91,6 +91,7 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
         "grad_accum": cfg.grad_accum,
+        "concurrent_groups": cfg.concurrent_groups,
         "jax": jax.__version__,
         "note": "compiler figures (XLA memory and cost analysis of the program compiled for "
                 "the target) and a datasheet roofline: estimates, not measured runs",

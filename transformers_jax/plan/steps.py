@@ -52,7 +52,8 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
     trainer = make_trainer(cfg.strategy, model, make_optimizer(cfg), _zeros(batch), mesh=mesh,
                            schedule=learning_rate_schedule(cfg), grad_accum=cfg.grad_accum,
-                           objective=objective_for(model_cfg.family))
+                           objective=objective_for(model_cfg.family),
+                           groups=cfg.concurrent_groups)
     wall = time.perf_counter()
     state = trainer.abstract_state()
     n = trainer.mesh.size

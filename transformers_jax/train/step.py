@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from transformers_jax.train.losses import lm_loss
 from transformers_jax.train.objectives import OBJECTIVES
 
 
@@ -58,14 +59,25 @@ def init_state(
 
 
 def make_train_step(
-    model: nn.Module, optimizer: optax.GradientTransformation, schedule=None, objective=None
+    model: nn.Module, optimizer: optax.GradientTransformation, schedule=None, objective=None,
+    groups: int = 1,
 ):
     """``train_step(state, batch) -> (state, metrics)`` for ``objective`` (default LM); pure,
-    ready for ``jax.jit``."""
+    ready for ``jax.jit``. ``groups > 1`` computes the batch as that many independent groups
+    of rows (``grouped_sums_and_grads``): the same update, in pieces a CPU runs side by side."""
     objective = _objective(objective)
+    if groups < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups}")
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         rng, dropout_rng = jax.random.split(jax.random.wrap_key_data(state.rng))
+        if groups > 1:
+            sums, weight, grad_of_sum = grouped_sums_and_grads(
+                model, state.params, batch, dropout_rng, groups, objective=objective)
+            count = jnp.maximum(weight, 1.0)
+            grads = jax.tree.map(lambda g: g / count, grad_of_sum)
+            return apply_gradients(optimizer, state, grads, finish_metrics(sums, weight),
+                                   schedule, jax.random.key_data(rng))
 
         def loss_fn(params):
             return objective.loss(model, params, batch, dropout_rng, False)
@@ -75,6 +87,98 @@ def make_train_step(
                                jax.random.key_data(rng))
 
     return train_step
+
+
+# Token-weighted sums: the pieces of a batch (shards, micro-batches, row groups) add up -------
+def weighted_sums(
+    model: nn.Module,
+    params: Any,
+    batch: dict,
+    *,
+    deterministic: bool,
+    rng: jax.Array | None = None,
+    objective: Any = None,
+) -> tuple[dict[str, jax.Array], jax.Array]:
+    """``(sums, weight)`` of one batch (or shard, or micro-batch): its token weight ``W`` (the
+    sum of ``weights``; the row count for row-level objectives) and every metric times ``W``.
+
+    Adding these over shards and dividing by the added weights gives exactly the metrics of
+    the whole batch on one device. ``objective=None`` is next-token prediction through
+    ``train.losses.lm_loss`` (``make_train_step``'s loss); otherwise a
+    ``train.objectives.Objective``, whose mean loss and metrics are weighted by its ``tokens``
+    metric when it reports one. (Both divide by ``max(W, 1)``, and so does this.)
+    """
+    if objective is None:
+        logits_BTV = model.apply(
+            {"params": params},
+            batch["inputs"],
+            **model_inputs(batch),
+            deterministic=deterministic,
+            rngs=None if rng is None else {"dropout": rng},
+        )
+        weights_BT = batch.get("weights")
+        if weights_BT is None:
+            weights_BT = jnp.ones(batch["targets"].shape, jnp.float32)
+        weights_BT = weights_BT.astype(jnp.float32)
+        loss, accuracy = lm_loss(logits_BTV, batch["targets"], weights_BT)
+        metrics, weight = {"loss": loss, "accuracy": accuracy}, weights_BT.sum()
+    else:
+        loss, metrics = objective.loss(model, params, batch, rng, deterministic)
+        metrics = {**metrics, "loss": loss}
+        weight = metrics.get("tokens")
+        if weight is None:  # a mean over rows
+            weight = jnp.shape(batch["inputs"])[0]
+        weight = jnp.asarray(weight, jnp.float32)
+    count = jnp.maximum(weight, 1.0)
+    sums = {k: jnp.asarray(v, jnp.float32) * (1.0 if k == "tokens" else count)
+            for k, v in metrics.items()}
+    return sums, weight
+
+
+def finish_metrics(sums: dict, weight: jax.Array) -> dict:
+    """Global metrics from global sums: each divided by the global weight (a ``tokens``
+    count stays a sum)."""
+    count = jnp.maximum(weight, 1.0)
+    return {k: v if k == "tokens" else v / count for k, v in sums.items()}
+
+
+def row_group(batch: dict, groups: int, index: int) -> dict:
+    """Rows ``index, index + groups, ...`` of every ``[B, ...]`` array of ``batch``.
+
+    Interleaved, like ``parallel.strategies.split_micro_batches``: a batch sharded over
+    devices in contiguous blocks keeps every group local to its devices."""
+
+    def take(x):
+        x = jnp.asarray(x)
+        if x.shape[0] % groups:
+            raise ValueError(f"a batch of {x.shape[0]} rows cannot be split into {groups} "
+                             f"equal row groups; use a batch size that is a multiple of {groups}")
+        return x.reshape(x.shape[0] // groups, groups, *x.shape[1:])[:, index]
+
+    return {k: take(v) for k, v in batch.items()}
+
+
+def grouped_sums_and_grads(model: nn.Module, params: Any, batch: dict, rng: jax.Array | None,
+                           groups: int = 1, *, objective: Any = None):
+    """``(sums, weight, grad of sums["loss"])`` of ``batch`` (``weighted_sums``), computed as
+    ``groups`` groups of rows whose forward and backward passes share nothing but the
+    parameters. XLA:CPU runs independent operations of a program side by side, so on a
+    CPU the groups keep both threads busy where one large batch leaves them waiting on each
+    other's small operations (BENCHMARKS.md, section 2q); accelerators gain nothing from it.
+    Group ``i`` > 0 draws its dropout from ``fold_in(rng, i)``."""
+
+    def loss_sum(p):
+        total = None
+        for i in range(groups):
+            part = batch if groups == 1 else row_group(batch, groups, i)
+            key = rng if (i == 0 or rng is None) else jax.random.fold_in(rng, i)
+            piece = weighted_sums(model, p, part, deterministic=False, rng=key,
+                                  objective=objective)
+            total = piece if total is None else jax.tree.map(jnp.add, total, piece)
+        return total[0]["loss"], total
+
+    (_, (sums, weight)), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+    return sums, weight, grads
 
 
 def apply_gradients(optimizer: optax.GradientTransformation, state: TrainState, grads,
