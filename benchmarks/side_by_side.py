@@ -60,13 +60,17 @@ from side_by_side_shared import (  # noqa: E402
 CONTENDERS = {
     "jax_float32": ("side_by_side_jax.py", ["run", "--dtype", "float32"]),
     "jax_bfloat16": ("side_by_side_jax.py", ["run", "--dtype", "bfloat16"]),
+    # train.concurrent_groups=2: the batch as two independent row groups (the same update)
+    "jax_float32_g2": ("side_by_side_jax.py", ["run", "--dtype", "float32", "--groups", "2"]),
+    "jax_bfloat16_g2": ("side_by_side_jax.py", ["run", "--dtype", "bfloat16", "--groups", "2"]),
     "hf": ("side_by_side_torch.py", ["--impl", "hf"]),
     "torch": ("side_by_side_torch.py", ["--impl", "torch"]),
     # torch.compile: the model for training, the fixed-shape decoding step for decoding
     "torch_compile": ("side_by_side_torch.py", ["--impl", "torch", "--compile"]),
 }
 REFERENCE = "jax_float32"  # "ours" in every ratio
-EXACT = ("jax_float32", "hf", "torch", "torch_compile")  # float32: losses and tokens must match
+# float32: losses and tokens must match
+EXACT = ("jax_float32", "jax_float32_g2", "hf", "torch", "torch_compile")
 
 
 def worker_environment() -> dict:

@@ -156,7 +156,8 @@ def load_converted(directory: str, attention: str, chunk: int):
     return config, jax.tree.map(jnp.asarray, checkpoint.params)
 
 
-def train(config, params, plan: dict, arrays: dict, warmup: int, timed: bool) -> dict:
+def train(config, params, plan: dict, arrays: dict, warmup: int, timed: bool,
+          groups: int = 1) -> dict:
     from transformers_jax.models import build_model
     from transformers_jax.train.objectives import objective_for
     from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -170,7 +171,8 @@ def train(config, params, plan: dict, arrays: dict, warmup: int, timed: bool) ->
                        opt_state=optimizer.init(params),
                        rng=jax.random.key_data(jax.random.key(0)))
     step = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg),
-                                   objective_for(config.family)), donate_argnums=0)
+                                   objective_for(config.family), groups=groups),
+                   donate_argnums=0)
     keys = [k for k in ("inputs", "targets", "weights") if k in arrays]
     batches = [{k: arrays[k][i] for k in keys} for i in range(plan["steps"])]
     start = time.perf_counter()
@@ -228,13 +230,16 @@ def run(args) -> int:
     facts_start = process_facts()
     plan, arrays = read_plan(args.dir)
     config, params = load_converted(args.dir, args.attention, args.chunk)
-    result = {"contender": f"jax_{args.dtype}", "library": "transformers_jax",
+    grouped = f"_g{args.groups}" if args.groups > 1 else ""
+    result = {"contender": f"jax_{args.dtype}{grouped}", "library": "transformers_jax",
+              "concurrent_groups": args.groups,
               "host_malloc": host_memory.status(),  # set as tjax sets it: see main()
               "attention": {"implementation": args.attention, "chunk": args.chunk},
               "dtype": args.dtype, "timed": not args.check}
     if not args.no_train:
         result["training"] = train(config.replace(dtype=args.dtype, param_dtype="float32"),
-                                   params, plan, arrays, args.warmup, not args.check)
+                                   params, plan, arrays, args.warmup, not args.check,
+                                   args.groups)
     if not args.no_decode and plan["shape"]["decode_batches"]:
         # Inference: parameters stored in the compute dtype.
         cast = jax.tree.map(lambda x: x.astype(args.dtype), params)
@@ -263,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     r.add_argument("--attention", default="chunked")
     r.add_argument("--chunk", type=int, default=64)
+    r.add_argument("--groups", type=int, default=1,
+                   help="train.concurrent_groups: the batch as this many independent row groups")
     add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "run":  # as every tjax command runs
