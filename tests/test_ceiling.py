@@ -64,6 +64,7 @@ def test_shares_of_the_peak_and_what_targets_ask(ceiling):
     side_by_side = {"summary": {"per_contender": {
         "jax_float32": speed(12_000.0, 9_000.0, 13_000.0),
         "jax_bfloat16": speed(16_000.0, 15_000.0, 17_000.0),
+        "jax_bfloat16_g2": speed(18_000.0, 17_000.0, 19_000.0),
         "torch": speed(10_000.0, 10_000.0, 8_000.0), "hf": speed(8_000.0, 7_000.0, 9_000.0)}}}
     runs = [{"library": "jax", "rates": {"float32": {"8": 100e9}, "bfloat16": {"8": 200e9}}},
             {"library": "torch", "rates": {"float32": {"8": 80e9}, "bfloat16": {"8": 150e9}}}]
@@ -73,6 +74,10 @@ def test_shares_of_the_peak_and_what_targets_ask(ceiling):
     assert out["fastest_pytorch"] == "torch"
     assert out["share_of_peak"]["torch"] == pytest.approx(10_000 * 5e6 / 100e9)
     assert out["share_of_peak"]["jax_bfloat16"] == pytest.approx(16_000 * 5e6 / 200e9)
+    assert out["share_of_peak"]["jax_bfloat16_g2"] == pytest.approx(18_000 * 5e6 / 200e9)
+    assert out["targets"]["jax_bfloat16_g2"]["measured_ratio"]["per_round"] == pytest.approx(
+        [1.8, 1.7, 2.375])
+    assert "measured_ratio" not in out["targets"]["jax_float32_g2"]  # not in this run
     f32, bf16 = out["targets"]["jax_float32"], out["targets"]["jax_bfloat16"]
     # float32 ceiling 100e9 / 5e6 = 20k tokens/s: 2x torch; 1.5x torch needs 15k of it
     assert f32["ceiling_ratio"] == pytest.approx(2.0)

@@ -25,6 +25,11 @@ Gradient accumulation (``grad_accum=k``) scans over k micro-batches inside the s
 weighted loss sums and gradients of sums, and normalises once by the global weight: exactly the
 large-batch step, with the activation memory of one micro-batch.
 
+Concurrent row groups (``groups=g``, ``train.concurrent_groups``) split each (micro-)batch
+again, into g interleaved groups of rows whose forward and backward passes are independent in
+the program (``train.step.grouped_sums_and_grads``), summed the same way: the same update, in
+pieces that XLA:CPU runs side by side on its threads (no memory saved).
+
 Dropout: the key is split from ``state.rng`` as ``train.step`` does; pmap and shard_map fold in
 the device index and micro-batches their index, so masks differ from a one-device run (same
 distribution). The "same numbers as one device" guarantee is for ``dropout=0``.
