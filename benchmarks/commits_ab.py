@@ -35,14 +35,20 @@ from rounds import spread  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def worktree(rev: str, into: str) -> str:
-    """A detached checkout of ``rev`` under ``into``; refuses a revision git does not know."""
-    path = os.path.join(into, rev.replace("/", "_"))
+def worktree(rev: str, into: str, side: str) -> str:
+    """A detached checkout of ``rev`` under ``into`` (a folder per side, so both sides may
+    name the same revision); refuses a revision git does not know."""
+    path = os.path.join(into, side)
     done = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, rev],
                           capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"commits_ab: cannot check out {rev!r}: {done.stderr.strip()}")
     return path
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def bench(tree: str, bench_args: list[str], cores: str | None, out: str,
@@ -89,8 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"before": worktree(args.before, tmp),
-                 "after": worktree(args.after, tmp) if args.after else ROOT}
+        trees = {"before": worktree(args.before, tmp, "before"),
+                 "after": worktree(args.after, tmp, "after") if args.after else ROOT}
+        commits = {side: git("-C", tree, "rev-parse", "HEAD") for side, tree in trees.items()}
+        # an A/B of uncommitted work: the after side is this checkout, not its HEAD
+        dirty = bool(git("-C", ROOT, "status", "--porcelain")) if not args.after else False
         try:
             runs: dict[str, list] = {"before": [], "after": []}
             for r in range(args.rounds):
@@ -124,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
                 "ratio_after_over_before": spread(
                     [a / b for a, b in zip(rates["after"], rates["before"], strict=True)])}
     result = {
-        "before": args.before, "after": args.after or "checkout", "bench_args": bench_args,
+        "before": args.before, "after": args.after or "checkout", "commits": commits,
+        "checkout_has_uncommitted_changes": dirty, "bench_args": bench_args,
         "after_args": shlex.split(args.after_args),
         "cores": args.cores, "rounds": args.rounds, "runs": runs,
         "tokens_per_s": {s: spread([x["tokens_per_s"] for x in runs[s]]) for s in runs},

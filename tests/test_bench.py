@@ -110,6 +110,16 @@ def test_bench_options_are_separated_from_overrides(capsys):
         assert (stop.type is ConfigError or stop.value.code == 2) and message in err, argv
 
 
+def test_bench_refuses_gradient_accumulation():
+    """tjax bench (and profile_step.py, through ``training_setup``) times one step over the
+    whole batch: a grad_accum it would ignore is refused by name, before any compile."""
+    model_cfg, cfg, _, _ = bench.bench_configs(["--tiny", "--train.grad_accum=2"])
+    with pytest.raises(ConfigError, match="train.grad_accum=2: tjax bench times one step"):
+        bench.training_setup(model_cfg, cfg)
+    with pytest.raises(ConfigError, match="drop --train.grad_accum"):
+        bench.main(["--tiny", "--train.grad_accum=2"])
+
+
 @pytest.mark.slow
 def test_gpu_benchmark_tiny_runs_on_cpu(tmp_path, capsys):
     gpu = _load("gpu")
@@ -323,6 +333,10 @@ def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
              "--tiny", "--decode-batches", "1,2"])
     result = json.loads(out.read_text())
     assert result["after_args"] == ["--train.concurrent_groups=2"]
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert result["commits"] == {"before": head, "after": head}  # this checkout's HEAD too
+    assert isinstance(result["checkout_has_uncommitted_changes"], bool)
     assert result["runs"]["after"][0]["concurrent_groups"] == 2
     assert result["runs"]["before"][0]["concurrent_groups"] in (1, None)  # None: HEAD predates it
     for side in ("before", "after"):

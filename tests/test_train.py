@@ -1,5 +1,6 @@
 """Training: loss, schedule, FLOPs, a run whose loss falls, and the README main command."""
 
+import dataclasses
 import json
 import math
 import os
@@ -230,3 +231,34 @@ def test_loop_strategies_match_one_device(strategy, mesh):
     np.testing.assert_allclose([h["loss"] for h in sharded["history"]],
                                [h["loss"] for h in single["history"]], rtol=1e-5)
     assert sharded["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-5)
+
+
+def test_loop_trains_with_concurrent_groups(monkeypatch):
+    """``tjax train --train.concurrent_groups=2`` reaches the step (each traced step splits
+    its batch into two row groups) and trains as the whole batch does (dropout 0)."""
+    from transformers_jax.train import step as step_module
+
+    calls = []
+    real = step_module.row_group
+    monkeypatch.setattr(step_module, "row_group",
+                        lambda batch, groups, index: calls.append(groups) or
+                        real(batch, groups, index))
+    cfg = TrainConfig(steps=3, batch_size=8, seq_len=16, log_every=1, eval_every=3,
+                      eval_batches=1, progress=False)
+    whole = train(TINY_MODEL, cfg)
+    assert calls == []
+    grouped = train(TINY_MODEL, cfg.replace(concurrent_groups=2))
+    assert calls and set(calls) == {2} and len(calls) % 2 == 0
+    np.testing.assert_allclose([h["loss"] for h in grouped["history"]],
+                               [h["loss"] for h in whole["history"]], rtol=1e-5)
+
+
+def test_resume_reads_an_older_checkpoint_as_one_group():
+    """A checkpoint written before ``concurrent_groups`` existed ran with one group: resuming
+    it at the default warns of nothing, resuming it with two groups says so."""
+    from transformers_jax.loop import train_differences
+
+    older = {k: v for k, v in dataclasses.asdict(TrainConfig()).items() if k != "concurrent_groups"}
+    assert train_differences(older, TrainConfig()) == []
+    diffs = train_differences(older, TrainConfig(concurrent_groups=2))
+    assert diffs == ["concurrent_groups: checkpoint has 1, asked for 2"]

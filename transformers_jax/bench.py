@@ -133,6 +133,10 @@ def training_setup(model_cfg: ModelConfig, cfg: TrainConfig, packed: bool = Fals
     ``bench_training`` times (and ``benchmarks/profile_step.py`` traces)."""
     from transformers_jax.train.objectives import objective_for
 
+    if cfg.grad_accum != 1:  # make_train_step has no accumulation: refuse, not ignore
+        raise ConfigError(f"train.grad_accum={cfg.grad_accum}: tjax bench times one step over "
+                          "the whole batch; drop --train.grad_accum (--train.concurrent_groups "
+                          "splits the batch without scanning over it)")
     if family_of(model_cfg).needs_task:
         raise ConfigError(f"tjax bench times families that train on text (next-token or "
                           f"masked LM), not {model_cfg.family!r}, which trains on task pairs")
@@ -333,10 +337,6 @@ def bench_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig, Any, str |
 
 def main(argv: list[str]) -> int:
     model_cfg, cfg, args, preset = bench_configs(argv)
-    if cfg.grad_accum != 1:
-        raise ConfigError(f"train.grad_accum={cfg.grad_accum}: tjax bench times one step over "
-                          "the whole batch; drop --train.grad_accum (--train.concurrent_groups "
-                          "splits the batch without scanning over it)")
     if args.compile_cache:  # else none of tjax's: bench times cold compiles
         use_compile_cache(args.compile_cache, every_compile=True)
     env = environment()

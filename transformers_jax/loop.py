@@ -170,17 +170,30 @@ def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int,
     }
 
 
+# Settings a checkpoint's run may differ in without changing what is trained.
+_RESUME_IGNORES = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches",
+                   "run_dir", "checkpoint_every", "keep_checkpoints", "resume",
+                   "skip_nonfinite_steps",
+                   "coordinator",  # where process 0 listens, not what is trained
+                   "accept_data_change", "tensorboard", "wandb_project", *DATA_FIELDS}
+# Settings added after checkpoints were first written: an older checkpoint ran with these.
+_TRAIN_FIELDS_BEFORE = {"concurrent_groups": 1}
+
+
+def train_differences(saved: dict, cfg: TrainConfig) -> list[str]:
+    """What a checkpoint's training settings (``meta["train"]``) and this run's differ in,
+    leaving out those that do not change the training (``_RESUME_IGNORES``)."""
+    return [d for d in config_differences({**_TRAIN_FIELDS_BEFORE, **saved},
+                                          dataclasses.asdict(cfg))
+            if d.split(":")[0] not in _RESUME_IGNORES]
+
+
 def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg, log,
             shardings=None):
     step = _latest_good_step(ckpt, log)
     meta = ckpt.read_meta(step)
     check_same_model(meta["model"], model_cfg, cfg.run_dir)
-    ignore = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches", "run_dir",
-              "checkpoint_every", "keep_checkpoints", "resume", "skip_nonfinite_steps",
-              "coordinator",  # where process 0 listens, not what is trained
-              "accept_data_change", "tensorboard", "wandb_project", *DATA_FIELDS}
-    diffs = [d for d in config_differences(meta["train"], dataclasses.asdict(cfg))
-             if d.split(":")[0] not in ignore]
+    diffs = train_differences(meta["train"], cfg)
     data_changed = _check_same_data(meta, cfg, data, log)
     if diffs:
         log.write("warning", 0, {}, "resuming with different training settings (the run "

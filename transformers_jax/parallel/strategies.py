@@ -31,8 +31,9 @@ the program (``train.step.grouped_sums_and_grads``), summed the same way: the sa
 pieces that XLA:CPU runs side by side on its threads (no memory saved).
 
 Dropout: the key is split from ``state.rng`` as ``train.step`` does; pmap and shard_map fold in
-the device index and micro-batches their index, so masks differ from a one-device run (same
-distribution). The "same numbers as one device" guarantee is for ``dropout=0``.
+the device index, micro-batches and row groups their index, so masks (and the draws of
+randomised position schemes) differ from a one-device run (same distribution). The "same
+numbers as one device" guarantee is for ``dropout=0``.
 """
 
 from __future__ import annotations
