@@ -358,6 +358,35 @@ def test_concurrent_groups_match_one_device(strategy, mesh, grad_accum, batch,
     assert_same_training((losses, norms, params), step_run(GPT, batches, 1))
 
 
+def test_per_row_metrics_add_up_by_rows_not_tokens():
+    """An objective's ``row_metrics`` (seq2seq's ``sequence_accuracy``) are means over rows:
+    pieces of a batch with very different token counts add them weighted by their rows, so
+    the pieces' result is the whole batch's (token weighting would give 0.1 here)."""
+    from transformers_jax.train.objectives import Objective, objective_for
+    from transformers_jax.train.step import finish_metrics, row_group
+
+    def fake_loss(model, params, batch, rng, deterministic):
+        right = batch["right"].astype(jnp.float32)
+        tokens = batch["weights"].sum()
+        return jnp.float32(1.0), {"tokens": tokens, "sequence_accuracy": right.mean()}
+
+    objective = Objective("fake", fake_loss, (), row_metrics=("sequence_accuracy",))
+    weights = np.zeros((4, 10), np.float32)
+    weights[0::2, :1] = 1.0  # rows 0, 2: right, 1 token each
+    weights[1::2, :] = 1.0   # rows 1, 3: wrong, 10 tokens each
+    batch = {"inputs": np.zeros((4, 10), np.int32), "weights": weights,
+             "right": np.array([1, 0, 1, 0])}
+    whole = finish_metrics(*weighted_sums(None, None, batch, deterministic=True,
+                                          objective=objective))
+    pieces = [weighted_sums(None, None, row_group(batch, 2, i), deterministic=True,
+                            objective=objective) for i in range(2)]
+    added = finish_metrics(*jax.tree.map(jnp.add, *pieces))
+    assert float(whole["sequence_accuracy"]) == float(added["sequence_accuracy"]) == 0.5
+    assert float(added["tokens"]) == 22.0 and float(added["loss"]) == 1.0
+    assert "per_row" not in added and "rows" not in added
+    assert objective_for("encdec").row_metrics == ("sequence_accuracy",)
+
+
 def test_concurrent_groups_errors():
     model, batch = build_model(GPT), make_batches(GPT, n=1)[0]
     with pytest.raises(ConfigError, match="concurrent_groups=0: must be a positive integer"):

@@ -99,6 +99,9 @@ class Objective:
     loss: LossFn
     input_keys: tuple[str, ...]
     per_position: bool = False  # its loss is a mean over sequence positions (loss by position)
+    # metrics that are means over rows (not tokens): pieces of a batch (devices,
+    # micro-batches, row groups) add them weighted by their rows (train.step.weighted_sums)
+    row_metrics: tuple[str, ...] = ()
 
     def inputs(self, batch: dict) -> dict:
         return model_inputs(batch, self.input_keys)
@@ -113,7 +116,7 @@ OBJECTIVES: Registry[Objective] = Registry("objective")
 for _objective in (
     Objective("lm", lm_objective, GPT_INPUTS, per_position=True),
     Objective("mlm", mlm_objective, BERT_INPUTS),
-    Objective("seq2seq", seq2seq_objective, ENCDEC_INPUTS),
+    Objective("seq2seq", seq2seq_objective, ENCDEC_INPUTS, row_metrics=("sequence_accuracy",)),
     Objective("sequence_classification", sequence_classification_objective, BERT_INPUTS),
     Objective("token_classification", token_classification_objective, BERT_INPUTS),
 ):

@@ -130,16 +130,29 @@ def weighted_sums(
             weight = jnp.shape(batch["inputs"])[0]
         weight = jnp.asarray(weight, jnp.float32)
     count = jnp.maximum(weight, 1.0)
+    per_row = set(getattr(objective, "row_metrics", ()))  # means over rows, not tokens
     sums = {k: jnp.asarray(v, jnp.float32) * (1.0 if k == "tokens" else count)
-            for k, v in metrics.items()}
+            for k, v in metrics.items() if k not in per_row}
+    if per_row:  # weighted by the rows, and divided by the added rows in finish_metrics
+        rows = jnp.asarray(jnp.shape(batch["inputs"])[0], jnp.float32)
+        sums[_PER_ROW] = {"rows": rows, **{k: jnp.asarray(metrics[k], jnp.float32) * rows
+                                           for k in per_row if k in metrics}}
     return sums, weight
+
+
+_PER_ROW = "per_row"  # weighted_sums' nested sums of an objective's row_metrics
 
 
 def finish_metrics(sums: dict, weight: jax.Array) -> dict:
     """Global metrics from global sums: each divided by the global weight (a ``tokens``
-    count stays a sum)."""
+    count stays a sum), an objective's per-row metrics by the global row count."""
     count = jnp.maximum(weight, 1.0)
-    return {k: v if k == "tokens" else v / count for k, v in sums.items()}
+    out = {k: v if k == "tokens" else v / count for k, v in sums.items() if k != _PER_ROW}
+    if _PER_ROW in sums:
+        per_row = dict(sums[_PER_ROW])
+        rows = jnp.maximum(per_row.pop("rows"), 1.0)
+        out.update({k: v / rows for k, v in per_row.items()})
+    return out
 
 
 def row_group(batch: dict, groups: int, index: int) -> dict:
