@@ -65,13 +65,14 @@ from transformers_jax.parallel.rules import (
     check_shardable,
     mesh_shardings,
 )
-from transformers_jax.train.step import (  # weighted_sums, finish_metrics: this API too
+from transformers_jax.train.step import (  # the shared step math: this module's API too
     TrainState,
-    apply_gradients,
+    apply_update,
     finish_metrics,
     grouped_sums_and_grads,
     init_state,
     model_inputs,
+    split_micro_batches,
     weighted_sums,
 )
 
@@ -80,20 +81,6 @@ DATA_AXIS = "data"
 
 
 # The math shared by every strategy -------------------------------------------------------------
-def split_micro_batches(batch: dict, k: int) -> dict:
-    """``[B, ...] -> [k, B/k, ...]``; row r goes to micro-batch ``r % k``.
-
-    Interleaving (rather than cutting B into k contiguous blocks) keeps every micro-batch
-    spread evenly over the data-parallel devices when B is sharded.
-    """
-
-    def split(x):
-        x = jnp.asarray(x)
-        return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
-
-    return jax.tree.map(split, batch)
-
-
 def sums_and_grads(
     model: nn.Module,
     params: Any,
@@ -144,22 +131,6 @@ def split_rng(rng: jax.Array) -> tuple[jax.Array, jax.Array]:
     typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
     new, dropout = jax.random.split(rng if typed else jax.random.wrap_key_data(rng))
     return (new if typed else jax.random.key_data(new)), dropout
-
-
-def apply_update(
-    optimizer: optax.GradientTransformation,
-    state: TrainState,
-    rng: jax.Array,
-    sums: dict,
-    weight: jax.Array,
-    grad_of_sum: Any,
-    schedule: Callable | None,
-) -> tuple[TrainState, dict]:
-    """Normalise the global sums by the global weight, update, and report metrics."""
-    count = jnp.maximum(weight, 1.0)
-    grads = jax.tree.map(lambda g: g / count, grad_of_sum)
-    # a non-finite update is not applied
-    return apply_gradients(optimizer, state, grads, finish_metrics(sums, weight), schedule, rng)
 
 
 def _init(model, optimizer, seed: int, example_batch: dict, objective: Any = None,

@@ -3,11 +3,13 @@ state and a batch and returns the new state and metrics; RNG lives in the state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
@@ -74,10 +76,8 @@ def make_train_step(
         if groups > 1:
             sums, weight, grad_of_sum = grouped_sums_and_grads(
                 model, state.params, batch, dropout_rng, groups, objective=objective)
-            count = jnp.maximum(weight, 1.0)
-            grads = jax.tree.map(lambda g: g / count, grad_of_sum)
-            return apply_gradients(optimizer, state, grads, finish_metrics(sums, weight),
-                                   schedule, jax.random.key_data(rng))
+            return apply_update(optimizer, state, jax.random.key_data(rng), sums, weight,
+                                grad_of_sum, schedule)
 
         def loss_fn(params):
             return objective.loss(model, params, batch, dropout_rng, False)
@@ -155,20 +155,29 @@ def finish_metrics(sums: dict, weight: jax.Array) -> dict:
     return out
 
 
-def row_group(batch: dict, groups: int, index: int) -> dict:
-    """Rows ``index, index + groups, ...`` of every ``[B, ...]`` array of ``batch``.
+def split_micro_batches(batch: dict, k: int) -> dict:
+    """``[B, ...] -> [k, B/k, ...]``; row r goes to micro-batch ``r % k``.
 
-    Interleaved, like ``parallel.strategies.split_micro_batches``: a batch sharded over
-    devices in contiguous blocks keeps every group local to its devices."""
+    Interleaving (rather than cutting B into k contiguous blocks) keeps every micro-batch
+    spread evenly over the data-parallel devices when B is sharded.
+    """
 
-    def take(x):
+    def split(x):
         x = jnp.asarray(x)
-        if x.shape[0] % groups:
-            raise ValueError(f"a batch of {x.shape[0]} rows cannot be split into {groups} "
-                             f"equal row groups; use a batch size that is a multiple of {groups}")
-        return x.reshape(x.shape[0] // groups, groups, *x.shape[1:])[:, index]
+        return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
 
-    return {k: take(v) for k, v in batch.items()}
+    return jax.tree.map(split, batch)
+
+
+def row_group(batch: dict, groups: int, index: int) -> dict:
+    """Rows ``index, index + groups, ...`` of every ``[B, ...]`` array of ``batch``: group
+    ``index`` of ``split_micro_batches`` (interleaved, so a batch sharded over devices in
+    contiguous blocks keeps every group local to its devices)."""
+    for x in jax.tree.leaves(batch):
+        if np.shape(x)[0] % groups:
+            raise ValueError(f"a batch of {np.shape(x)[0]} rows cannot be split into {groups} "
+                             f"equal row groups; use a batch size that is a multiple of {groups}")
+    return jax.tree.map(lambda x: x[index], split_micro_batches(batch, groups))
 
 
 def grouped_sums_and_grads(model: nn.Module, params: Any, batch: dict, rng: jax.Array | None,
@@ -192,6 +201,22 @@ def grouped_sums_and_grads(model: nn.Module, params: Any, batch: dict, rng: jax.
 
     (_, (sums, weight)), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
     return sums, weight, grads
+
+
+def apply_update(
+    optimizer: optax.GradientTransformation,
+    state: TrainState,
+    rng: jax.Array,
+    sums: dict,
+    weight: jax.Array,
+    grad_of_sum: Any,
+    schedule: Callable | None,
+) -> tuple[TrainState, dict]:
+    """Normalise the global sums by the global weight, update, and report metrics."""
+    count = jnp.maximum(weight, 1.0)
+    grads = jax.tree.map(lambda g: g / count, grad_of_sum)
+    # a non-finite update is not applied
+    return apply_gradients(optimizer, state, grads, finish_metrics(sums, weight), schedule, rng)
 
 
 def apply_gradients(optimizer: optax.GradientTransformation, state: TrainState, grads,
