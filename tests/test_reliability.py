@@ -17,8 +17,8 @@ from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.loop import train
-from transformers_jax.parallel import strategies
 from transformers_jax.runs import load_run
+from transformers_jax.train import step as train_step_module
 from transformers_jax.train.checkpoint import Checkpointer
 from transformers_jax.train.errors import NonFiniteError, RunDirLockedError
 from transformers_jax.train.guard import SPIKE_WARMUP, Guard
@@ -68,7 +68,7 @@ def test_the_issue_recipe_stops_non_zero_and_keeps_the_last_good_checkpoint(tmp_
 def poison_update_at(monkeypatch, bad_step: int):
     """Make update number ``bad_step`` (1-based) non-finite inside the jitted step: its loss
     and its gradients become NaN, as a diverging batch would make them."""
-    real = strategies.apply_gradients
+    real = train_step_module.apply_gradients  # what every strategy's update calls
 
     def poisoned(optimizer, state, grads, metrics, schedule, rng):
         hit = state.step + 1 == bad_step
@@ -76,7 +76,7 @@ def poison_update_at(monkeypatch, bad_step: int):
         metrics = {**metrics, "loss": jnp.where(hit, jnp.nan, metrics["loss"])}
         return real(optimizer, state, grads, metrics, schedule, rng)
 
-    monkeypatch.setattr(strategies, "apply_gradients", poisoned)
+    monkeypatch.setattr(train_step_module, "apply_gradients", poisoned)
 
 
 def small_cfg(tmp_path, **kw):
