@@ -38,6 +38,7 @@ DTYPES = ("float32", "bfloat16")
 TARGETS = {"jax_float32": ("float32", 1.5), "jax_bfloat16": ("bfloat16", 2.0),
            # the same step as two concurrent row groups (train.concurrent_groups=2)
            "jax_float32_g2": ("float32", 1.5), "jax_bfloat16_g2": ("bfloat16", 2.0)}
+TARGETS.update({f"{name}_reuse": t for name, t in TARGETS.items()})  # TJAX_HOST_MALLOC=reuse
 TORCH_CONTENDERS = ("torch", "torch_compile", "hf")
 KINDS = ("gpt", "bert")  # the side-by-side shapes' models: causal GPT-2, bidirectional BERT
 

@@ -4,11 +4,16 @@ host_memory.py``), each a whole process, alternating A B A B; prints one JSON ob
     python benchmarks/host_memory_ab.py --rounds 4                 # config a, float32
     python benchmarks/host_memory_ab.py --rounds 4 -- --model.dtype=bfloat16
 
-A is ``TJAX_HOST_MALLOC=system`` (glibc's defaults: XLA's temporary buffer is faulted in 4 KiB
-pages every step), B is what ``tjax`` does by default (the buffer on transparent huge pages).
-Per side: the median, min and max of training tokens/s, minor page faults per step, compile
-seconds and peak RSS over the rounds, and the median of the per-round ratios B / A. Arguments
-after ``--`` go to ``tjax bench`` (default: ``--no-decode``).
+    python benchmarks/host_memory_ab.py --rounds 4 --sides tjax_default,reuse
+
+The sides (``--sides``, the first is the baseline; default ``system_malloc,tjax_default``):
+``system_malloc`` is ``TJAX_HOST_MALLOC=system`` (glibc's defaults: XLA's temporary buffer is
+faulted in 4 KiB pages every step), ``tjax_default`` what ``tjax`` does by default (the buffer
+on transparent huge pages, still faulted in every step), ``reuse`` is
+``TJAX_HOST_MALLOC=reuse`` (the freed buffer kept for the next step). Per side: the median, min
+and max of training tokens/s, minor page faults per step, compile seconds and peak RSS over
+the rounds; per later side, the median of the per-round ratios side / baseline. Arguments after
+``--`` go to ``tjax bench`` (default: ``--no-decode``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from transformers_jax.overrides import print_json
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rounds import spread  # noqa: E402
 
-SIDES = {"system_malloc": {host_memory.OPT_OUT: "system"}, "tjax_default": {}}
+SIDES = {"system_malloc": {host_memory.OPT_OUT: "system"}, "tjax_default": {},
+         "reuse": {host_memory.OPT_OUT: "reuse"}}
 
 
 def one_process(extra_env: dict, bench_args: list[str]) -> dict:
@@ -50,13 +56,20 @@ def main(argv: list[str] | None = None) -> int:
         if "--" in argv else (argv, ["--no-decode"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--sides", default="system_malloc,tjax_default",
+                        help=f"comma-separated, from {', '.join(SIDES)}; the first is the "
+                             "baseline of the ratios")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(ours)
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    sides = args.sides.split(",")
+    if len(sides) < 2 or len(set(sides)) < len(sides) or not set(sides) <= set(SIDES):
+        parser.error(f"--sides {args.sides!r}: give two or more different sides from "
+                     f"{', '.join(SIDES)}")
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     start_load = os.getloadavg()
     for _ in range(args.rounds):
-        for side, extra in SIDES.items():
-            runs[side].append(one_process(extra, bench_args))
+        for side in sides:
+            runs[side].append(one_process(SIDES[side], bench_args))
     result = {"command": " ".join([os.path.basename(sys.argv[0]), *argv]),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": args.rounds,
               "tjax_bench_args": bench_args, "load_average_start": list(start_load),
@@ -66,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         result[side] = {key: spread([r[key] for r in rs]) for key in
                         ("tokens_per_s", "minor_page_faults_per_step", "compile_s",
                          "peak_rss_mib", "load_average")}
-    ratios = [b["tokens_per_s"] / a["tokens_per_s"]
-              for a, b in zip(runs["system_malloc"], runs["tjax_default"], strict=True)]
-    result["speedup_tjax_default_over_system"] = spread(ratios)
+    base = sides[0]
+    for side in sides[1:]:  # e.g. speedup_tjax_default_over_system_malloc
+        ratios = [b["tokens_per_s"] / a["tokens_per_s"]
+                  for a, b in zip(runs[base], runs[side], strict=True)]
+        result[f"speedup_{side}_over_{base}"] = spread(ratios)
     print_json(result, args.out, indent=1)
     return 0
 

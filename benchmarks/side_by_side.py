@@ -63,6 +63,12 @@ CONTENDERS = {
     # train.concurrent_groups=2: the batch as two independent row groups (the same update)
     "jax_float32_g2": ("side_by_side_jax.py", ["run", "--dtype", "float32", "--groups", "2"]),
     "jax_bfloat16_g2": ("side_by_side_jax.py", ["run", "--dtype", "bfloat16", "--groups", "2"]),
+    # TJAX_HOST_MALLOC=reuse: XLA's freed temporary buffer kept for the next step
+    **{f"{name}_reuse": ("side_by_side_jax.py", [*args, "--host-malloc", "reuse"])
+       for name, args in (("jax_float32", ["run", "--dtype", "float32"]),
+                          ("jax_bfloat16", ["run", "--dtype", "bfloat16"]),
+                          ("jax_float32_g2", ["run", "--dtype", "float32", "--groups", "2"]),
+                          ("jax_bfloat16_g2", ["run", "--dtype", "bfloat16", "--groups", "2"]))},
     "hf": ("side_by_side_torch.py", ["--impl", "hf"]),
     "torch": ("side_by_side_torch.py", ["--impl", "torch"]),
     # torch.compile: the model for training, the fixed-shape decoding step for decoding
@@ -70,7 +76,8 @@ CONTENDERS = {
 }
 REFERENCE = "jax_float32"  # "ours" in every ratio
 # float32: losses and tokens must match
-EXACT = ("jax_float32", "jax_float32_g2", "hf", "torch", "torch_compile")
+EXACT = ("jax_float32", "jax_float32_g2", "jax_float32_reuse", "jax_float32_g2_reuse", "hf",
+         "torch", "torch_compile")
 
 
 def worker_environment() -> dict:

@@ -270,9 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--chunk", type=int, default=64)
     r.add_argument("--groups", type=int, default=1,
                    help="train.concurrent_groups: the batch as this many independent row groups")
+    r.add_argument("--host-malloc", choices=("default", "reuse"), default="default",
+                   help="reuse: run as under TJAX_HOST_MALLOC=reuse (transformers_jax/"
+                        "host_memory.py)")
     add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "run":  # as every tjax command runs
+        if args.host_malloc == "reuse":  # the driver removed TJAX_HOST_MALLOC: set it here
+            os.environ[host_memory.OPT_OUT] = "reuse"
         host_memory.relaunch_with_tunables()
     return prepare(args) if args.command == "prepare" else run(args)
 

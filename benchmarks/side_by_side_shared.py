@@ -30,10 +30,9 @@ SHAPES = {
                       train_len=32, decode_batches=()),
 }
 # The contenders that can run each kind (the plain PyTorch model is a GPT).
-KIND_CONTENDERS = {"gpt": ("jax_float32", "jax_bfloat16", "jax_float32_g2", "jax_bfloat16_g2",
-                           "hf", "torch", "torch_compile"),
-                   "bert": ("jax_float32", "jax_bfloat16", "jax_float32_g2", "jax_bfloat16_g2",
-                            "hf")}
+_OURS = ("jax_float32", "jax_bfloat16", "jax_float32_g2", "jax_bfloat16_g2")
+_OURS = (*_OURS, *(f"{name}_reuse" for name in _OURS))  # TJAX_HOST_MALLOC=reuse
+KIND_CONTENDERS = {"gpt": (*_OURS, "hf", "torch", "torch_compile"), "bert": (*_OURS, "hf")}
 
 # Inside the prepared directory (written once by ``side_by_side_jax.py prepare``).
 HF_DIR = "hf"  # config.json + model.safetensors: the initial weights, GPT-2 layout

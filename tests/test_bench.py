@@ -194,21 +194,28 @@ def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
     assert result["ratio_pinned_wall_tokens_per_s"]["values"] == [2.0]
 
 
-def test_host_memory_ab_runs_both_sides_as_whole_processes(tmp_path):
-    """The A/B of tjax's malloc setting: one round at a toy size; each side says which malloc
+def test_host_memory_ab_runs_each_side_as_whole_processes(tmp_path):
+    """The A/B of tjax's malloc settings: one round at a toy size; each side says which malloc
     it ran with (the figures themselves are benchmarks, not asserted)."""
     ab = _load("host_memory_ab")
     out = tmp_path / "ab.json"
-    assert ab.main(["--rounds", "1", "--out", str(out), "--", "--tiny", "--no-decode"]) == 0
+    assert ab.main(["--rounds", "1", "--sides", "system_malloc,tjax_default,reuse",
+                    "--out", str(out), "--", "--tiny", "--no-decode"]) == 0
     result = json.loads(out.read_text())
     if result["host_malloc"]["tjax_default"] != "not glibc":
         assert result["host_malloc"] == {
             "system_malloc": "system default (TJAX_HOST_MALLOC=system)",
-            "tjax_default": "huge pages"}
-    for side in ("system_malloc", "tjax_default"):
+            "tjax_default": "huge pages",
+            "reuse": "freed blocks reused (TJAX_HOST_MALLOC=reuse)"}
+    for side in ("system_malloc", "tjax_default", "reuse"):
         assert _positive(result[side]["tokens_per_s"]["median"])
         assert result[side]["minor_page_faults_per_step"]["median"] >= 0
-    assert len(result["speedup_tjax_default_over_system"]["values"]) == 1
+    assert len(result["speedup_tjax_default_over_system_malloc"]["values"]) == 1
+    assert len(result["speedup_reuse_over_system_malloc"]["values"]) == 1
+    with pytest.raises(SystemExit):
+        ab.main(["--sides", "reuse", "--", "--tiny"])  # nothing to compare with
+    with pytest.raises(SystemExit):
+        ab.main(["--sides", "reuse,huge", "--", "--tiny"])
 
 
 def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):

@@ -9,6 +9,7 @@ import pytest
 
 from transformers_jax import host_memory
 from transformers_jax.host_memory import (
+    REUSE_TUNABLES,
     TUNABLES,
     environment_with_tunables,
     huge_pages_mode,
@@ -64,6 +65,14 @@ def test_status_reads_the_tunables_the_opt_out_and_the_kernel():
     assert status({host_memory.OPT_OUT: "system"}, **madvise).startswith("system default (")
     with pytest.raises(ValueError, match="TJAX_HOST_MALLOC='off': set it to 'system'"):
         status({host_memory.OPT_OUT: "off"}, **madvise)
+    # reuse: its arena settings act whatever the kernel's huge page mode
+    reuse = {host_memory.OPT_OUT: "reuse"}
+    for thp in ("madvise", "always", "never"):
+        assert status(reuse, thp_mode=thp) == "system default"  # the relaunch would act
+    assert status({**reuse, "GLIBC_TUNABLES": ":".join(TUNABLES)}, **madvise) \
+        == f"user setting ({TUNABLES[0]})"  # half of it set by hand: left alone
+    assert status({**reuse, "GLIBC_TUNABLES": ":".join(TUNABLES + REUSE_TUNABLES)},
+                  **madvise) == "freed blocks reused (TJAX_HOST_MALLOC=reuse)"
 
 
 def test_environment_keeps_other_tunables_and_replaces_ours():
@@ -74,6 +83,12 @@ def test_environment_keeps_other_tunables_and_replaces_ours():
     assert "glibc.pthread.rseq=0" in parts and "glibc.malloc.hugetlb=2" not in parts
     assert all(t in parts for t in TUNABLES)
     assert env == environment_with_tunables(env)  # idempotent
+    reuse = environment_with_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4",
+                                       host_memory.OPT_OUT: "reuse"})
+    assert reuse["GLIBC_TUNABLES"].split(":") == [*TUNABLES, *REUSE_TUNABLES]
+    back = environment_with_tunables({**reuse, host_memory.OPT_OUT: ""})  # reuse's removed
+    assert back["GLIBC_TUNABLES"].split(":") == list(TUNABLES)
+    assert environment_with_tunables({host_memory.OPT_OUT: "system"})["GLIBC_TUNABLES"] == ""
 
 
 @acts_here
@@ -82,6 +97,9 @@ def test_tunables_cut_the_page_faults_of_xla_temporaries():
     kept = float(run_python(FAULTS_PER_CALL, environment_with_tunables(clean_environment())))
     assert default > 8_000  # 64 MiB of fresh 4 KiB pages, every call
     assert kept < default / 4
+    reuse_env = environment_with_tunables({**clean_environment(), host_memory.OPT_OUT: "reuse"})
+    reused = float(run_python(FAULTS_PER_CALL, reuse_env))
+    assert reused < kept / 4  # the freed buffer comes back: not even faulted in huge pages
 
 
 @acts_here
@@ -93,6 +111,9 @@ def test_relaunch_re_executes_once_with_the_tunables():
     assert out[:3] == ["system default", "huge pages", "returned huge pages"]
     opted_out = run_python(code, {**clean_environment(), host_memory.OPT_OUT: "system"})
     assert opted_out.count("\n") == 2 and "returned system default (" in opted_out
+    reuse = run_python(code, {**clean_environment(), host_memory.OPT_OUT: "reuse"}).split("\n")
+    assert reuse[:3] == ["system default", "freed blocks reused (TJAX_HOST_MALLOC=reuse)",
+                         "returned freed blocks reused (TJAX_HOST_MALLOC=reuse)"]
 
 
 def test_tjax_re_executes_before_importing_jax():

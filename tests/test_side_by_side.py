@@ -182,15 +182,15 @@ def test_check_mode_separate_processes_agree(driver, tmp_path, capsys):
     pytest.importorskip("transformers")
     out = tmp_path / "check.json"
     code = driver.main(["--check", "--tiny", "--contenders",
-                        "jax_float32,hf,torch,hf@1,jax_float32_g2",
+                        "jax_float32,hf,torch,hf@1,jax_float32_g2,jax_float32_reuse",
                         "--check-steps", "6", "--quiet", "--out", str(out)])
     result = json.loads(out.read_text())
     assert code == 0, result["correctness"]
     assert result["mode"] == "check" and "summary" not in result  # nothing timed
     correctness = result["correctness"]
     assert correctness["passed"]
-    # pinned to one core, or the batch as two row groups: the same numbers
-    for name in ("hf", "torch", "hf@1", "jax_float32_g2"):
+    # pinned to one core, the batch as two row groups, another malloc: the same numbers
+    for name in ("hf", "torch", "hf@1", "jax_float32_g2", "jax_float32_reuse"):
         entry = correctness[name]
         assert entry["loss_relative_gap_all_steps"] < 1e-5, (name, entry)
         assert entry["greedy_tokens_identical_batch_1"] == 1.0
@@ -203,13 +203,15 @@ def test_check_mode_separate_processes_agree(driver, tmp_path, capsys):
     assert all(env == {} for env in result["worker_thread_environment"].values())
     # @1: the worker may use one CPU, and PyTorch sized its pool to it (nothing set by us)
     assert result["pinned_cores"] == {"jax_float32": None, "hf": None, "torch": None, "hf@1": 1,
-                                      "jax_float32_g2": None}
+                                      "jax_float32_g2": None, "jax_float32_reuse": None}
     assert result["threads"]["hf@1"]["torch_num_threads"] == 1
     assert result["threads"]["hf@1"]["set_by_harness"] is None
     if result["host_malloc"]["hf"] != "not glibc":  # ours as tjax runs, theirs as the system's
         assert result["host_malloc"] == {"jax_float32": "huge pages", "hf": "system default",
                                          "torch": "system default", "hf@1": "system default",
-                                         "jax_float32_g2": "huge pages"}
+                                         "jax_float32_g2": "huge pages",
+                                         "jax_float32_reuse":
+                                             "freed blocks reused (TJAX_HOST_MALLOC=reuse)"}
 
 
 @pytest.mark.slow

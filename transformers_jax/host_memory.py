@@ -11,11 +11,20 @@ ends. glibc serves a block that large with a fresh ``mmap`` (above its mmap thre
 faster step (BENCHMARKS.md section 2b). It needs glibc 2.35 or later and the kernel's THP mode
 ``madvise`` (under ``always`` the kernel already does it; under ``never`` nothing can).
 
+The buffer is still mapped, zeroed and faulted in afresh every step, 2 MiB at a time.
+``TJAX_HOST_MALLOC=reuse`` keeps it instead: one malloc arena for all threads, big blocks from
+the heap rather than ``mmap``, and no trimming, so the next step gets the same pages back with
+no fault at all. Training steps ran 1.05-1.10x (config a) and 1.17-1.23x (GPT-2 small)
+faster on a 2-core Intel Xeon, at the cost of about 1 s more XLA compile (its threads share the
+one arena) and memory that stays with the process (BENCHMARKS.md section 2r). Opt-in: the
+gain depends on the host, and a long run gains most.
+
 glibc reads its tunables once, when the process starts, so they travel as ``GLIBC_TUNABLES``
 in the environment: ``tjax`` and the experiments' entry points re-execute themselves once with
 it (``relaunch_with_tunables``); a Python user starts Python with
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``. ``TJAX_HOST_MALLOC=system`` turns it off, and a
-``glibc.malloc.hugetlb`` the user set is left as it is.
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (``REUSE_TUNABLES`` added for the reuse mode).
+``TJAX_HOST_MALLOC=system`` turns it off, and a malloc tunable of ours the user set is left as it
+is.
 """
 
 from __future__ import annotations
@@ -25,7 +34,12 @@ import platform
 import sys
 
 TUNABLES = ("glibc.malloc.hugetlb=1",)
+# TJAX_HOST_MALLOC=reuse: every thread in one arena (so the big block comes from the heap XLA's
+# threads share), never from mmap, and never handed back to the kernel
+REUSE_TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+                  "glibc.malloc.trim_threshold=2147483647")
 OPT_OUT = "TJAX_HOST_MALLOC"
+MODES = ("", "system", "reuse")
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _RELAUNCHED = "TJAX_HOST_MALLOC_RELAUNCHED"
 # every variable that decides a process's malloc here: what a harness removes to start a
@@ -56,46 +70,64 @@ def _glibc_version() -> tuple[int, ...]:
         return ()
 
 
+def mode(environ=None) -> str:
+    """``TJAX_HOST_MALLOC`` of ``environ`` (default: this process's): ``""`` (huge pages),
+    ``"system"`` or ``"reuse"``. ValueError for any other value."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(OPT_OUT, "").lower()
+    if chosen not in MODES:
+        raise ValueError(f"{OPT_OUT}={environ[OPT_OUT]!r}: set it to 'system' to keep glibc's "
+                         "malloc defaults, to 'reuse' to keep XLA's freed buffers for the next "
+                         "step, or unset it to put XLA's big buffers on huge pages")
+    return chosen
+
+
+def tunables(environ=None) -> tuple[str, ...]:
+    """The glibc tunables the mode of ``environ`` asks for (none for ``system``)."""
+    chosen = mode(environ)
+    return {"": TUNABLES, "reuse": TUNABLES + REUSE_TUNABLES}.get(chosen, ())
+
+
 def status(environ=None, thp_mode: str | None = "read") -> str:
     """What this process runs with, for logs and benchmark JSON: ``"huge pages"`` (the tunable
-    is set and can act), ``"system default"`` (the relaunch would set it),
-    ``"system default (why)"`` (it would not: opted out, glibc too old, THP off or already
-    ``always``), ``"user setting (...)"`` or ``"not glibc"``. ``environ``: the environment to
-    judge (default: this process's, which glibc read at start); ``thp_mode``: the kernel's mode
-    (default: read from ``THP_MODE``). Raises ValueError for a ``TJAX_HOST_MALLOC`` other than
-    unset, empty or ``system``."""
+    is set and can act), ``"freed blocks reused (TJAX_HOST_MALLOC=reuse)"`` (its
+    tunables set), ``"system default"`` (the relaunch would set them), ``"system default
+    (why)"`` (it would not: opted out, glibc too old, THP off or already ``always``), ``"user
+    setting (...)"`` or ``"not glibc"``. ``environ``: the environment to judge (default: this
+    process's, which glibc read at start); ``thp_mode``: the kernel's mode (default: read from
+    ``THP_MODE``). Raises ValueError for a ``TJAX_HOST_MALLOC`` outside ``MODES``."""
     environ = os.environ if environ is None else environ
-    opt = environ.get(OPT_OUT, "")
-    if opt.lower() not in ("", "system"):
-        raise ValueError(f"{OPT_OUT}={opt!r}: set it to 'system' to keep glibc's malloc "
-                         "defaults, or unset it to put XLA's big buffers on huge pages")
+    chosen = mode(environ)
     if not _is_glibc_linux():
         return "not glibc"
     present = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
-    if all(t in present for t in TUNABLES):
-        return "huge pages"
-    names = {t.split("=")[0] for t in TUNABLES}
+    wanted = tunables(environ)
+    if wanted and all(t in present for t in wanted):
+        return "freed blocks reused (TJAX_HOST_MALLOC=reuse)" if chosen == "reuse" else "huge pages"
+    names = {t.split("=")[0] for t in TUNABLES + REUSE_TUNABLES}
     mine = [t for t in present if t.split("=")[0] in names]
     if mine:
         return f"user setting ({':'.join(mine)})"
-    if opt.lower() == "system":
+    if chosen == "system":
         return f"system default ({OPT_OUT}=system)"
+    if chosen == "reuse":  # the arena settings act without huge pages and in older glibc
+        return "system default"
     if _glibc_version() < (2, 35):
         return f"system default (glibc {platform.libc_ver()[1]} has no malloc.hugetlb)"
-    mode = huge_pages_mode() if thp_mode == "read" else thp_mode
-    if mode != "madvise":
-        return f"system default (transparent huge pages: {mode or 'unknown'})"
+    thp = huge_pages_mode() if thp_mode == "read" else thp_mode
+    if thp != "madvise":
+        return f"system default (transparent huge pages: {thp or 'unknown'})"
     return "system default"
 
 
 def environment_with_tunables(environ=None) -> dict[str, str]:
-    """``environ`` (default: this process's) with ``TUNABLES`` added to ``GLIBC_TUNABLES``,
-    keeping the other tunables there."""
+    """``environ`` (default: this process's) with the tunables of its ``TJAX_HOST_MALLOC`` mode
+    added to ``GLIBC_TUNABLES`` (replacing ours, keeping the other tunables there)."""
     env = dict(os.environ if environ is None else environ)
     present = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
-    names = {t.split("=")[0] for t in TUNABLES}
+    names = {t.split("=")[0] for t in TUNABLES + REUSE_TUNABLES}
     kept = [t for t in present if t.split("=")[0] not in names]
-    env["GLIBC_TUNABLES"] = ":".join([*kept, *TUNABLES])
+    env["GLIBC_TUNABLES"] = ":".join([*kept, *tunables(env)])
     return env
 
 
