@@ -86,8 +86,11 @@ def test_environment_keeps_other_tunables_and_replaces_ours():
     reuse = environment_with_tunables({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4",
                                        host_memory.OPT_OUT: "reuse"})
     assert reuse["GLIBC_TUNABLES"].split(":") == [*TUNABLES, *REUSE_TUNABLES]
-    back = environment_with_tunables({**reuse, host_memory.OPT_OUT: ""})  # reuse's removed
-    assert back["GLIBC_TUNABLES"].split(":") == list(TUNABLES)
+    # the default mode leaves a user's arena setting alone, in the environment and the status
+    own = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}
+    assert environment_with_tunables(own)["GLIBC_TUNABLES"].split(":") == [
+        "glibc.malloc.arena_max=4", *TUNABLES]
+    assert not status(own, thp_mode="madvise").startswith("user setting")
     assert environment_with_tunables({host_memory.OPT_OUT: "system"})["GLIBC_TUNABLES"] == ""
 
 

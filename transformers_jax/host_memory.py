@@ -104,7 +104,7 @@ def status(environ=None, thp_mode: str | None = "read") -> str:
     wanted = tunables(environ)
     if wanted and all(t in present for t in wanted):
         return "freed blocks reused (TJAX_HOST_MALLOC=reuse)" if chosen == "reuse" else "huge pages"
-    names = {t.split("=")[0] for t in TUNABLES + REUSE_TUNABLES}
+    names = {t.split("=")[0] for t in wanted}  # a user's arena_max is theirs in the default
     mine = [t for t in present if t.split("=")[0] in names]
     if mine:
         return f"user setting ({':'.join(mine)})"
@@ -122,19 +122,21 @@ def status(environ=None, thp_mode: str | None = "read") -> str:
 
 def environment_with_tunables(environ=None) -> dict[str, str]:
     """``environ`` (default: this process's) with the tunables of its ``TJAX_HOST_MALLOC`` mode
-    added to ``GLIBC_TUNABLES`` (replacing ours, keeping the other tunables there)."""
+    added to ``GLIBC_TUNABLES`` (replacing the same names, keeping the other tunables there)."""
     env = dict(os.environ if environ is None else environ)
     present = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
-    names = {t.split("=")[0] for t in TUNABLES + REUSE_TUNABLES}
+    wanted = tunables(env)
+    names = {t.split("=")[0] for t in wanted}
     kept = [t for t in present if t.split("=")[0] not in names]
-    env["GLIBC_TUNABLES"] = ":".join([*kept, *tunables(env)])
+    env["GLIBC_TUNABLES"] = ":".join([*kept, *wanted])
     return env
 
 
 def relaunch_with_tunables() -> str:
-    """Re-execute this command (``sys.orig_argv``) with ``TUNABLES`` set, unless ``status()``
-    says it would not act or is set (then it returns that). Call it only from a program's entry
-    point, never from library code: the process is replaced. ValueError: see ``status``."""
+    """Re-execute this command (``sys.orig_argv``) with the mode's ``tunables`` set, unless
+    ``status()`` says it would not act or is set (then it returns that). Call it only from a
+    program's entry point, never from library code: the process is replaced. ValueError: see
+    ``status``."""
     current = status()
     if (current != "system default" or not getattr(sys, "orig_argv", None)
             or os.environ.get(_RELAUNCHED)):  # glibc ignored them once: do not loop
