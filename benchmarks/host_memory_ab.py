@@ -1,5 +1,5 @@
-"""``tjax bench`` with and without the malloc setting tjax runs with (``transformers_jax/
-host_memory.py``), each a whole process, alternating A B A B; prints one JSON object.
+"""``tjax bench`` under different malloc settings (``transformers_jax/host_memory.py``), each
+a whole process, alternating A B A B; prints one JSON object.
 
     python benchmarks/host_memory_ab.py --rounds 4                 # config a, float32
     python benchmarks/host_memory_ab.py --rounds 4 -- --model.dtype=bfloat16

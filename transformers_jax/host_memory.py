@@ -14,10 +14,10 @@ faster step (BENCHMARKS.md section 2b). It needs glibc 2.35 or later and the ker
 The buffer is still mapped, zeroed and faulted in afresh every step, 2 MiB at a time.
 ``TJAX_HOST_MALLOC=reuse`` keeps it instead: one malloc arena for all threads, big blocks from
 the heap rather than ``mmap``, and no trimming, so the next step gets the same pages back with
-no fault at all. Training steps ran 1.05-1.10x (config a) and 1.17-1.23x (GPT-2 small)
-faster on a 2-core Intel Xeon, at the cost of about 1 s more XLA compile (its threads share the
-one arena) and memory that stays with the process (BENCHMARKS.md section 2r). Opt-in: the
-gain depends on the host, and a long run gains most.
+no fault at all. Training steps ran 1.08x (config a, float32), 1.05x (bfloat16) and 1.18x
+(GPT-2 small) faster on a 2-core Intel Xeon, at the cost of about 1 s more XLA compile (its
+threads share the one arena) and memory that stays with the process (BENCHMARKS.md section
+2r). Opt-in: the gain depends on the host and the model, and a long run gains most.
 
 glibc reads its tunables once, when the process starts, so they travel as ``GLIBC_TUNABLES``
 in the environment: ``tjax`` and the experiments' entry points re-execute themselves once with
@@ -102,12 +102,14 @@ def status(environ=None, thp_mode: str | None = "read") -> str:
         return "not glibc"
     present = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
     wanted = tunables(environ)
-    if wanted and all(t in present for t in wanted):
-        return "freed blocks reused (TJAX_HOST_MALLOC=reuse)" if chosen == "reuse" else "huge pages"
-    names = {t.split("=")[0] for t in wanted}  # a user's arena_max is theirs in the default
-    mine = [t for t in present if t.split("=")[0] in names]
-    if mine:
-        return f"user setting ({':'.join(mine)})"
+    if (wanted and all(t in present for t in wanted)) or (chosen == "system" and _label(present)):
+        return _label(present)  # (set by hand under "system": glibc applies them all the same)
+    names = {t.split("=")[0] for t in wanted or TUNABLES}
+    # one of our names at another value is the user's: left alone (a user's arena_max in the
+    # default mode is not ours at all); ours at our value, the relaunch completes
+    theirs = [t for t in present if t.split("=")[0] in names and t not in wanted]
+    if theirs:
+        return f"user setting ({':'.join(theirs)})"
     if chosen == "system":
         return f"system default ({OPT_OUT}=system)"
     if chosen == "reuse":  # the arena settings act without huge pages and in older glibc
@@ -120,6 +122,13 @@ def status(environ=None, thp_mode: str | None = "read") -> str:
     return "system default"
 
 
+def _label(present: list[str]) -> str | None:
+    """What the tunables in ``present`` amount to, whichever mode asked for them."""
+    if all(t in present for t in TUNABLES + REUSE_TUNABLES):
+        return "freed blocks reused (TJAX_HOST_MALLOC=reuse)"
+    return "huge pages" if all(t in present for t in TUNABLES) else None
+
+
 def environment_with_tunables(environ=None) -> dict[str, str]:
     """``environ`` (default: this process's) with the tunables of its ``TJAX_HOST_MALLOC`` mode
     added to ``GLIBC_TUNABLES`` (replacing the same names, keeping the other tunables there)."""
@@ -128,7 +137,8 @@ def environment_with_tunables(environ=None) -> dict[str, str]:
     wanted = tunables(env)
     names = {t.split("=")[0] for t in wanted}
     kept = [t for t in present if t.split("=")[0] not in names]
-    env["GLIBC_TUNABLES"] = ":".join([*kept, *wanted])
+    if kept or wanted:
+        env["GLIBC_TUNABLES"] = ":".join([*kept, *wanted])
     return env
 
 
