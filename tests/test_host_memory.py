@@ -25,18 +25,24 @@ acts_here = pytest.mark.skipif(status({}, thp_mode="madvise") == "not glibc"
                                reason="the tunable acts only with glibc >= 2.35 and THP madvise")
 
 # A jitted function whose [8192, 2048] float32 intermediate (64 MiB) lives in XLA's temporary
-# buffer; prints the minor page faults per call after a warm-up call.
+# buffer; prints the minor page faults per call after three warm-up calls: the fewest of four
+# windows of 6 calls (the reuse mode's heap still grows now and then when one call's buffers
+# overlap the next's; a buffer mapped anew faults in every window).
 FAULTS_PER_CALL = textwrap.dedent("""
     import resource
     import jax, jax.numpy as jnp
     f = jax.jit(lambda x, w: jnp.tanh(x @ w) @ w.T)
     x, w = jnp.ones((8192, 64)), jnp.ones((64, 2048)) / 64
     assert f.lower(x, w).compile().memory_analysis().temp_size_in_bytes >= 64 << 20
-    f(x, w).block_until_ready()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(6):
+    for _ in range(3):
         f(x, w).block_until_ready()
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6)
+    windows = []
+    for _ in range(4):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(6):
+            f(x, w).block_until_ready()
+        windows.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6)
+    print(min(windows))
 """)
 
 
@@ -113,7 +119,7 @@ def test_tunables_cut_the_page_faults_of_xla_temporaries():
 def test_reuse_keeps_the_freed_buffer_whatever_the_huge_page_mode():
     reuse_env = environment_with_tunables({**clean_environment(), host_memory.OPT_OUT: "reuse"})
     reused = float(run_python(FAULTS_PER_CALL, reuse_env))
-    assert reused < 32  # fewer than even the buffer's 2 MiB pages: it was not mapped again
+    assert reused < 16  # mapped anew, the 64 MiB would fault at least 32 times (2 MiB pages)
 
 
 @acts_here
