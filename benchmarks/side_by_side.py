@@ -48,6 +48,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from side_by_side_shared import (  # noqa: E402
+    JAX_CONTENDERS,
     KIND_CONTENDERS,
     MALLOC_VARIABLES,
     SHAPES,
@@ -58,17 +59,7 @@ from side_by_side_shared import (  # noqa: E402
 
 # name -> (script, arguments): every contender the driver knows.
 CONTENDERS = {
-    "jax_float32": ("side_by_side_jax.py", ["run", "--dtype", "float32"]),
-    "jax_bfloat16": ("side_by_side_jax.py", ["run", "--dtype", "bfloat16"]),
-    # train.concurrent_groups=2: the batch as two independent row groups (the same update)
-    "jax_float32_g2": ("side_by_side_jax.py", ["run", "--dtype", "float32", "--groups", "2"]),
-    "jax_bfloat16_g2": ("side_by_side_jax.py", ["run", "--dtype", "bfloat16", "--groups", "2"]),
-    # TJAX_HOST_MALLOC=reuse: XLA's freed temporary buffer kept for the next step
-    **{f"{name}_reuse": ("side_by_side_jax.py", [*args, "--host-malloc", "reuse"])
-       for name, args in (("jax_float32", ["run", "--dtype", "float32"]),
-                          ("jax_bfloat16", ["run", "--dtype", "bfloat16"]),
-                          ("jax_float32_g2", ["run", "--dtype", "float32", "--groups", "2"]),
-                          ("jax_bfloat16_g2", ["run", "--dtype", "bfloat16", "--groups", "2"]))},
+    **{name: ("side_by_side_jax.py", args) for name, args in JAX_CONTENDERS.items()},
     "hf": ("side_by_side_torch.py", ["--impl", "hf"]),
     "torch": ("side_by_side_torch.py", ["--impl", "torch"]),
     # torch.compile: the model for training, the fixed-shape decoding step for decoding
@@ -76,8 +67,8 @@ CONTENDERS = {
 }
 REFERENCE = "jax_float32"  # "ours" in every ratio
 # float32: losses and tokens must match
-EXACT = ("jax_float32", "jax_float32_g2", "jax_float32_reuse", "jax_float32_g2_reuse", "hf",
-         "torch", "torch_compile")
+EXACT = (*(name for name in JAX_CONTENDERS if "float32" in name), "hf", "torch",
+         "torch_compile")
 
 
 def worker_environment() -> dict:

@@ -30,9 +30,19 @@ SHAPES = {
                       train_len=32, decode_batches=()),
 }
 # The contenders that can run each kind (the plain PyTorch model is a GPT).
-_OURS = ("jax_float32", "jax_bfloat16", "jax_float32_g2", "jax_bfloat16_g2")
-_OURS = (*_OURS, *(f"{name}_reuse" for name in _OURS))  # TJAX_HOST_MALLOC=reuse
-KIND_CONTENDERS = {"gpt": (*_OURS, "hf", "torch", "torch_compile"), "bert": (*_OURS, "hf")}
+# Ours: name -> arguments of side_by_side_jax.py.
+JAX_CONTENDERS = {
+    "jax_float32": ["run", "--dtype", "float32"],
+    "jax_bfloat16": ["run", "--dtype", "bfloat16"],
+    # train.concurrent_groups=2: the batch as two independent row groups (the same update)
+    "jax_float32_g2": ["run", "--dtype", "float32", "--groups", "2"],
+    "jax_bfloat16_g2": ["run", "--dtype", "bfloat16", "--groups", "2"],
+}
+# TJAX_HOST_MALLOC=reuse: XLA's freed temporary buffer kept for the next step
+JAX_CONTENDERS.update({f"{name}_reuse": [*args, "--host-malloc", "reuse"]
+                       for name, args in list(JAX_CONTENDERS.items())})
+KIND_CONTENDERS = {"gpt": (*JAX_CONTENDERS, "hf", "torch", "torch_compile"),
+                   "bert": (*JAX_CONTENDERS, "hf")}
 
 # Inside the prepared directory (written once by ``side_by_side_jax.py prepare``).
 HF_DIR = "hf"  # config.json + model.safetensors: the initial weights, GPT-2 layout
