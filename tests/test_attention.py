@@ -633,3 +633,26 @@ def test_chunked_gradient_inside_shard_map_matches_one_device():
                          devices=jax.devices()[:4])
     sharded = jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
     np.testing.assert_allclose(jax.jit(sharded)(q), jax.grad(loss)(q), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", [
+    "bngqd,bnkd->bngqk", "bngqk,bnkd->bngqd", "bnkd,bngqd->bnkgq", "bnkgq,bngqd->bnkd",
+    "bndk,bnkgq->bndgq", "jbngqd,jbngqd->jbngq",
+    "bqd,bkd->bkq",  # an output order that needs a transpose after the product
+])
+def test_the_tile_contraction_is_einsum(spec):
+    """The chunked kernel's ``_contract`` (one ``dot_general``, planned once per spec) gives
+    ``jnp.einsum``'s numbers and dtype, mixed input dtypes included."""
+    from transformers_jax.nn.attention import _contract
+
+    sizes = dict(zip("bngqkdj", (2, 3, 2, 5, 4, 3, 2), strict=True))
+    left, right = spec.split("->")[0].split(",")
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(ka, [sizes[c] for c in left])
+    b = jax.random.normal(kb, [sizes[c] for c in right]).astype(jnp.bfloat16)
+    got = _contract(spec, a, b, preferred_element_type=jnp.float32)
+    want = jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="two-operand einsums"):
+        _contract("ii,ij->j", a[0, 0, :2, :2] if a.ndim > 3 else a[0, :2, :2], b)

@@ -62,6 +62,24 @@ def test_clipped_adamw_is_the_optax_chain():
     assert not np.any(up["dense"]["bias"]) and not np.any(up["norm"]["scale"])
 
 
+def test_a_norm_passed_in_is_the_one_that_clips():
+    """``train.step.apply_gradients`` hands the optimizer the global norm it has computed
+    already; the update clips by that norm, and None computes the same one itself."""
+    opt, g = make_optimizer(CFG), gradients(0, 5.0)  # above grad_clip: a clipped step
+    state = opt.init(PARAMS)
+    own, _ = jax.jit(opt.update)(g, state, PARAMS)
+    given, _ = jax.jit(opt.update)(g, state, PARAMS, norm=optax.tree.norm(g))
+    for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(given), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # a norm twice as large halves the clip factor: Adam's first step is sign-like, so the
+    # update itself barely moves, but the first moment halves exactly
+    _, halved = jax.jit(opt.update)(g, state, PARAMS, norm=2 * optax.tree.norm(g))
+    _, full = jax.jit(opt.update)(g, state, PARAMS)
+    for a, b in zip(jax.tree.leaves(halved[1][0].mu), jax.tree.leaves(full[1][0].mu),
+                    strict=True):
+        np.testing.assert_allclose(2 * np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
 def test_a_skipped_update_is_zero_and_keeps_the_state():
     opt = make_optimizer(CFG)
     state = opt.update(gradients(0, 0.5), opt.init(PARAMS), PARAMS)[1]  # moments not zero

@@ -20,7 +20,8 @@ from transformers_jax.train.objectives import OBJECTIVES
 class SkipsNonFinite(optax.GradientTransformationExtraArgs):
     """An optimizer whose ``update`` takes ``keep`` (a boolean scalar) and, where it is False,
     returns zero updates and its state unchanged: ``train.step.apply_gradients`` then selects
-    nothing after it."""
+    nothing after it. It also takes ``norm``, the gradients' global norm, which the step has
+    computed already (None: compute it)."""
 
 
 @struct.dataclass
@@ -231,7 +232,8 @@ def apply_gradients(optimizer: optax.GradientTransformation, state: TrainState, 
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
     if isinstance(optimizer, SkipsNonFinite):
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, keep=finite)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, keep=finite,
+                                              norm=grad_norm)
         kept = optax.apply_updates(state.params, updates), opt_state
     else:
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
