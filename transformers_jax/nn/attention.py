@@ -209,7 +209,7 @@ def _as_4d(x: jax.Array) -> jax.Array:
     return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _contraction(spec: str):
     """``spec``'s ``lax.dot_general`` dimension numbers and the permutation that puts its
     output (batch, then the left operand's free axes, then the right's) in the spec's order."""
