@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -35,6 +37,21 @@ def decay_mask(params):
         return p.ndim - int(stacked) >= 2
 
     return jax.tree_util.tree_map_with_path(is_matrix, params)
+
+
+@functools.partial(jax.jit, static_argnames=("b1", "b2", "eps", "weight_decay"))
+def _adamw_parameter(g, m, v, p, shared, *, b1, b2, eps, weight_decay):
+    """One parameter's AdamW step: ``(new m, new v, update)``, all kept where ``keep`` is
+    False. A nested ``jit``, so each distinct parameter shape is traced once per step (GPT-2
+    small has 148 parameters of 7 shapes) instead of once per parameter."""
+    keep, scale, inverse1, inverse2, step_size = shared
+    g = g * scale.astype(g.dtype)
+    m = jnp.where(keep, (1 - b1) * g + b1 * m, m)  # optax.tree.update_moment
+    v = jnp.where(keep, (1 - b2) * g ** 2 + b2 * v, v)  # ... and update_moment_per_elem_norm
+    u = (m * inverse1.astype(m.dtype)) / (jnp.sqrt(v * inverse2.astype(v.dtype) + 0.0) + eps)
+    if weight_decay:  # add_decayed_weights
+        u = u + weight_decay * p
+    return m, v, jnp.where(keep, step_size.astype(u.dtype) * u, 0)
 
 
 def make_optimizer(cfg: TrainConfig) -> SkipsNonFinite:
@@ -76,21 +93,15 @@ def clipped_adamw(schedule: optax.Schedule, *, max_norm: float, b1: float, b2: f
         inverse1, inverse2 = 1 / (1 - b1 ** count), 1 / (1 - b2 ** count)
         step_size = -1 * schedule(lr_state.count)
 
-        def moment(g, m, decay, power):  # optax.tree.update_moment, kept where not `keep`
-            return jnp.where(keep, (1 - decay) * ((g * scale.astype(g.dtype)) ** power)
-                             + decay * m, m)
-
-        mu = jax.tree.map(lambda g, m: moment(g, m, b1, 1), grads, adam.mu)
-        nu = jax.tree.map(lambda g, v: moment(g, v, b2, 2), grads, adam.nu)
-
-        def step(m, v, p, decays):  # scale_by_adam, add_decayed_weights, scale_by_lr
-            u = (m * inverse1.astype(m.dtype)) / (
-                jnp.sqrt(v * inverse2.astype(v.dtype) + 0.0) + eps)
-            if decays and weight_decay:
-                u = u + weight_decay * p
-            return jnp.where(keep, step_size.astype(u.dtype) * u, 0)
-
-        updates = jax.tree.map(step, mu, nu, params, mask(params))
+        shared = (jnp.asarray(keep), scale, inverse1, inverse2, step_size)
+        moved = jax.tree.map(
+            lambda g, m, v, p, decays: _adamw_parameter(
+                g, m, v, p, shared, b1=b1, b2=b2, eps=eps,
+                weight_decay=weight_decay if decays else 0.0),
+            grads, adam.mu, adam.nu, params, mask(params))
+        is_moved = lambda x: isinstance(x, tuple)  # noqa: E731
+        mu, nu, updates = (jax.tree.map(lambda t, i=i: t[i], moved, is_leaf=is_moved)
+                           for i in range(3))
         adam = adam._replace(count=jnp.where(keep, count, adam.count), mu=mu, nu=nu)
         lr_state = lr_state._replace(
             count=jnp.where(keep, optax.safe_increment(lr_state.count), lr_state.count))
