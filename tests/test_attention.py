@@ -642,17 +642,21 @@ def test_chunked_gradient_inside_shard_map_matches_one_device():
 ])
 def test_the_tile_contraction_is_einsum(spec):
     """The chunked kernel's ``_contract`` (one ``dot_general``, planned once per spec) gives
-    ``jnp.einsum``'s numbers and dtype, mixed input dtypes included."""
+    ``jnp.einsum``'s numbers and dtype, with and without a float32 accumulation type and for
+    mixed input dtypes."""
     from transformers_jax.nn.attention import _contract
 
     sizes = dict(zip("bngqkdj", (2, 3, 2, 5, 4, 3, 2), strict=True))
     left, right = spec.split("->")[0].split(",")
     ka, kb = jax.random.split(jax.random.key(0))
     a = jax.random.normal(ka, [sizes[c] for c in left])
-    b = jax.random.normal(kb, [sizes[c] for c in right]).astype(jnp.bfloat16)
-    got = _contract(spec, a, b, preferred_element_type=jnp.float32)
-    want = jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    b = jax.random.normal(kb, [sizes[c] for c in right])
+    for a_, b_, accumulate in [(a, b, None), (a, b.astype(jnp.bfloat16), jnp.float32),
+                               (a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), None)]:
+        got = _contract(spec, a_, b_, preferred_element_type=accumulate)
+        want = jnp.einsum(spec, a_, b_, preferred_element_type=accumulate)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="two-operand einsums"):
-        _contract("ii,ij->j", a[0, 0, :2, :2] if a.ndim > 3 else a[0, :2, :2], b)
+        _contract("ii,ij->j", jnp.ones((2, 2)), jnp.ones((2, 3)))

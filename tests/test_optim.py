@@ -80,6 +80,44 @@ def test_a_norm_passed_in_is_the_one_that_clips():
         np.testing.assert_allclose(2 * np.asarray(a), np.asarray(b), rtol=1e-6)
 
 
+def test_parameters_in_tuples_and_lists_are_updated_as_the_chain_does():
+    """The per-parameter steps come back as three trees (moments and updates) whatever the
+    containers: tuples of parameters included, which a split by ``isinstance(x, tuple)``
+    would confuse with the triples."""
+    params = {"pair": (jnp.ones((3, 4)), jnp.full((4,), 0.5)),
+              "tri": [jnp.ones((2, 2)), jnp.zeros((2,)), jnp.full((3,), 2.0)]}
+    keys = iter(jax.random.split(jax.random.key(3), 5))
+    g = jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params)
+    ours, theirs = make_optimizer(CFG), reference_chain(CFG)
+    up_o, state_o = jax.jit(ours.update)(g, ours.init(params), params)
+    up_t, state_t = theirs.update(g, theirs.init(params), params)
+    assert jax.tree.structure(up_o) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves((up_o, state_o)), jax.tree.leaves((up_t, state_t)),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-9)
+
+
+def test_the_train_step_hands_the_optimizer_its_gradient_norm():
+    """``apply_gradients`` passes the norm it computed to a ``SkipsNonFinite`` optimizer."""
+    from transformers_jax.train.step import SkipsNonFinite, apply_gradients
+
+    inner, seen = make_optimizer(CFG), {}
+
+    def update(grads, state, params=None, **extra):
+        seen.update(extra)
+        return inner.update(grads, state, params, **extra)
+
+    opt = SkipsNonFinite(inner.init, update)
+    g = gradients(2, 3.0)
+    state = init_state(build_model(ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2,
+                                               max_len=4)), opt, 0,
+                       {"inputs": jnp.ones((1, 4), jnp.int32)})
+    state = state.replace(params=PARAMS, opt_state=opt.init(PARAMS))
+    apply_gradients(opt, state, g, {"loss": jnp.float32(1.0)}, None, state.rng)
+    np.testing.assert_allclose(seen["norm"], 3.0, rtol=1e-6)
+    assert bool(seen["keep"])
+
+
 def test_a_skipped_update_is_zero_and_keeps_the_state():
     opt = make_optimizer(CFG)
     state = opt.update(gradients(0, 0.5), opt.init(PARAMS), PARAMS)[1]  # moments not zero

@@ -228,14 +228,11 @@ def _contraction(spec: str):
 
 
 def _contract(spec: str, a: jax.Array, b: jax.Array, preferred_element_type=None) -> jax.Array:
-    """``jnp.einsum(spec, a, b, preferred_element_type=...)`` as one ``lax.dot_general``. The
-    same product; but the tile loops call it hundreds of times per step, and each
-    ``jnp.einsum`` re-plans its contraction and enters a nested ``jit`` while tracing (about a
-    sixth of config a's tracing time)."""
+    """``jnp.einsum(spec, a, b, preferred_element_type=...)`` for two operands without
+    size-1 broadcasting, as one ``lax.dot_general``: the same numbers. The tile loops call
+    it hundreds of times per step, and each ``jnp.einsum`` re-plans its contraction and enters
+    a nested ``jit`` while tracing (about a sixth of config a's tracing time)."""
     dims, perm = _contraction(spec)
-    if a.dtype != b.dtype:  # as einsum: both operands in their common type
-        common = jnp.promote_types(a.dtype, b.dtype)
-        a, b = a.astype(common), b.astype(common)
     out = lax.dot_general(a, b, dims, preferred_element_type=preferred_element_type)
     return out if perm == tuple(range(len(perm))) else lax.transpose(out, perm)
 

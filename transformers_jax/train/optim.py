@@ -39,21 +39,6 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
-@functools.partial(jax.jit, static_argnames=("b1", "b2", "eps", "weight_decay"))
-def _adamw_parameter(g, m, v, p, shared, *, b1, b2, eps, weight_decay):
-    """One parameter's AdamW step: ``(new m, new v, update)``, all kept where ``keep`` is
-    False. A nested ``jit``, so each distinct parameter shape is traced once per step (GPT-2
-    small has 148 parameters of 7 shapes) instead of once per parameter."""
-    keep, scale, inverse1, inverse2, step_size = shared
-    g = g * scale.astype(g.dtype)
-    m = jnp.where(keep, (1 - b1) * g + b1 * m, m)  # optax.tree.update_moment
-    v = jnp.where(keep, (1 - b2) * g ** 2 + b2 * v, v)  # ... and update_moment_per_elem_norm
-    u = (m * inverse1.astype(m.dtype)) / (jnp.sqrt(v * inverse2.astype(v.dtype) + 0.0) + eps)
-    if weight_decay:  # add_decayed_weights
-        u = u + weight_decay * p
-    return m, v, jnp.where(keep, step_size.astype(u.dtype) * u, 0)
-
-
 def make_optimizer(cfg: TrainConfig) -> SkipsNonFinite:
     return clipped_adamw(learning_rate_schedule(cfg), max_norm=cfg.grad_clip, b1=cfg.b1,
                          b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
@@ -77,6 +62,23 @@ def clipped_adamw(schedule: optax.Schedule, *, max_norm: float, b1: float, b2: f
                             optax.adamw(schedule, b1=b1, b2=b2, eps=eps,
                                         weight_decay=weight_decay, mask=mask))
 
+    @functools.partial(jax.jit, static_argnames="decays")
+    def parameter_step(g, m, v, p, shared, *, decays: bool):
+        """One parameter's step, ``(new m, new v, update)``, all kept where ``keep`` is
+        False. A nested ``jit``: each distinct parameter shape is traced once per step (GPT-2
+        small has 148 parameters of 7 shapes), not once per parameter; the compiled program is
+        the same."""
+        keep, scale, count, step_size = shared
+        g = g * scale.astype(g.dtype)
+        m = jnp.where(keep, (1 - b1) * g + b1 * m, m)  # optax.tree.update_moment
+        v = jnp.where(keep, (1 - b2) * g ** 2 + b2 * v, v)  # ... update_moment_per_elem_norm
+        # scale_by_adam, add_decayed_weights, scale_by_lr
+        u = (m / (1 - b1 ** count).astype(m.dtype)) / (
+            jnp.sqrt(v / (1 - b2 ** count).astype(v.dtype) + 0.0) + eps)
+        if decays and weight_decay:
+            u = u + weight_decay * p
+        return m, v, jnp.where(keep, step_size.astype(u.dtype) * u, 0)
+
     def update(grads, state, params=None, *, keep=True, norm=None, **_):
         if params is None:
             raise ValueError("clipped_adamw needs the parameters (weight decay): "
@@ -86,22 +88,13 @@ def clipped_adamw(schedule: optax.Schedule, *, max_norm: float, b1: float, b2: f
             norm = optax.tree.norm(grads)
         scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)  # a multiply fuses freely
         count = optax.safe_increment(adam.count)
-        # The scalars every parameter shares, computed once (tracing a per-parameter update
-        # of a few dozen operations is a visible part of the step's trace time); the bias
-        # corrections as reciprocals, so each parameter multiplies where a division per
-        # element would be slower (XLA made the same rewrite of optax's form).
-        inverse1, inverse2 = 1 / (1 - b1 ** count), 1 / (1 - b2 ** count)
-        step_size = -1 * schedule(lr_state.count)
-
-        shared = (jnp.asarray(keep), scale, inverse1, inverse2, step_size)
+        shared = (jnp.asarray(keep), scale, count, -1 * schedule(lr_state.count))
         moved = jax.tree.map(
-            lambda g, m, v, p, decays: _adamw_parameter(
-                g, m, v, p, shared, b1=b1, b2=b2, eps=eps,
-                weight_decay=weight_decay if decays else 0.0),
+            lambda g, m, v, p, decays: parameter_step(g, m, v, p, shared, decays=bool(decays)),
             grads, adam.mu, adam.nu, params, mask(params))
-        is_moved = lambda x: isinstance(x, tuple)  # noqa: E731
-        mu, nu, updates = (jax.tree.map(lambda t, i=i: t[i], moved, is_leaf=is_moved)
-                           for i in range(3))
+        # the tree of (m, v, update) triples as three trees
+        mu, nu, updates = jax.tree.transpose(
+            jax.tree.structure(grads), jax.tree.structure((0, 0, 0)), moved)
         adam = adam._replace(count=jnp.where(keep, count, adam.count), mu=mu, nu=nu)
         lr_state = lr_state._replace(
             count=jnp.where(keep, optax.safe_increment(lr_state.count), lr_state.count))

@@ -20,8 +20,9 @@ from transformers_jax.train.objectives import OBJECTIVES
 class SkipsNonFinite(optax.GradientTransformationExtraArgs):
     """An optimizer whose ``update`` takes ``keep`` (a boolean scalar) and, where it is False,
     returns zero updates and its state unchanged: ``train.step.apply_gradients`` then selects
-    nothing after it. It also takes ``norm``, the gradients' global norm, which the step has
-    computed already (None: compute it)."""
+    nothing after it. It is also handed ``norm=``, the gradients' global norm, which the step has
+    computed already (None: compute it): like every optax ``GradientTransformationExtraArgs``,
+    its ``update`` must accept keyword arguments it does not use (``**extra_args``)."""
 
 
 @struct.dataclass
