@@ -99,7 +99,7 @@ def test_parameters_in_tuples_and_lists_are_updated_as_the_chain_does():
 
 def test_the_train_step_hands_the_optimizer_its_gradient_norm():
     """``apply_gradients`` passes the norm it computed to a ``SkipsNonFinite`` optimizer."""
-    from transformers_jax.train.step import SkipsNonFinite, apply_gradients
+    from transformers_jax.train.step import SkipsNonFinite, TrainState, apply_gradients
 
     inner, seen = make_optimizer(CFG), {}
 
@@ -108,12 +108,9 @@ def test_the_train_step_hands_the_optimizer_its_gradient_norm():
         return inner.update(grads, state, params, **extra)
 
     opt = SkipsNonFinite(inner.init, update)
-    g = gradients(2, 3.0)
-    state = init_state(build_model(ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2,
-                                               max_len=4)), opt, 0,
-                       {"inputs": jnp.ones((1, 4), jnp.int32)})
-    state = state.replace(params=PARAMS, opt_state=opt.init(PARAMS))
-    apply_gradients(opt, state, g, {"loss": jnp.float32(1.0)}, None, state.rng)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=PARAMS, opt_state=opt.init(PARAMS),
+                       rng=jax.random.key_data(jax.random.key(0)))
+    apply_gradients(opt, state, gradients(2, 3.0), {"loss": jnp.float32(1.0)}, None, state.rng)
     np.testing.assert_allclose(seen["norm"], 3.0, rtol=1e-6)
     assert bool(seen["keep"])
 

@@ -764,7 +764,7 @@ def _flash_forward(t: _Tiling, q, k, v, bias, mask):
 
             def compute(keep):
                 s = _contract("bngqd,bnkd->bngqk", q_blk, k_blk,
-                               preferred_element_type=jnp.float32)
+                              preferred_element_type=jnp.float32)
                 s, _ = _scores(t, s, _tile(bias, t, qi, kj))
                 if keep is not None:
                     s = jnp.where(keep, s, -jnp.inf)
@@ -841,7 +841,7 @@ def _flash_bwd(t: _Tiling, residuals, d_out):
 
             def compute(keep):
                 s = _contract("bnkd,bngqd->bnkgq", k_blk, q_blk,
-                               preferred_element_type=jnp.float32)
+                              preferred_element_type=jnp.float32)
                 s, slope = _scores(t, s, _key_major(_tile(bias, t, qi, kj)))
                 p = jnp.exp(s - lse_blk)  # [B, N, ck, G, cq], exact softmax weights
                 if keep is not None:
