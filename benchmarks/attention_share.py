@@ -11,7 +11,9 @@ this step, however fast: it keeps the cost of reading attention's inputs and wri
 output once, which no kernel avoids. ``--against R``, a measured speed ratio of our step
 against a peer (``side_by_side.py``), adds ``R x`` that bound: the most that ratio could
 become with attention at no cost. The model and batch are ``tjax bench``'s (config a unless
-``--preset``/``--model.*``/``--train.*`` say otherwise). Prints one JSON object.
+``--preset``/``--model.*``/``--train.*`` say otherwise). Prints one JSON object, with each
+program's ``compile_s`` (tracing, lowering and XLA's compile, wall; the attention-free one is
+compiled first, so the process's one-time costs fall on it).
 
 ``free`` is registered in the attention registry by this script's ``main`` only (a benchmark
 device, not a model: the library never lists it).
@@ -109,11 +111,14 @@ def main(argv: list[str] | None = None) -> int:
 
     model_cfg, cfg, _, _ = bench_configs(rest)
     free = register_free()
-    steps = {}
-    for name, attention in (("real", model_cfg.attention), ("free", free())):
+    steps, compile_s = {}, {}
+    # free first: the process's one-time compile costs fall on it, not on the real step
+    for name, attention in (("free", free()), ("real", model_cfg.attention)):
         step, state, batch = training_setup(dataclasses.replace(model_cfg, attention=attention),
                                             cfg)
+        began = time.perf_counter()
         compiled = step.lower(state, batch).compile()
+        compile_s[name] = time.perf_counter() - began
         for _ in range(args.warmup):
             state, _ = compiled(state, batch)
         steps[name] = [compiled, jax.block_until_ready(state), batch]
@@ -127,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     emit({"model": model_cfg.to_dict(), "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
           "concurrent_groups": cfg.concurrent_groups, "rounds": args.rounds,
           "steps_per_round": args.steps, **summarise(real_ms, free_ms, args.against),
+          "compile_s": {"with_attention": compile_s["real"],
+                        "attention_free": compile_s["free"]},
           "process_at_start": start, "load_average_at_end": list(os.getloadavg()),
           "jax": jax.__version__}, args.out)
     return 0

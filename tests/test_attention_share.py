@@ -67,6 +67,8 @@ def test_a_tiny_run_end_to_end():
     median = out["speedup_without_attention"]["median"]
     assert out["bound_with_free_attention"] == pytest.approx(0.5 * median)
     assert out["model"]["attention"]["name"] != "free"  # the model's own attention is named
+    assert set(out["compile_s"]) == {"with_attention", "attention_free"}
+    assert all(s > 0 for s in out["compile_s"].values())
 
 
 @pytest.mark.parametrize("bad", [["--rounds", "0"], ["--steps", "0"], ["--warmup", "-1"],
