@@ -11,7 +11,8 @@ this step, however fast: it keeps the cost of reading attention's inputs and wri
 output once, which no kernel avoids. ``--against R``, a measured speed ratio of our step
 against a peer (``side_by_side.py``), adds ``R x`` that bound: the most that ratio could
 become with attention at no cost. The model and batch are ``tjax bench``'s (config a unless
-``--preset``/``--model.*``/``--train.*`` say otherwise). Prints one JSON object, with each
+``--preset``/``--model.*``/``--train.*`` say otherwise; ``--rounds`` and ``--steps`` say how
+many steps, not ``--train.steps``). Prints one JSON object, with each
 program's ``compile_s`` (tracing, lowering and XLA's compile, wall; the attention-free one is
 compiled first, so the process's one-time costs fall on it).
 
@@ -51,9 +52,12 @@ def free_attention(q, k, v, *, bias, mask, scale, logit_softcap):
 
 
 def register_free() -> type:
-    """Add ``free`` to the attention registry (this process only) and return its class."""
+    """Add ``free`` to the attention registry (this process only, once) and return its class."""
     from transformers_jax.nn.attention import AttentionImpl
     from transformers_jax.registry import ATTENTION
+
+    if "free" in ATTENTION.names():
+        return ATTENTION.get("free")
 
     @dataclasses.dataclass(frozen=True)
     class Free(AttentionImpl):
@@ -107,18 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     from side_by_side_shared import emit, process_facts
 
-    from transformers_jax.bench import bench_configs, training_setup
+    from transformers_jax import host_memory
+    from transformers_jax.bench import bench_configs, bench_parser, training_setup
 
-    model_cfg, cfg, _, _ = bench_configs(rest)
+    model_cfg, cfg, bench_args, _ = bench_configs(rest)
+    defaults = vars(bench_parser().parse([])[0])
+    unused = [name for name, value in vars(bench_args).items()
+              if name not in ("preset", "tiny") and value != defaults.get(name)]
+    if unused:
+        p.error(f"{', '.join('--' + n.replace('_', '-') for n in unused)}: tjax bench options "
+                "this script does not use (it times training steps only); drop them")
     free = register_free()
-    steps, compile_s = {}, {}
+    steps, compile_s, dot_generals = {}, {}, {}
     # free first: the process's one-time compile costs fall on it, not on the real step
     for name, attention in (("free", free()), ("real", model_cfg.attention)):
         step, state, batch = training_setup(dataclasses.replace(model_cfg, attention=attention),
                                             cfg)
         began = time.perf_counter()
-        compiled = step.lower(state, batch).compile()
+        lowered = step.lower(state, batch)
+        compiled = lowered.compile()
         compile_s[name] = time.perf_counter() - began
+        dot_generals[name] = lowered.as_text().count("stablehlo.dot_general")
         for _ in range(args.warmup):
             state, _ = compiled(state, batch)
         steps[name] = [compiled, jax.block_until_ready(state), batch]
@@ -134,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
           "steps_per_round": args.steps, **summarise(real_ms, free_ms, args.against),
           "compile_s": {"with_attention": compile_s["real"],
                         "attention_free": compile_s["free"]},
+          # the matrix products each program was handed: the free one lacks attention's
+          "dot_generals": {"with_attention": dot_generals["real"],
+                           "attention_free": dot_generals["free"]},
+          "host_malloc": host_memory.status(),
           "process_at_start": start, "load_average_at_end": list(os.getloadavg()),
           "jax": jax.__version__}, args.out)
     return 0

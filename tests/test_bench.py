@@ -6,26 +6,18 @@ benchmark issue asks for is present, of the right kind.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import jax
 import numpy as np
 import pytest
+from benchmark_modules import load_benchmark
 
 from transformers_jax import bench
 from transformers_jax.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(name: str):
-    path = os.path.join(ROOT, "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _positive(x) -> bool:
@@ -122,7 +114,7 @@ def test_bench_refuses_gradient_accumulation():
 
 @pytest.mark.slow
 def test_gpu_benchmark_tiny_runs_on_cpu(tmp_path, capsys):
-    gpu = _load("gpu")
+    gpu = load_benchmark("gpu")
     out = tmp_path / "gpu.json"
     assert gpu.main(["--tiny", "--steps", "1", "--decode-tokens", "4", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -141,7 +133,7 @@ def test_gpu_benchmark_tiny_runs_on_cpu(tmp_path, capsys):
 
 
 def test_gpu_benchmark_refuses_cudnn_without_a_gpu():
-    gpu = _load("gpu")
+    gpu = load_benchmark("gpu")
     if gpu.jax.default_backend() == "gpu":
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit, match="attention=cudnn runs on gpu \\(backend is .cpu.\\)"):
@@ -164,7 +156,7 @@ def test_every_subcommand_answers_help(flag, capsys):
 def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
     """Side by side against alone: the sides' rates and per-round ratios from what each
     process reports (processes faked: 10 steps x 100 tokens, the clock advanced by hand)."""
-    bench = _load("concurrent_runs")
+    bench = load_benchmark("concurrent_runs")
     clock = iter([0.0, 2.0, 10.0, 13.0])  # alone: 2 s; two together: 3 s
     monkeypatch.setattr(bench, "clock", lambda: next(clock))
     started = []
@@ -197,7 +189,7 @@ def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
 def test_host_memory_ab_runs_each_side_as_whole_processes(tmp_path):
     """The A/B of tjax's malloc settings: one round at a toy size; each side says which malloc
     it ran with (the figures themselves are benchmarks, not asserted)."""
-    ab = _load("host_memory_ab")
+    ab = load_benchmark("host_memory_ab")
     out = tmp_path / "ab.json"
     assert ab.main(["--rounds", "1", "--sides", "system_malloc,tjax_default,reuse",
                     "--out", str(out), "--", "--tiny", "--no-decode"]) == 0
@@ -219,7 +211,7 @@ def test_host_memory_ab_runs_each_side_as_whole_processes(tmp_path):
 
 
 def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
-    profile = _load("profile_step")
+    profile = load_benchmark("profile_step")
     events = [  # one thread: a while loop (10 us) holding a fusion (4 us) and a copy (1 us)
         {"ph": "X", "name": "while.3", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
         {"ph": "X", "name": "ynn_fusion.7", "ts": 2, "dur": 4, "pid": 1, "tid": 1},
@@ -250,7 +242,7 @@ def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
 def test_profile_step_compile_anatomy(monkeypatch, capsys):
     """The compile phases and the kernel compiles by model part, from a hand-made trace; then
     a real (tiny) compile profiled end to end."""
-    profile = _load("profile_step")
+    profile = load_benchmark("profile_step")
     meta = 'metadata={{op_name="jit(train_step)/{}"}}'.format
     hlo = "\n".join([
         "ENTRY %main {",
@@ -302,7 +294,7 @@ def test_profile_step_compile_anatomy(monkeypatch, capsys):
 def test_compile_cache_ab_runs_cold_then_warm_processes(tmp_path, monkeypatch):
     """One round of a toy `tjax train`, cold then warm: both figures recorded, the same final
     loss (a loaded program is the same program); a failing `tjax train` is named."""
-    ab = _load("compile_cache_ab")
+    ab = load_benchmark("compile_cache_ab")
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # toy programs too
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
@@ -327,7 +319,7 @@ def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
     removed afterwards. A revision git does not know is refused by name."""
     import subprocess
 
-    ab = _load("commits_ab")
+    ab = load_benchmark("commits_ab")
     out = tmp_path / "ab.json"
 
     def worktrees():

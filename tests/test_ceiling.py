@@ -4,23 +4,13 @@ arithmetic that turns peaks and measured speeds into shares of the peak. Nothing
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmark_modules import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ceiling():
-    path = os.path.join(ROOT, "benchmarks", "ceiling.py")
-    spec = importlib.util.spec_from_file_location("benchmarks_ceiling", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("ceiling")
 
 
 def test_needed_flops_of_config_a_by_hand(ceiling):

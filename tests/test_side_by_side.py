@@ -5,30 +5,20 @@ and optimizer (same losses) and decodes the same greedy tokens. Nothing here is 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
+from benchmark_modules import load_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 
-def _load(name: str):
-    path = os.path.join(BENCHMARKS, f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def driver():
-    return _load("side_by_side")
+    return load_benchmark("side_by_side")
 
 
 def _tiny_gpt2(torch, transformers):
@@ -43,7 +33,7 @@ def _tiny_gpt2(torch, transformers):
 def test_plain_torch_gpt_is_gpt2_logits_and_greedy_tokens():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    torch_gpt = _load("torch_gpt")
+    torch_gpt = load_benchmark("torch_gpt")
     hf = _tiny_gpt2(torch, transformers)
     mine = torch_gpt.TorchGPT(torch_gpt.GPTShape(vocab=67, context=24, width=32, layers=2,
                                                  heads=4)).eval()
@@ -69,7 +59,7 @@ def test_plain_torch_gpt_is_gpt2_logits_and_greedy_tokens():
 def test_plain_torch_gpt_names_a_missing_tensor():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    torch_gpt = _load("torch_gpt")
+    torch_gpt = load_benchmark("torch_gpt")
     state = _tiny_gpt2(torch, transformers).state_dict()
     del state["transformer.h.1.mlp.c_fc.bias"]
     mine = torch_gpt.TorchGPT(torch_gpt.GPTShape(vocab=67, context=24, width=32, layers=2,
