@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     steps, compile_s, dot_generals = {}, {}, {}
     # free first: the process's one-time compile costs fall on it, not on the real step
     for name, attention in (("free", free()), ("real", model_cfg.attention)):
-        step, state, batch = training_setup(dataclasses.replace(model_cfg, attention=attention),
-                                            cfg)
+        step, state, batch = training_setup(model_cfg.replace(attention=attention), cfg)
         began = time.perf_counter()
         lowered = step.lower(state, batch)
         compiled = lowered.compile()

@@ -13,10 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from benchmark_modules import BENCHMARKS, load_benchmark
+from benchmark_modules import BENCHMARKS, ROOT, load_benchmark
 from subprocess_env import single_device_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(BENCHMARKS, "attention_share.py")
 
 

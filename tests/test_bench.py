@@ -7,17 +7,14 @@ benchmark issue asks for is present, of the right kind.
 from __future__ import annotations
 
 import json
-import os
 
 import jax
 import numpy as np
 import pytest
-from benchmark_modules import load_benchmark
+from benchmark_modules import ROOT, load_benchmark
 
 from transformers_jax import bench
 from transformers_jax.config import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _positive(x) -> bool:

@@ -10,10 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from benchmark_modules import load_benchmark
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
+from benchmark_modules import ROOT, load_benchmark
 
 
 @pytest.fixture(scope="module")
