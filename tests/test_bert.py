@@ -1,6 +1,7 @@
 """The BERT family: encoder properties, the masked-LM head, fine-tuning heads and their data."""
 
 import contextlib
+import json
 import warnings
 
 import flax.linen as nn
@@ -17,6 +18,7 @@ from transformers_jax.data.mlm_batches import mlm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models.bert import BERT, encode_with_masks, fill_mask
 from transformers_jax.models.heads import build_classifier, init_from_mlm
+from transformers_jax.registry import UnknownNameError
 from transformers_jax.train import objectives as O
 from transformers_jax.train.step import TrainState, make_train_step
 
@@ -253,6 +255,89 @@ def test_sentence_pairs_get_token_types_and_truncate_the_longer_text():
     assert list(types) == [0] * 7 + [1] * 3
     ids, types = C.encode_classification_example([b"ab"], 6)
     assert list(ids) == [sp["cls"], *b"ab", sp["sep"], sp["pad"], sp["pad"]]
+
+
+def write_reviews(path, n: int = 48, seed: int = 0) -> None:
+    """A JSONL file of ``{"text", "label"}`` rows with string labels (pos/neg)."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            label = ["neg", "pos"][i % 2]
+            word = rng.choice(["good", "great"] if label == "pos" else ["bad", "poor"])
+            f.write(json.dumps({"text": f"{word} film {i}", "label": label}) + "\n")
+
+
+def test_classification_fine_tunes_a_bert_run_from_the_command_line(tmp_path, capsys):
+    """tjax train --train.objective=sequence_classification on labelled JSONL, from a bert
+    run's encoder (its model taken from the run): accuracy reported, labels saved."""
+    import orbax.checkpoint as ocp
+
+    from transformers_jax import cli
+    from transformers_jax.runs import load_run
+
+    bert, tuned, data = (str(tmp_path / x) for x in ("bert", "tuned", "reviews.jsonl"))
+    write_reviews(data)
+    small = ["--train.batch_size=4", "--train.seq_len=24", "--train.eval_batches=2",
+             "--no-progress"]
+    assert cli.main(["train", "--family", "bert", "--model.d_model=32", "--model.n_layers=1",
+                     "--model.n_heads=2", "--model.max_len=32", "--steps", "2", "--run-dir",
+                     bert, *small]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--train.objective=sequence_classification", "--data", data,
+                     "--train.init_from", bert, "--steps", "3", "--run-dir", tuned,
+                     "--train.learning_rate=1e-9", "--train.warmup_steps=0",
+                     "--train.val_fraction=0.25", "--json", *small]) == 0
+    out = capsys.readouterr()
+    final = json.loads(out.out.strip().splitlines()[-1])
+    assert 0.0 <= final["eval_accuracy"] <= 1.0 and "accuracy" in out.err
+    with open(tmp_path / "tuned" / "labels.json") as f:
+        assert json.load(f)["labels"] == ["neg", "pos"]
+    # the classifier's encoder is the bert run's (a vanishing learning rate moved it by ~0)
+    state = ocp.StandardCheckpointer().restore(str(tmp_path / "tuned/checkpoints/3/state"))
+    assert set(state["params"]) == {"encoder", "pooler", "classifier"}
+    assert state["params"]["classifier"]["kernel"].shape == (32, 2)
+    _, bert_params, _, _ = load_run(bert)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+                 state["params"]["encoder"], bert_params["encoder"])
+
+
+def test_labelled_files_errors_and_label_ids(tmp_path, capsys):
+    from transformers_jax import cli
+    from transformers_jax.data import labelled
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("review,sentiment\ngood,pos\nbad,neg\n")
+    assert cli.main(["train", "--family", "bert", "--train.objective=sequence_classification",
+                     "--data", str(bad), "--steps", "1", "--no-progress"]) == 2
+    assert "no column 'text'; its columns: review, sentiment" in capsys.readouterr().err
+    texts, labels = labelled.read_labelled(str(bad), "review", "sentiment")
+    assert texts == [("good",), ("bad",)] and labelled.label_names(labels) == ["neg", "pos"]
+    ints = tmp_path / "ints.jsonl"
+    ints.write_text('{"text": "a", "label": 2}\n\n{"text": "b", "label": "0"}\n')
+    assert labelled.label_names(labelled.read_labelled(str(ints))[1]) == ["0", "1", "2"]
+    with pytest.raises(ValueError, match="1 class"):
+        labelled.label_names(["pos", "pos"])
+    with pytest.raises(ValueError, match="not among the run's saved labels"):
+        labelled.label_names(["pos", "odd"], known=["neg", "pos"])
+    (tmp_path / "data.txt").write_text("good,pos\n")
+    with pytest.raises(UnknownNameError, match=r"'\.txt'.*\.csv"):  # the known kinds listed
+        labelled.read_labelled(str(tmp_path / "data.txt"))
+
+
+def test_labelled_batches_resume_and_cover_each_epoch():
+    from transformers_jax.data import labelled
+
+    source = labelled.as_source([(f"t{i}",) for i in range(10)], np.arange(10) % 2, 2)
+    rows = np.arange(2, 10)
+    first = labelled.LabelledBatches(source, rows, 4, 8, seed=3, tokenizer=TOK)
+    taken = [first.rows_of(i) for i in range(2)]
+    assert sorted(np.concatenate(taken).tolist()) == rows.tolist()  # one epoch, each row once
+    batches = [next(first) for _ in range(3)]
+    again = labelled.LabelledBatches(source, rows, 4, 8, seed=3, tokenizer=TOK)
+    again.set_state({"count": 2})
+    np.testing.assert_array_equal(next(again)["inputs"], batches[2]["inputs"])
+    train, held = labelled.split_rows(10, 0.2, seed=0)
+    assert len(held) == 2 and sorted([*train, *held]) == list(range(10))
 
 
 # Masked-LM training end to end, and fill-mask -------------------------------------------------

@@ -168,3 +168,37 @@ def test_cli_sample_streams_text(tmp_path):
     result = tjax("sample", "--run", run, "--num-samples", "2", "--max-new-tokens", "5",
                   "--top-k", "5", "--top-p", "0.9")
     assert result.returncode == 0 and result.stdout.count("--- sample") == 2
+
+
+def test_the_manifest_checks_contents_and_reads_the_older_sizes_only_form(tmp_path):
+    """A file zeroed at its size is caught by its checksum, also once the step was verified
+    (and remembered) intact; a manifest written before checksums still checks sizes."""
+    from transformers_jax.train.checkpoint import MANIFEST
+    from transformers_jax.train.errors import DamagedStepError
+
+    ckpt = Checkpointer(str(tmp_path), async_save=False)
+    for step in (1, 2):
+        ckpt.save(step, {"w_N": np.arange(4096, dtype=np.float32) * step}, {"step": step})
+    ckpt.wait()
+    root = os.path.join(ckpt.directory, "2")
+    paths = [os.path.join(d, name) for d, _, names in os.walk(root) for name in names]
+    for path in paths:  # old enough to be remembered as verified (see _RACY_NS)
+        os.utime(path, ns=(time.time_ns() - 10**10,) * 2)
+    assert ckpt.verify(1) == ckpt.verify(2) == []
+    largest = max(paths, key=os.path.getsize)
+    with open(largest, "r+b") as f:
+        f.write(bytes(os.path.getsize(largest)))
+    rel = os.path.relpath(largest, root)
+    assert ckpt.verify(2) == [f"{rel} (the same size, other contents than saved: overwritten "
+                              "or corrupted)"]
+    with pytest.raises(DamagedStepError, match=f"{rel} .*; load an intact one with --step 1$"):
+        ckpt.pick(2)
+    said = []
+    assert ckpt.pick(None, said.append) == 1 and said[0].startswith("the checkpoint of step 2")
+    listed = json.load(open(os.path.join(root, MANIFEST)))["files"]
+    with open(os.path.join(root, MANIFEST), "w") as f:  # sizes only, as before checksums
+        json.dump({name: size for name, (size, _) in listed.items()}, f)
+    assert ckpt.verify(2) == [] and ckpt.pick(None) == 2
+    os.truncate(largest, 10)
+    assert ckpt.verify(2) == [f"{rel} (10 bytes, written {listed[rel][0]})"]
+    ckpt.close()

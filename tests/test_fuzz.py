@@ -114,6 +114,7 @@ TRAIN_TEXT = {
     "steps": INT_TEXT, "batch_size": INT_TEXT, "seq_len": INT_TEXT,
     "learning_rate": FLOAT_TEXT, "min_lr_ratio": FLOAT_TEXT,
     "warmup_steps": st.one_of(INT_TEXT, st.just("none")),
+    "schedule_steps": st.one_of(INT_TEXT, st.just("none")),
     "weight_decay": FLOAT_TEXT, "b1": FLOAT_TEXT, "b2": FLOAT_TEXT, "grad_clip": FLOAT_TEXT,
     "seed": INT_TEXT, "tokenizer": st.sampled_from(["byte", "char", "sentencepiece", "gpt2"]),
     "pack": st.sampled_from(["concat", "first_fit", "none", "best_fit"]),

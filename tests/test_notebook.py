@@ -5,6 +5,7 @@ saying so, without them).
 """
 
 import os
+import sys
 
 import pytest
 from subprocess_env import single_device_env
@@ -63,17 +64,58 @@ def test_quickstart_notebook_runs_tiny(tmp_path, monkeypatch):
     assert len(images) >= 2  # the training curves and the ablation's plot are displayed
 
 
-def test_install_cell_outside_a_checkout_names_the_parameter_to_set(tmp_path, monkeypatch):
-    """On Colab with the placeholder URL the install cell stops with a message saying what to
-    set, not a CalledProcessError from git."""
+def install_cell_namespace(tmp_path, monkeypatch, calls):
+    """The Parameters and Install cells' code, run outside a checkout with the package missing
+    and every subprocess recorded instead of run."""
     import importlib.util
+    import subprocess
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     parameters, install = code[0], next(c for c in code if "REPO_URL" in c and "pip" in c)
     monkeypatch.chdir(tmp_path)  # not a checkout
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # not installed
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # not installed, and not on Colab
+                        lambda name, *a: None if name in ("transformers_jax", "google.colab")
+                        else real_find_spec(name, *a))
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append(argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the cell puts the source first
+    import transformers_jax  # noqa: F401 (the cell's import then finds this one, not the fake)
     namespace: dict = {}
     exec(parameters, namespace)
-    with pytest.raises(RuntimeError, match="set REPO_URL in the Parameters cell"):
+    return namespace, install
+
+
+def test_install_cell_outside_a_checkout_says_what_to_provide(tmp_path, monkeypatch):
+    """Nothing to install from: the cell stops saying what to provide, not a git error."""
+    monkeypatch.delenv("TJAX_REPO_URL", raising=False)
+    calls: list = []
+    namespace, install = install_cell_namespace(tmp_path, monkeypatch, calls)
+    with pytest.raises(RuntimeError, match="put transformers-jax.zip .* or set REPO_URL"):
         exec(install, namespace)
+    assert calls == []
+
+
+def test_install_cell_installs_an_uploaded_source_archive(tmp_path, monkeypatch):
+    import zipfile
+
+    monkeypatch.delenv("TJAX_REPO_URL", raising=False)
+    with zipfile.ZipFile(tmp_path / "transformers-jax.zip", "w") as zf:
+        zf.writestr("pyproject.toml", "[project]\nname = 'x'\n")
+        zf.writestr("transformers_jax/__init__.py", "")
+    calls: list = []
+    namespace, install = install_cell_namespace(tmp_path, monkeypatch, calls)
+    exec(install, namespace)
+    assert calls == [[sys.executable, "-m", "pip", "install", "-q", "-e",
+                      str(tmp_path / "transformers-jax")]]
+    assert (tmp_path / "transformers-jax" / "pyproject.toml").exists()
+
+
+def test_install_cell_clones_the_repository_given_by_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TJAX_REPO_URL", "https://example.org/me/transformers-jax.git")
+    calls: list = []
+    namespace, install = install_cell_namespace(tmp_path, monkeypatch, calls)
+    exec(install, namespace)
+    assert calls[0] == ["git", "clone", "--depth", "1",
+                        "https://example.org/me/transformers-jax.git", "transformers-jax"]
+    assert calls[1][-2:] == ["-e", "transformers-jax"]

@@ -4,6 +4,7 @@ writer."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -185,13 +186,29 @@ def test_resume_refuses_changed_data_contents_unless_accepted(tmp_path):
     cfg = text_cfg(tmp_path)
     train(MODEL, cfg)
     (tmp_path / "corpus.txt").write_text("a wholly different text, same file name\n" * 300)
-    with pytest.raises(ValueError, match="data contents: checkpoint read local-text:") as err:
+    with pytest.raises(ValueError, match=r"data contents: checkpoint read .*corpus.txt.* "
+                       r"\[local-text:\w+\], this run reads .*corpus.txt") as err:
         train(MODEL, cfg.replace(steps=4))
     assert "accept_data_change=true" in str(err.value)
     final = train(MODEL, cfg.replace(steps=4, accept_data_change=True))
     assert final["steps"] == 4
     warned = [r["message"] for r in rows(cfg.run_dir, "warning")]
-    assert any("other data" in m and "(the files changed)" in m for m in warned)
+    assert any("other data" in m and "(the same --data, whose contents changed)" in m
+               for m in warned)
+
+
+def test_resume_onto_other_data_names_both_sources(tmp_path):
+    """Another --data is a changed setting, not changed files; the built-in corpus is named as
+    such."""
+    cfg = small_cfg(tmp_path, steps=2)  # the built-in corpus
+    train(MODEL, cfg)
+    other = text_cfg(tmp_path).replace(steps=4)
+    with pytest.raises(ValueError) as err:
+        train(MODEL, other.replace(run_dir=cfg.run_dir))
+    text = str(err.value)
+    assert f"data: checkpoint has None, asked for {other.data!r}" in text
+    assert "the same --data" not in text
+    assert re.search(r"checkpoint read the default corpus [^\[]*\[local-text:", text), text
 
 
 def test_resume_refuses_a_changed_window_layout(tmp_path):
@@ -254,10 +271,10 @@ def test_a_damaged_checkpoint_is_named_and_the_run_falls_back_to_the_previous(tm
         f.truncate(os.path.getsize(os.path.join(arrays, files[-1])) // 2)
     os.remove(os.path.join(arrays, files[0]))  # and delete another
     with pytest.raises(CheckpointDamagedError, match="step 4 .* is damaged") as err:
-        load_run(cfg.run_dir)
+        load_run(cfg.run_dir, step=4)
     message = str(err.value)
     assert files[-1] in message and f"{files[0]} (missing)" in message
-    assert "previous good checkpoint is step 2" in message
+    assert message.endswith("load an intact one with --step 2")
     final = train(MODEL, cfg.replace(steps=6))  # resumes from step 2, with a warning
     assert final["steps"] == 6
     assert [r["step"] for r in rows(cfg.run_dir, "resume")] == [2]
@@ -265,6 +282,42 @@ def test_a_damaged_checkpoint_is_named_and_the_run_falls_back_to_the_previous(tm
                for r in rows(cfg.run_dir, "warning"))
     assert os.listdir(os.path.join(cfg.run_dir, "damaged_checkpoints"))[0].startswith("4-")
     assert all_finite(load_run(cfg.run_dir)[1])  # steps 4 and 6 written afresh
+
+
+def zero_largest_file(step_dir: str) -> str:
+    """Overwrite the step's largest file with zeros at its size (what a bad copy or a failing
+    disk can leave: no size changes) and return its path within the step."""
+    paths = [os.path.join(d, name) for d, _, names in os.walk(step_dir) for name in names]
+    largest = max(paths, key=os.path.getsize)
+    size = os.path.getsize(largest)
+    with open(largest, "r+b") as f:
+        f.write(bytes(size))
+    return os.path.relpath(largest, step_dir)
+
+
+def test_a_zeroed_checkpoint_file_is_named_and_sample_and_train_fall_back(tmp_path, capsys):
+    from transformers_jax import cli
+
+    cfg = small_cfg(tmp_path, steps=4)
+    train(MODEL, cfg)
+    zeroed = zero_largest_file(os.path.join(cfg.run_dir, "checkpoints", "4"))
+    said = f"{zeroed} (the same size, other contents than saved"
+    capsys.readouterr()
+    sample = ["sample", "--run", cfg.run_dir, "--max-new-tokens", "3", "--temperature", "0"]
+    assert cli.main(sample) == 0  # no --step: the newest intact step, with one warning line
+    [warned] = [line for line in capsys.readouterr().err.splitlines() if "damaged" in line]
+    assert warned.startswith("warning: the checkpoint of step 4 in ") and said in warned
+    assert warned.endswith("; loading step 2, the newest intact one")
+    assert cli.main([*sample, "--step", "4"]) == 2  # asked for: refused in one line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("tjax sample: error: the checkpoint of step 4 in ") and said in err
+    assert err.rstrip().endswith("; load an intact one with --step 2")
+    final = train(MODEL, cfg.replace(steps=6))  # resumes from step 2, with a warning
+    assert final["steps"] == 6 and [r["step"] for r in rows(cfg.run_dir, "resume")] == [2]
+    [warned] = [r["message"] for r in rows(cfg.run_dir, "warning")]
+    assert "step 4" in warned and said in warned and "resuming from an earlier step" in warned
+    assert "step=" not in warned
 
 
 def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous(tmp_path, monkeypatch):

@@ -199,6 +199,33 @@ def test_init_from_another_run_fine_tunes_with_new_settings(tmp_path):
         train(TINY_MODEL.replace(n_layers=2), cfg.replace(run_dir=None, init_from=base))
 
 
+def test_init_from_takes_the_model_from_the_run_it_starts_from(tmp_path, capsys):
+    """``tjax train --train.init_from=RUN`` with no model flags trains RUN's model from RUN's
+    params; --model.* overrides apply on top and are listed; a misfit names the field."""
+    from transformers_jax import cli
+    from transformers_jax.runs import load_run
+
+    base, tuned = str(tmp_path / "base"), str(tmp_path / "tuned")
+    small = ["--train.batch_size=2", "--train.seq_len=16", "--train.eval_batches=1",
+             "--no-progress"]
+    assert cli.main(["train", "--model.d_model=32", "--model.n_layers=1", "--model.n_heads=2",
+                     "--model.max_len=32", "--steps", "2", "--run-dir", base, *small]) == 0
+    _, base_params, _, base_cfg = load_run(base)
+    capsys.readouterr()
+    assert cli.main(["train", "--train.init_from", base, "--model.dropout=0.1", "--steps", "1",
+                     "--train.learning_rate=1e-9", "--train.warmup_steps=0", "--run-dir",
+                     tuned, *small]) == 0
+    assert f"model differs from {base}: dropout 0.0 -> 0.1" in capsys.readouterr().err
+    _, params, _, config = load_run(tuned)
+    assert config == base_cfg.replace(dropout=0.1)
+    # a vanishing learning rate: the first update leaves the base run's params (nearly)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params, base_params)
+    assert cli.main(["train", "--train.init_from", base, "--model.n_layers=2", "--steps", "1",
+                     *small]) == 2
+    err = capsys.readouterr().err
+    assert "do not have the shapes" in err and "n_layers 1 -> 2" in err, err
+
+
 def test_bert_and_encdec_train_through_the_same_loop(tmp_path):
     from transformers_jax.runs import load_run
 

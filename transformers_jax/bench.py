@@ -28,6 +28,7 @@ positions), ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import resource
@@ -43,10 +44,22 @@ import numpy as np
 
 from transformers_jax import __version__, host_memory
 from transformers_jax.compile_cache import use_compile_cache
-from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
+from transformers_jax.config import (
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    apply_overrides,
+    from_dict,
+)
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
-from transformers_jax.overrides import CommandParser, Once, int_list, print_json
+from transformers_jax.overrides import (
+    CommandParser,
+    Once,
+    int_list,
+    print_json,
+    read_config_file,
+)
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -320,8 +333,12 @@ def bench_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig, Any, str |
     """``(model config, train config, this command's options, preset name)`` from ``argv``:
     config a (or ``--preset NAME``), then ``--tiny``, then the ``--model.*``/``--train.*``
     overrides."""
-    args, overrides, _ = bench_parser().parse(argv)
+    args, overrides, config_file = bench_parser().parse(argv)
     preset = args.preset
+    given = read_config_file(config_file) if config_file else {"model": {}, "train": {}}
+    if preset is not None and given["model"]:
+        raise ConfigError(f"--preset {preset} and a model section in {config_file}: "
+                          "give the model one way (drop one of them)")
     model_over = {k[6:]: v for k, v in overrides.items() if k.startswith("model.")}
     train_over = {k[6:]: v for k, v in overrides.items() if k.startswith("train.")}
     if args.tiny:  # with a preset: its model as it is, a tiny run
@@ -330,8 +347,11 @@ def bench_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig, Any, str |
     if "family" in model_over and "mask" not in model_over:  # e.g. bert: bidirectional
         model_over["mask"] = FAMILIES.get(model_over["family"]).default_mask
     base = DEFAULT_MODEL if preset is None else ModelConfig.preset(preset)
+    base = from_dict(ModelConfig, {**base.to_dict(), **given["model"]}) if given["model"] else base
+    train_base = (from_dict(TrainConfig, {**dataclasses.asdict(DEFAULT_TRAIN), **given["train"]})
+                  if given["train"] else DEFAULT_TRAIN)
     model_cfg = apply_overrides(base, model_over, "model.")
-    cfg = apply_overrides(DEFAULT_TRAIN, train_over, "train.")
+    cfg = apply_overrides(train_base, train_over, "train.")
     return model_cfg, cfg, args, preset
 
 

@@ -12,14 +12,15 @@ import json
 import os
 import shlex
 import sys
-from typing import Any
 
 from transformers_jax.compile_cache import use_compile_cache
 from transformers_jax.config import (
+    NAMED_FIELDS,
     ConfigError,
     ModelConfig,
     TrainConfig,
     apply_overrides,
+    check_family,
     from_dict,
 )
 from transformers_jax.host_memory import relaunch_with_tunables
@@ -32,6 +33,7 @@ from transformers_jax.overrides import (
     field_help,
     int_list,
     print_json,
+    read_config_file,
 )
 from transformers_jax.registry import FAMILIES, UnknownNameError
 from transformers_jax.train.errors import RunFailedError
@@ -48,28 +50,47 @@ def train_parser() -> CommandParser:
     return parser
 
 
+def model_of_run(run_dir: str | None) -> dict | None:
+    """The model config saved with a trained or converted run's latest checkpoint (None for
+    no run)."""
+    if run_dir is None or run_dir.lower() in ("none", "null"):
+        return None
+    from transformers_jax.train.checkpoint import Checkpointer  # orbax: only when asked
+
+    try:
+        ckpt = Checkpointer(run_dir, create=False)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"--train.init_from={run_dir}: {err}") from None
+    try:
+        return ckpt.read_meta()["model"]
+    finally:
+        ckpt.close()
+
+
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
     args, overrides, config_file = train_parser().parse(argv)
     preset = args.preset
-    base: dict[str, Any] = {}
-    if config_file:
-        with open(config_file) as f:
-            base = json.load(f)
+    base = read_config_file(config_file) if config_file else {}
     if preset is not None and base.get("model"):
         raise ConfigError(f"--preset {preset} and a model section in {config_file}: "
                           "give the model one way (drop one of them)")
+    # --train.init_from=RUN and no model given: RUN's model, the --model.* options on top
+    run_model = None if preset is not None or base.get("model") else model_of_run(
+        overrides.get("train.init_from", (base.get("train") or {}).get("init_from")))
     model_cfg = (ModelConfig.preset(preset) if preset is not None
-                 else from_dict(ModelConfig, base.get("model", {})))
+                 else from_dict(ModelConfig, run_model or base.get("model", {})))
     train_cfg = from_dict(TrainConfig, base.get("train", {}))
     sections = {"model": {}, "train": {}}
     for key, value in overrides.items():
         section, _, rest = key.partition(".")
         sections[section][rest] = value
+    check_family(sections["model"].get("family", model_cfg.family))
     family = FAMILIES.get(sections["model"].get("family", model_cfg.family))
     # The family's own mask (bert: bidirectional) unless one is given; a preset's mask (e.g.
     # Mistral's sliding window) stays unless the family changes.
     mask_given = "mask" in sections["model"] or "mask" in base.get("model", {})
-    if not mask_given and (preset is None or "family" in sections["model"]):
+    if not mask_given and (preset is None and run_model is None
+                           or "family" in sections["model"]):
         sections["model"]["mask"] = family.default_mask
     model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
     train_cfg = apply_overrides(train_cfg, sections["train"], "train.")
@@ -96,7 +117,9 @@ def cmd_sample(argv: list[str]) -> int:
     parser.add_argument("--run", required=True, help="run directory (tjax train --run-dir, or "
                         "tjax convert --out)")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, fewer where "
+                        "the model's position table ends sooner)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
     parser.add_argument("--top-k", type=int, default=None,
                         help="sample among the k likeliest tokens only")
@@ -108,17 +131,20 @@ def cmd_sample(argv: list[str]) -> int:
     args, _, _ = parser.parse(argv)
     use_compile_cache()
 
+    from transformers_jax.models import family_of
     from transformers_jax.runs import load_run
     from transformers_jax.sample import SamplingConfig, generate
 
-    model, params, tokenizer, _ = load_run(args.run, args.step)
+    model, params, tokenizer, config = load_run(args.run, args.step)
     if tokenizer is None:
         raise ValueError(
             f"{args.run} has no tokenizer this project can load (converted weights with an "
             "external tokenizer): sample from Python with token ids instead"
         )
+    prompt = list(tokenizer.encode(args.prompt))
+    max_new_tokens = new_token_budget(config, len(prompt), args.max_new_tokens)
     sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -126,22 +152,55 @@ def cmd_sample(argv: list[str]) -> int:
         pad_id=tokenizer.pad_id,
         bos_id=tokenizer.special["bos"],
     )
-    prompt = list(tokenizer.encode(args.prompt))
+    # a decoder's sample reads on from the prompt; a seq2seq model's answers it
+    shown = args.prompt if family_of(config).continues_prompt else f"source: {args.prompt}\n=> "
     if args.num_samples == 1 and tokenizer.unit == "byte":  # stream bytes as they are emitted
         stream = ByteStream(tokenizer)
-        sys.stdout.write(args.prompt)
-        generate(model, params, [prompt], sampling, seed=args.seed,
-                 on_token=lambda step, tokens, done: stream.push(int(tokens[0])))
-        stream.flush()
-        sys.stdout.write("\n")
+        sys.stdout.write(shown)
+        try:
+            generate(model, params, [prompt], sampling, seed=args.seed,
+                     on_token=lambda step, tokens, done: stream.push(int(tokens[0])))
+        finally:  # an error then starts on a line of its own
+            stream.flush()
+            sys.stdout.write("\n")
+            sys.stdout.flush()
         return 0
     outputs = generate(model, params, [prompt] * args.num_samples, sampling, seed=args.seed)
     if args.num_samples == 1:
-        print(f"{args.prompt}{tokenizer.decode(outputs[0])}")
+        print(f"{shown}{tokenizer.decode(outputs[0])}")
         return 0
     for i, out in enumerate(outputs):
-        print(f"--- sample {i + 1} ---\n{args.prompt}{tokenizer.decode(out)}")
+        print(f"--- sample {i + 1} ---\n{shown}{tokenizer.decode(out)}")
     return 0
+
+
+DEFAULT_NEW_TOKENS = 200
+
+
+def new_token_budget(config, prompt_len: int, asked: int | None) -> int:
+    """``--max-new-tokens``, checked against the model's positions before anything is
+    printed: the default is capped (with a note), an explicit count that cannot fit is an
+    error naming the most that can."""
+    from transformers_jax.sample import room_for_new_tokens
+
+    if asked is not None and asked <= 0:
+        raise ValueError(f"--max-new-tokens {asked}: must be a positive integer")
+    room = room_for_new_tokens(config, prompt_len)
+    if room is not None and room <= 0:
+        raise ValueError(f"the prompt is {prompt_len} tokens, which fills the model's "
+                         f"{config.position.max_length(config)} positions "
+                         f"(position={config.position.name}); shorten --prompt")
+    if room is None or room >= (asked or DEFAULT_NEW_TOKENS):
+        return asked or DEFAULT_NEW_TOKENS
+    if asked is not None:
+        raise ValueError(f"--max-new-tokens {asked}: the model has room for {room} after this "
+                         f"{prompt_len}-token prompt (position={config.position.name}, "
+                         f"{config.position.max_length(config)} positions); use "
+                         f"--max-new-tokens {room} or less")
+    print(f"tjax sample: note: generating {room} tokens, all the model's "
+          f"{config.position.max_length(config)} positions leave after the prompt "
+          f"(position={config.position.name})", file=sys.stderr)
+    return room
 
 
 class ByteStream:
@@ -317,7 +376,10 @@ def option_help() -> str:
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             option = f"--{section}.{f.name}={describe_default(default)}"
-            lines.append(f"  {option:<34} {helps.get(f.name, '')}".rstrip())
+            text = helps.get(f.name, "")
+            if f.name in NAMED_FIELDS:  # the names as registered, never a stale list
+                text += f" (one of: {', '.join(NAMED_FIELDS[f.name].selectable())})"
+            lines.append(f"  {option:<34} {text}".rstrip())
             registry = f.metadata.get("registry")
             if registry is None:
                 continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import types
 import typing
@@ -60,7 +61,7 @@ def _check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None
 class ModelConfig:
     """Everything that defines a model's architecture and numerics."""
 
-    family: str = "gpt"  # gpt (causal LM), bert (masked LM), encdec, lstm: a FAMILIES name
+    family: str = "gpt"  # what is trained: causal LM, masked LM, encoder-decoder, ...
     vocab_size: int = 262  # the byte tokenizer's 256 bytes + 6 special tokens
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # transformer blocks (encdec: encoder blocks)
@@ -80,10 +81,10 @@ class ModelConfig:
     position: Switch = switch_field(POSITIONS, "rope")  # positional scheme (nn/positions/)
 
     # Block options.
-    norm: str = "layernorm"  # layernorm, rmsnorm
-    norm_position: str = "pre"  # pre, post: a NORM_PLACEMENTS name
+    norm: str = "layernorm"  # the normalisation layer
+    norm_position: str = "pre"  # where the norms sit around each residual branch
     norm_eps: float = 1e-5  # added to the variance inside the norm
-    mlp: str = "gelu"  # gelu, swiglu, relu
+    mlp: str = "gelu"  # the feed-forward block's activation (gated ones have two inputs)
     use_bias: bool = True  # biases in dense layers and norms (GPT-2 yes, Llama no)
     tie_embeddings: bool = True  # the output layer reuses the token embedding table
     dropout: float = 0.0  # on embeddings and residual branches
@@ -100,7 +101,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         resolve_switch_fields(self)
         check_field_types(self)
-        FAMILIES.check(self.family, "family")
+        check_family(self.family)
         NORMS.check(self.norm, "norm")
         MLPS.check(self.mlp, "mlp")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
@@ -240,7 +241,10 @@ class TrainConfig:
     seq_len: int = 128  # tokens per training sequence
     learning_rate: float = 2e-3  # peak of the warmup-cosine schedule (AdamW)
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
-    warmup_steps: int | None = None  # None: 10% of steps
+    warmup_steps: int | None = None  # None: 10% of the schedule's steps
+    # The schedule belongs to the run: a resume with more --steps keeps the checkpoint's, and
+    # the steps past its end run at its floor (loop._plan_segment).
+    schedule_steps: int | None = None  # steps of warm-up + cosine, then the floor (None: steps)
     weight_decay: float = 0.1  # AdamW's decoupled decay (not on norms and biases)
     b1: float = 0.9  # Adam's first-moment decay
     b2: float = 0.95  # Adam's second-moment decay
@@ -248,8 +252,9 @@ class TrainConfig:
     seed: int = 0  # parameters, data order, dropout
     data: str | None = None  # PATH, lines:PATH, tfds:NAME; None: the embedded default corpus
     data_dir: str | None = None  # tfds data_dir (catalog datasets, prepared local text)
-    text_key: str | None = None  # tfds text feature (auto-detected when None)
-    tokenizer: str = "byte"  # byte, char, sentencepiece, sentencepiece_bpe: a TOKENIZERS name
+    text_key: str | None = None  # tfds text feature (auto-detected); labelled data: text column
+    label_key: str = "label"  # labelled data (JSONL/CSV): the label column
+    tokenizer: str = "byte"  # how text becomes ids (trained on the data unless byte)
     tokenizer_vocab: int | None = None  # vocabulary size of a trained tokenizer
     pack: str = "concat"  # concat, first_fit, none
     bos_per_row: bool = False  # every row (window) starts with bos, not only each document
@@ -269,6 +274,9 @@ class TrainConfig:
     keep_checkpoints: int = 3  # newest checkpoints kept; older ones are deleted
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
     init_from: str | None = None  # fine-tune: start from this run's params (fresh optimizer)
+    # What is trained (train/objectives.py): None, the family's own (gpt lm, bert mlm, ...);
+    # sequence_classification, a classifier on the encoder, on labelled --data (JSONL/CSV).
+    objective: str | None = None  # None: the family's; sequence_classification: labelled data
     # Reliability (see train/guard.py, loop._resume): bad updates skipped before the run stops,
     # and whether a resume may read other data or another tokenizer than the checkpoint's.
     skip_nonfinite_steps: int = 0  # updates with a non-finite loss/grad skipped; then stop
@@ -300,8 +308,12 @@ class TrainConfig:
                   "must be >= 0 (0: stop at the first non-finite step)")
         if self.learning_rate <= 0:
             _fail("train.learning_rate", self.learning_rate, "must be positive")
-        if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
-            _fail("train.warmup_steps", self.warmup_steps, f"must be in [0, steps={self.steps})")
+        if self.schedule_steps is not None and self.schedule_steps <= 0:
+            _fail("train.schedule_steps", self.schedule_steps,
+                  "must be a positive integer (or unset: the schedule spans train.steps)")
+        if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.schedule_total:
+            _fail("train.warmup_steps", self.warmup_steps,
+                  f"must be in [0, {self.schedule_total}): below the schedule's steps")
         for name in ("b1", "b2"):  # Adam's moment decays; 1 or more never forgets (or grows)
             if not 0.0 <= getattr(self, name) < 1.0:
                 _fail(f"train.{name}", getattr(self, name), "must be in [0, 1)")
@@ -358,8 +370,13 @@ class TrainConfig:
             _fail("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
 
     @property
+    def schedule_total(self) -> int:
+        """The steps the learning-rate schedule spans; later steps stay at its floor."""
+        return self.steps if self.schedule_steps is None else self.schedule_steps
+
+    @property
     def warmup(self) -> int:
-        return self.steps // 10 if self.warmup_steps is None else self.warmup_steps
+        return self.schedule_total // 10 if self.warmup_steps is None else self.warmup_steps
 
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes``; a change of ``task`` re-resolves ``shuffle_rows`` (which
@@ -367,6 +384,19 @@ class TrainConfig:
         if "task" in changes and changes["task"] != self.task:
             changes.setdefault("shuffle_rows", None)
         return dataclasses.replace(self, **changes)
+
+
+def check_family(name: str) -> None:
+    """Refuse an unknown family; a named model given as one (``gpt2``) points to ``--preset``."""
+    if name in FAMILIES:
+        return
+    try:
+        preset = get_preset(name)
+    except ConfigError:
+        FAMILIES.check(name, "family")
+    raise ConfigError(f"family={name!r}: {name!r} is a named model, not a family; use --preset "
+                      f"{name} (its family is {preset.family}); families: "
+                      f"{', '.join(FAMILIES.names())}")
 
 
 def check_lengths(model: ModelConfig, seq_len: int) -> None:
@@ -384,6 +414,10 @@ def check_lengths(model: ModelConfig, seq_len: int) -> None:
             "extrapolates",
         )
 
+
+# Plain-name fields and the registries that hold their names (the CLI's help lists these).
+NAMED_FIELDS = {"family": FAMILIES, "norm": NORMS, "norm_position": NORM_PLACEMENTS,
+                "mlp": MLPS, "tokenizer": TOKENIZERS}
 
 _DEFAULT_SWITCHES = {"position": "rope", "mask": "causal", "attention": "xla"}
 # Flat fields of older versions and where their settings live now (for a helpful error).
@@ -492,4 +526,6 @@ def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") ->
     for head, sub in grouped.items():
         current = changes.get(head, getattr(config, head))
         changes[head] = apply_overrides(current, sub, f"{prefix}{head}.")
-    return dataclasses.replace(config, **changes)
+    # a config's own replace re-resolves the defaults that follow other fields (TrainConfig:
+    # shuffle_rows follows the data kind, so --task does not inherit the text default)
+    return getattr(config, "replace", functools.partial(dataclasses.replace, config))(**changes)

@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
-from transformers_jax.models import build_model, family_of
+from transformers_jax.data.tokenizers import TOKENIZER_FILE, load_tokenizer
+from transformers_jax.models import family_of
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel import multihost
 from transformers_jax.parallel.strategies import make_trainer
@@ -32,10 +33,12 @@ from transformers_jax.train.checkpoint import (
     Checkpointer,
     abstract_like,
     check_same_model,
+    checkpoint_dir,
     config_differences,
 )
 from transformers_jax.train.data import (
     DATA_FIELDS,
+    TOKENIZER_DIR,
     RunData,
     make_run_data,
     run_tokenizer,
@@ -44,7 +47,7 @@ from transformers_jax.train.data import (
 from transformers_jax.train.errors import CheckpointDamagedError
 from transformers_jax.train.flops import device_peak, flops_per_token
 from transformers_jax.train.guard import Guard, NonFiniteError
-from transformers_jax.train.objectives import objective_for
+from transformers_jax.train.objectives import run_objective
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.run_lock import RunLock
 from transformers_jax.train.run_readme import write_run_readme
@@ -148,16 +151,18 @@ class StopSignals:
 
 
 def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int,
-             preset: str | None = None) -> dict:
+             preset: str | None = None, segments: list[dict] | None = None) -> dict:
     """Everything besides arrays that a resumed run or a sampler needs (stored as JSON).
     ``preset``: the named model the config started from (a record only: ``model`` is the
-    whole config, which is what a resume compares)."""
+    whole config, which is what a resume compares). ``segments``: the run's invocations up to
+    ``step`` (``_plan_segment``), read back by the next resume."""
     position = data.train.get_state()
     return {
         "preset": preset,
         "model": dataclasses.asdict(model_cfg),
         "train": dataclasses.asdict(cfg),
         "step": step,
+        "segments": segments or [],
         # Each host reads its own share: every process's position, in process order (JSON is
         # written by process 0 alone); "iterator" is this (process 0's) for older readers.
         "data": {"iterator": position,
@@ -170,14 +175,15 @@ def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int,
     }
 
 
-# Settings a checkpoint's run may differ in without changing what is trained.
-_RESUME_IGNORES = {"steps", "json", "progress", "log_every", "eval_every", "eval_batches",
-                   "run_dir", "checkpoint_every", "keep_checkpoints", "resume",
+# Settings a checkpoint's run may differ in without changing what is trained (steps and
+# schedule_steps: _plan_segment says what a change means).
+_RESUME_IGNORES = {"steps", "schedule_steps", "json", "progress", "log_every", "eval_every",
+                   "eval_batches", "run_dir", "checkpoint_every", "keep_checkpoints", "resume",
                    "skip_nonfinite_steps",
                    "coordinator",  # where process 0 listens, not what is trained
                    "accept_data_change", "tensorboard", "wandb_project", *DATA_FIELDS}
 # Settings added after checkpoints were first written: an older checkpoint ran with these.
-_TRAIN_FIELDS_BEFORE = {"concurrent_groups": 1}
+_TRAIN_FIELDS_BEFORE = {"concurrent_groups": 1, "objective": None}
 
 
 def train_differences(saved: dict, cfg: TrainConfig) -> list[str]:
@@ -186,6 +192,89 @@ def train_differences(saved: dict, cfg: TrainConfig) -> list[str]:
     return [d for d in config_differences({**_TRAIN_FIELDS_BEFORE, **saved},
                                           dataclasses.asdict(cfg))
             if d.split(":")[0] not in _RESUME_IGNORES]
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentPlan:
+    """What one invocation of ``train`` does to its run (``_plan_segment``)."""
+
+    cfg: TrainConfig  # this invocation's config, with the run's learning-rate schedule
+    step: int | None  # the checkpoint a resume continues from; None: a fresh run
+    notes: list[tuple[str, str]]  # (kind, text) logged after the resume line
+
+
+def _saved_schedule(saved: dict) -> tuple[int, int | None]:
+    """``(steps, warmup_steps)`` of the schedule a checkpoint's ``train`` settings ran."""
+    return saved.get("schedule_steps") or saved["steps"], saved.get("warmup_steps")
+
+
+def _segments_of(meta: dict) -> list[dict]:
+    """The run's segments up to a checkpoint (one per invocation that trained); a checkpoint
+    saved before they were recorded gets one segment standing for all of its invocations."""
+    if "segments" in meta or not meta["step"]:
+        return list(meta.get("segments", []))
+    total, warmup = _saved_schedule(meta["train"])
+    return [{"start": 0, "end": meta["step"], "steps": meta["train"]["steps"],
+             "schedule_steps": total, "warmup_steps": total // 10 if warmup is None else warmup,
+             "command": None}]
+
+
+def _plan_segment(cfg: TrainConfig) -> SegmentPlan:
+    """Before anything is built or written: the checkpoint a resume continues and the
+    learning-rate schedule this invocation follows.
+
+    The learning-rate schedule belongs to the run. A resume with another ``--steps`` keeps the
+    checkpoint's schedule (``schedule_steps`` is set to its length, so the saved config
+    reproduces the rates): the cosine goes on to its end and later steps run at its floor.
+    ``--train.schedule_steps=N`` replaces it with the schedule of an N-step run, a change of
+    rate at the resumed step that is logged as a warning. ``--steps`` below the checkpoint's
+    step raises ``ValueError``; ``--steps`` equal to it trains nothing (``train`` returns
+    without writing)."""
+    fresh = SegmentPlan(cfg, None, [])
+    if not (cfg.run_dir and cfg.resume and os.path.isdir(checkpoint_dir(cfg.run_dir))):
+        return fresh
+    ckpt = Checkpointer(cfg.run_dir, create=False)
+    try:  # the step _resume will take: the newest intact one (none: _resume says so)
+        good = next((s for s in sorted(ckpt.all_steps(), reverse=True) if not ckpt.verify(s)),
+                    None)
+        meta = None if good is None else ckpt.read_meta(good)
+    finally:
+        ckpt.close()
+    if meta is None:
+        return fresh
+    step, saved = int(meta["step"]), meta.get("train", {})
+    if step == 0:  # nothing trained yet (a converted run): this invocation plans the schedule
+        return SegmentPlan(cfg, 0, [])
+    old_total, old_warmup = _saved_schedule(saved)
+    if cfg.steps < step:
+        raise ValueError(
+            f"{cfg.run_dir} is at step {step}, past --steps {cfg.steps}: a run cannot be "
+            "shortened, and nothing was trained or written. Give --steps above "
+            f"{step} to continue it (its learning-rate schedule spans {old_total} steps), or a "
+            f"new --run-dir to train {cfg.steps} steps afresh (with --train.init_from="
+            f"{cfg.run_dir} to start from this run's parameters)")
+    old_lr = learning_rate_schedule(cfg.replace(schedule_steps=old_total,
+                                                warmup_steps=old_warmup))
+    notes = []
+    if cfg.schedule_steps is None and old_total != cfg.steps:
+        cfg = cfg.replace(schedule_steps=old_total)
+        if cfg.steps != saved.get("steps"):
+            kept = (f"--steps {cfg.steps}: the run keeps its learning-rate schedule (warm-up "
+                    f"{cfg.warmup}, cosine over {old_total} steps)")
+            if cfg.steps > old_total:
+                kept += (f"; steps {max(step, old_total) + 1}-{cfg.steps} run at its final "
+                         f"rate {float(old_lr(old_total)):.2e}")
+            else:
+                kept += (f" and stops at step {cfg.steps} at rate "
+                         f"{float(old_lr(cfg.steps - 1)):.2e}, before the schedule ends")
+            notes.append(("schedule", kept + f". To plan the rate over N steps instead, add "
+                          f"--train.schedule_steps=N (the rate at step {step + 1} changes)"))
+    elif cfg.schedule_total != old_total:
+        notes.append(("warning", f"--train.schedule_steps={cfg.schedule_total}: the learning-"
+                      f"rate schedule changes from {old_total} to {cfg.schedule_total} steps; "
+                      f"the rate at step {step + 1} goes from {float(old_lr(step)):.2e} to "
+                      f"{float(learning_rate_schedule(cfg)(step)):.2e}"))
+    return SegmentPlan(cfg, step, notes)
 
 
 def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg, log,
@@ -220,13 +309,12 @@ def _latest_good_step(ckpt: Checkpointer, log) -> int:
     """The newest checkpoint whose files are intact; damaged newer ones are set aside (moved
     to ``RUN_DIR/damaged_checkpoints``) with a warning, so later saves can take their steps."""
     for step in sorted(ckpt.all_steps(), reverse=True):
-        try:
-            ckpt.check(step)
+        damage = ckpt.damage(step)  # sizes, and contents where the save recorded checksums
+        if damage is None:
             return step
-        except CheckpointDamagedError as err:
-            where = ckpt.set_aside(step)
-            text = f"{err}; moved to {where}, resuming from an earlier step"
-            log.write("warning", 0, {"message": text}, text)
+        where = ckpt.set_aside(step)
+        text = f"{damage}; moved to {where}, resuming from an earlier step"
+        log.write("warning", 0, {"message": text}, text)
     raise CheckpointDamagedError(
         f"every checkpoint in {ckpt.directory} is damaged (moved to damaged_checkpoints); "
         "start afresh with a new --run-dir", -1)
@@ -246,8 +334,12 @@ def _check_same_data(meta: dict, cfg: TrainConfig, data: RunData, log) -> bool:
     if saved_data.get("fingerprint") is None:
         unknown.append("the data's contents")
     elif saved_data["fingerprint"] != data.fingerprint:
-        diffs.append(f"data contents: checkpoint read {saved_data['fingerprint']}, this run "
-                     f"reads {data.fingerprint} (the files changed)")
+        # the same --data with other contents is worth saying in words; another --data is
+        # already listed above as a setting
+        why = " (the same --data, whose contents changed)" if spec.get("data") == cfg.data else ""
+        was = saved_data.get("description") or "its data"
+        diffs.append(f"data contents: checkpoint read {was} [{saved_data['fingerprint']}], "
+                     f"this run reads {data.description} [{data.fingerprint}]{why}")
     for key in ("kind", "vocab_size", "fingerprint"):
         if key not in saved_tok:
             unknown.append(f"the tokenizer's {key}")
@@ -273,22 +365,58 @@ def _check_same_data(meta: dict, cfg: TrainConfig, data: RunData, log) -> bool:
     return True
 
 
-def _init_from(run_dir: str, state: TrainState, optimizer, log) -> TrainState:
-    """Fine-tuning: take another run's parameters (any position scaling, context length or
-    training settings), with a fresh optimizer and step 0."""
+def _init_from(cfg: TrainConfig, model_cfg: ModelConfig, data: RunData, state: TrainState,
+               optimizer, log) -> TrainState:
+    """Fine-tuning: start from the parameters of the run ``cfg.init_from`` names (any
+    position scaling, context length or training settings), as the objective takes them
+    (the whole model, or a masked-LM encoder under a classification head), with a fresh
+    optimizer and step 0. The model fields that differ from that run's are logged."""
     from transformers_jax.runs import load_run
 
-    _, params, _, source_cfg = load_run(run_dir)
-    want = jax.tree.map(lambda x: (x.shape, str(x.dtype)), state.params)
-    have = jax.tree.map(lambda x: (x.shape, str(x.dtype)), params)
-    if jax.tree.structure(want) != jax.tree.structure(have) or want != have:
-        raise ValueError(
-            f"cannot initialise from {run_dir}: its parameters ({source_cfg.n_layers} layers, "
-            f"d_model={source_cfg.d_model}, position={source_cfg.position}) do not have the "
-            "shapes this model needs; fine-tuning keeps the architecture"
-        )
-    log.write("init", 0, {}, f"initialised parameters from {run_dir}")
+    run_dir = cfg.init_from
+    _, source, _, source_cfg = load_run(run_dir)
+    changes = _model_changes(dataclasses.asdict(source_cfg), dataclasses.asdict(model_cfg))
+    differs = f"model differs from {run_dir}: " + (", ".join(changes) or "nothing")
+    objective = run_objective(model_cfg, cfg.objective)  # as _train built the model
+    model = objective.build(model_cfg, data.labels and len(data.labels))
+    try:
+        params = objective.start_from(model, state.params, source, jax.random.key(cfg.seed),
+                                      data.eval_batches[0])
+    except ValueError as err:
+        raise ValueError(f"cannot initialise from {run_dir}: {err}; fine-tuning keeps the "
+                         f"architecture ({differs})") from None
+    log.write("init", 0, {"changes": changes}, f"initialised parameters from {run_dir}; "
+              f"{differs}")
     return state.replace(params=params, opt_state=optimizer.init(params))
+
+
+def _model_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """``field old -> new`` for each model field that differs (a switch's own settings as
+    ``switch.field`` while its entry is the same)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict) and a.get("name") == b.get("name"):
+            out += _model_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            a, b = (x.get("name") if isinstance(x, dict) else x for x in (a, b))
+            out.append(f"{prefix}{key} {a!r} -> {b!r}")
+    return out
+
+
+def _source_tokenizer(cfg: TrainConfig):
+    """Fine-tuning: the tokenizer saved with the run ``init_from`` names (its params know
+    those ids), saved into this run's directory too; None when this run has its own already
+    (a resume) or that run has none of ours (converted ids only)."""
+    source = os.path.join(cfg.init_from, TOKENIZER_DIR) if cfg.init_from else None
+    own = cfg.run_dir and os.path.isfile(os.path.join(cfg.run_dir, TOKENIZER_DIR,
+                                                      TOKENIZER_FILE))
+    if source is None or own or not os.path.isfile(os.path.join(source, TOKENIZER_FILE)):
+        return None
+    tokenizer = load_tokenizer(source)
+    if cfg.run_dir and multihost.is_main_process():
+        tokenizer.save(os.path.join(cfg.run_dir, TOKENIZER_DIR))
+    return tokenizer
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False, *,
@@ -321,7 +449,16 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
            early_warnings: tuple[str, ...] | list[str] = (), *,
            records: dict | None = None) -> dict[str, Any]:
     check_lengths(model_cfg, cfg.seq_len)
-    tokenizer = run_tokenizer(cfg)
+    plan = _plan_segment(cfg)  # may refuse: before anything is built or written
+    cfg = plan.cfg
+    if plan.step is not None and plan.step == cfg.steps:
+        if multihost.is_main_process():
+            print(f"nothing to train: {cfg.run_dir} is at step {plan.step} of {cfg.steps} "
+                  f"(give --steps above {plan.step} to continue it); left as it is",
+                  file=sys.stderr)
+        return {"steps": plan.step, "stopped_by": None, "history": []}
+    objective = run_objective(model_cfg, cfg.objective)
+    tokenizer = _source_tokenizer(cfg) or run_tokenizer(cfg)
     if auto_vocab:
         model_cfg = model_cfg.replace(vocab_size=tokenizer.vocab_size)
     elif model_cfg.vocab_size < tokenizer.vocab_size:
@@ -330,9 +467,9 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
             f"tokenizer's {tokenizer.vocab_size} ids; set model.vocab_size>="
             f"{tokenizer.vocab_size} (or leave it unset to follow the tokenizer)"
         )
-    data = make_run_data(model_cfg, cfg, tokenizer)
+    data = make_run_data(model_cfg, cfg, tokenizer, objective)
 
-    model = build_model(model_cfg)
+    model = objective.build(model_cfg, data.labels and len(data.labels))
     schedule = learning_rate_schedule(cfg)
     optimizer = make_optimizer(cfg)
     # The strategy (single device, pmap, shard_map, jit over a mesh) owns placement; batches
@@ -341,7 +478,7 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
                data.eval_batches[0].items()}
     trainer = make_trainer(cfg.strategy, model, optimizer, example, mesh=cfg.mesh,
                            schedule=schedule, grad_accum=cfg.grad_accum,
-                           objective=objective_for(model_cfg.family),
+                           objective=objective,
                            groups=cfg.concurrent_groups)
     state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
 
@@ -360,7 +497,7 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
     try:
         sampler = _make_sampler(model, model_cfg, data) if tracker is not None else None
         return _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar, sampler,
-                    records or {})
+                    records or {}, plan)
     finally:
         bar.close()
         log.close()
@@ -396,8 +533,10 @@ def _make_sampler(model, model_cfg: ModelConfig, data: RunData):
 
 
 def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
-         sampler=None, records: dict | None = None) -> dict[str, Any]:
+         sampler=None, records: dict | None = None,
+         plan: SegmentPlan | None = None) -> dict[str, Any]:
     records = records or {}
+    plan = plan or SegmentPlan(cfg, None, [])
     n_params = count_params(state.params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
@@ -411,15 +550,25 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
         return trainer.step(state, trainer.place_batch(batch, local=True))
 
     ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
+    before: list[dict] = []  # the run's segments before this one
     if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
         state, saved = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
+        before = _segments_of(saved)
+        for kind, text in plan.notes:  # what a changed step count does to the schedule
+            log.write(kind, int(state.step), {"message": text}, text)
         if records.get("preset") is None:  # resumed without --preset (e.g. --config): the
             records = {**records, "preset": saved.get("preset")}  # same model, same record
     elif cfg.init_from:
-        state = _init_from(cfg.init_from, state, optimizer, log)
+        state = _init_from(cfg, model_cfg, data, state, optimizer, log)
     state = trainer.place_state(state)
     start_step = int(trainer.unreplicate(state).step)
     bar.update(start_step)
+    segment = {"steps": cfg.steps, "schedule_steps": cfg.schedule_total,
+               "warmup_steps": cfg.warmup, "command": records.get("command"),
+               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+    def segments(end: int) -> list[dict]:  # the run's record up to step ``end``
+        return [*before, {"start": start_step, "end": end, **segment}]
     log.write(
         "start",
         start_step,
@@ -448,7 +597,8 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
             raise NonFiniteError(f"the state after step {step} holds non-finite values although "
                                  "every loss and gradient norm was finite; not saved (the "
                                  "latest checkpoint is the last good one)")
-        ckpt.save(step, host_state, run_meta(model_cfg, cfg, data, step, records.get("preset")))
+        ckpt.save(step, host_state, run_meta(model_cfg, cfg, data, step, records.get("preset"),
+                                             segments(step)))
 
     try:
         fault_after = int(os.environ.get("TJAX_FAULT_AFTER_STEP", "-1"))  # crash tests only
@@ -508,8 +658,11 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
                         "eval",
                         step + 1,
                         last_eval,
-                        f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f} "
-                        f"({last_eval['loss'] / math.log(2):.3f} bits/{data.tokenizer.unit})",
+                        f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f}"
+                        + ("" if data.labels else  # bits per token: not for a label's loss
+                           f" ({last_eval['loss'] / math.log(2):.3f} bits/{data.tokenizer.unit})")
+                        + (f", accuracy {last_eval['accuracy']:.3f}" if "accuracy" in last_eval
+                           else ""),
                     )
                     if sampler is not None:
                         log.tracker.text("samples", step + 1,
@@ -550,9 +703,10 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
         summary += (f"; checkpoint in {cfg.run_dir}" if cfg.run_dir
                     else "; nothing saved (no --run-dir)")
         log.write("final", final_step, {k: v for k, v in final.items() if k != "history"}, summary)
-        if cfg.run_dir and multihost.is_main_process():
+        if cfg.run_dir and multihost.is_main_process() and final_step > start_step:
             write_run_readme(cfg.run_dir, model_cfg, cfg, final, data_description=data.description,
-                             tokenizer=data.tokenizer.name, version=__version__, **records)
+                             tokenizer=data.tokenizer.name, version=__version__,
+                             segments=segments(final_step), **records)
         return final
     finally:
         if ckpt is not None:

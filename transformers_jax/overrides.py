@@ -108,6 +108,43 @@ def unknown_option(key: str, options: list[str] = ()) -> ConfigError:
                        f"of {', '.join([*options, *ALIASES, *FLAGS, '--config'])})")
 
 
+# Keys of a saved run config (RUN_DIR/tjax_config.json) that record the run rather than set it.
+CONFIG_RECORD_KEYS = ("preset", "segments")
+
+
+def read_config_file(path: str) -> dict[str, dict]:
+    """The ``--config FILE.json`` sections, ``{"model": {...}, "train": {...}}`` (either may be
+    missing). A missing file, bad JSON or an unknown section is a ``ConfigError`` naming the
+    file and the fix, so a typo (``"trian"``) never leaves the defaults silently in place."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except OSError as err:
+        raise ConfigError(f"--config {path}: cannot read it ({err.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--config {path}: not valid JSON at line {err.lineno}, column "
+                          f"{err.colno}: {err.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a JSON object with \"model\" and/or "
+                          f"\"train\" sections, got {type(data).__name__}")
+    for key, value in data.items():
+        if key in CONFIG_RECORD_KEYS:
+            continue
+        if key not in SECTIONS:
+            near = closest(key, SECTIONS)
+            hint = f"did you mean {near!r}? " if near else ""
+            raise ConfigError(f"--config {path}: unknown section {key!r}; {hint}the sections "
+                              f"are {', '.join(map(repr, SECTIONS))}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"--config {path}: section {key!r} must be a JSON object of "
+                              f"fields, got {type(value).__name__}")
+    return {section: data.get(section) or {} for section in SECTIONS}
+
+
 def int_list(text: str) -> list[int]:
     """An argparse type: positive whole numbers separated by commas (``128,256``)."""
     try:

@@ -14,6 +14,7 @@ importing the model code at import time, and no import cycle runs through the co
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import math
 import numbers
@@ -77,7 +78,8 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}"
+                f"unknown {self.kind} {name!r}; {self._hint(name)}valid choices: "
+                f"{', '.join(self.names())}"
             ) from None
 
     def check(self, name: str, field: str) -> None:
@@ -85,9 +87,13 @@ class Registry(Generic[T]):
         self._ensure_loaded()
         if name not in self._entries:
             raise UnknownNameError(
-                f"{field}={name!r} is not a known {self.kind}; "
+                f"{field}={name!r} is not a known {self.kind}; {self._hint(name)}"
                 f"valid choices: {', '.join(self.names())}"
             )
+
+    def _hint(self, name: Any) -> str:
+        near = difflib.get_close_matches(str(name), list(self._entries), n=1, cutoff=0.6)
+        return f"did you mean {near[0]!r}? " if near else ""
 
     def select(self, name: str, field: str) -> T:
         """The entry of ``name`` for config field ``field``: a ``ConfigError`` naming the field,

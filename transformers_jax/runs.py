@@ -36,7 +36,8 @@ def run_tokenizer(run_dir: str, spec: dict):
 
 
 def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None):
-    """Restore ``(model, params, tokenizer, config)`` from the latest (or given) checkpoint.
+    """Restore ``(model, params, tokenizer, config)`` from the given checkpoint step, or the
+    newest intact one (a damaged newer one is skipped with a warning on stderr).
 
     ``shardings`` restores straight onto devices (any count: a checkpoint does not remember
     the devices it came from): one ``jax.sharding.Sharding`` for every array, a function from
@@ -44,6 +45,7 @@ def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None
     """
     ckpt = Checkpointer(run_dir, create=False)
     try:
+        step = ckpt.pick(step)  # a damaged step asked for is refused, naming the intact ones
         meta = ckpt.read_meta(step)
         config = from_dict(ModelConfig, meta["model"])
         train_cfg = from_dict(TrainConfig, meta["train"])

@@ -93,6 +93,16 @@ def check_decode_length(config: ModelConfig, total_len: int) -> None:
         )
 
 
+def room_for_new_tokens(config: ModelConfig, prompt_len: int) -> int | None:
+    """The most tokens the model can generate after a prompt of ``prompt_len`` tokens (None:
+    no limit): a decoder's prompt and new tokens share its positions, a seq2seq decoder
+    starts from bos at position 0."""
+    limit = config.position.max_length(config)
+    if limit is None:
+        return None
+    return limit - prompt_len if family_of(config).continues_prompt else limit - 1
+
+
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, multiple: int = 16):
     """Right-pad to a common length (rounded up, so few shapes compile): ([B, P], lengths)."""
     if not prompts:
@@ -246,7 +256,7 @@ def generate(
     # of 16 so that few prompt shapes compile.
     limited = model_cfg.position.max_length(model_cfg) is not None
     tokens, lengths = pad_prompts(prompts, cfg.pad_id, multiple=1 if limited else 16)
-    decoded = (int(lengths.max()) + cfg.max_new_tokens if family.generates == "self"
+    decoded = (int(lengths.max()) + cfg.max_new_tokens if family.continues_prompt
                else max(int(lengths.max()), cfg.max_new_tokens + 1))
     check_decode_length(model_cfg, decoded)
     out = generate_tokens(model, params, jnp.asarray(tokens), jnp.asarray(lengths),

@@ -123,9 +123,16 @@ def fresh_state(params: Any, optimizer: Any, seed: int):
 
 
 def read_run_meta(run_dir: str, step: int | None = None) -> dict:
+    """The meta of checkpoint ``step``, or of the newest intact one (``Checkpointer.pick``)."""
+    return _pick(run_dir, step)[1]
+
+
+def _pick(run_dir: str, step: int | None) -> tuple[int, dict]:
+    """The step to load (see ``Checkpointer.pick``) and its meta."""
     ckpt = Checkpointer(run_dir, create=False)
     try:
-        return ckpt.read_meta(step)
+        step = ckpt.pick(step)
+        return step, ckpt.read_meta(step)
     finally:
         ckpt.close()
 
@@ -140,7 +147,7 @@ def load_converted_run(run_dir: str, step: int | None = None):
     """
     from transformers_jax.runs import load_run, run_tokenizer
 
-    meta = read_run_meta(run_dir, step)
+    step, meta = _pick(run_dir, step)  # then every read below is of the same, intact step
     config = from_dict(ModelConfig, meta["model"])
     if meta["tokenizer"].get("kind") in trainable():  # a tokenizer of ours: a run of ours
         return load_run(run_dir, step)

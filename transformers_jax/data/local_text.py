@@ -46,6 +46,13 @@ def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
             yield i, line
 
 
+class _LocalInfo(tfds.core.DatasetInfo):
+    def initialize_from_bucket(self) -> None:
+        """Nothing to fetch: tfds looks on GCS for the metadata of a catalog dataset not yet
+        prepared, making (and leaving) an empty temporary folder each time; a local text has
+        none there."""
+
+
 class TjaxLocalText(tfds.core.GeneratorBasedBuilder):
     """Documents from local files (or given in memory); one ``train`` split, order preserved."""
 
@@ -78,7 +85,7 @@ class TjaxLocalText(tfds.core.GeneratorBasedBuilder):
         super().__init__(**kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
+        return _LocalInfo(
             builder=self,
             description="Local text documents prepared by transformers_jax.",
             features=tfds.features.FeaturesDict(

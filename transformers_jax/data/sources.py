@@ -377,6 +377,7 @@ def open_documents(
     if n - n_val < 1:
         raise ValueError(
             f"{spec!r}: {n} piece(s) of text is too little to hold out {val_fraction:.0%} for "
-            "evaluation; use more text or val_fraction=0"
+            "evaluation (a piece is a document, or a part of a long one); use more text, or "
+            f"one document per line with --data lines:{parsed.name}"
         )
     return docs.subset(slice(n - n_val, n) if role == "eval" else slice(0, n - n_val))

@@ -138,6 +138,19 @@ def get_task(name: str) -> TaskDef:
     return TASKS.get(name)
 
 
+def longest_fitting_length(name: str, fmt: str, lengths: tuple[int, int], seq_len: int,
+                           encoder_len: int | None = None) -> int | None:
+    """The longest task length in ``lengths`` whose padded rows fit ``seq_len`` tokens (and
+    ``encoder_len`` for an encoder), or None if not even the shortest fits."""
+    task, layout = get_task(name), FORMATS[fmt]
+    have = {"inputs": seq_len, "encoder_inputs": encoder_len or seq_len}
+    for n in range(int(lengths[1]), int(lengths[0]) - 1, -1):
+        need = layout.row_lengths(*task.max_chars(n))
+        if all(need[key] <= have[key] for key in need):
+            return n
+    return None
+
+
 def _check_lengths(name: str, lengths: tuple[int, int], what: str) -> tuple[int, int]:
     lo, hi = (int(v) for v in lengths)
     if lo < 1 or hi < lo:

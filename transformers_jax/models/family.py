@@ -45,6 +45,11 @@ class Family:
     head_transform: bool = False  # a C x C dense before the output matrix (BERT's MLM; FLOPs)
     recurrent: bool = False
 
+    @property
+    def continues_prompt(self) -> bool:
+        """Its samples continue the prompt's text; a seq2seq model's answer it instead."""
+        return self.generates == "self"
+
     def build(self, config: ModelConfig) -> nn.Module:
         return self.module(config)
 

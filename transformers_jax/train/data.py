@@ -8,12 +8,17 @@ sees exactly the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from transformers_jax.config import ModelConfig, TrainConfig
+from transformers_jax.data import labelled
 from transformers_jax.data.mlm import MaskingConfig
 from transformers_jax.data.mlm_batches import MaskedBatches, mask_eval_batches
 from transformers_jax.data.pipeline import (
@@ -24,15 +29,17 @@ from transformers_jax.data.pipeline import (
     take,
 )
 from transformers_jax.data.prefix_lm import PrefixBatches, eval_prefix_batches
-from transformers_jax.data.synthetic import FORMATS
+from transformers_jax.data.synthetic import FORMATS, longest_fitting_length
 from transformers_jax.data.tokenizers import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from transformers_jax.models import family_of
+from transformers_jax.train.checkpoint import checkpoint_dir
 
 TOKENIZER_DIR = "tokenizer"
 # The TrainConfig fields that choose what the run reads: a resume that changes one reads other
 # data (refused unless train.accept_data_change).
 DATA_FIELDS = ("data", "data_dir", "text_key", "tokenizer", "tokenizer_vocab", "pack", "task",
-               "train_lengths", "val_fraction", "bos_per_row", "shuffle_rows")
+               "train_lengths", "val_fraction", "bos_per_row", "shuffle_rows", "label_key")
+LABELS_FILE = "labels.json"  # a classification run's class names, id = position
 _PROBE = "def f(x):\n    return 'Ünïcode' + x  # 0123456789 \t\r\n" * 4
 
 
@@ -43,6 +50,7 @@ class RunData:
     eval_batches: list[dict]
     description: str
     fingerprint: str | None = None  # of the data's contents (see data_fingerprint)
+    labels: tuple[str, ...] | None = None  # class names of labelled data (id = position)
 
 
 def data_fingerprint(cfg: TrainConfig) -> str:
@@ -89,6 +97,22 @@ def masking_of(cfg: TrainConfig) -> MaskingConfig:
                          random_fraction=cfg.mlm_random_fraction)
 
 
+_DEFAULT_TASK_LENGTHS = next(f.default for f in dataclasses.fields(TrainConfig)
+                             if f.name == "train_lengths")
+
+
+def task_lengths(model_cfg: ModelConfig, cfg: TrainConfig) -> tuple[int, int]:
+    """The task lengths a run trains on: ``train.train_lengths``, except that the default
+    range ends at the longest length whose rows fit ``seq_len`` (20 passkey filler words take
+    140 tokens), so ``--task NAME`` works as it is for every task. Lengths asked for are kept:
+    the pipeline refuses them with the fix if they cannot fit."""
+    if tuple(cfg.train_lengths) != _DEFAULT_TASK_LENGTHS:
+        return tuple(cfg.train_lengths)
+    longest = longest_fitting_length(cfg.task, family_of(model_cfg).tasks, cfg.train_lengths,
+                                     cfg.seq_len)
+    return (cfg.train_lengths[0], longest or cfg.train_lengths[1])
+
+
 def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer,
                       split: str | None = None) -> list[dict]:
     """The run's fixed held-out batches (``cfg.eval_batches`` of them, ``cfg.seq_len`` long):
@@ -103,9 +127,10 @@ def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Token
                              "its held-out examples; drop the split")
         fmt = family.tasks
         # held-out examples at the training lengths (the test split has its own seed stream)
+        lengths = task_lengths(model_cfg, cfg)
         held_out = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size,
-                                      cfg.seed, split="test", test_lengths=cfg.train_lengths,
-                                      num_epochs=None, train_lengths=cfg.train_lengths, fmt=fmt,
+                                      cfg.seed, split="test", test_lengths=lengths,
+                                      num_epochs=None, train_lengths=lengths, fmt=fmt,
                                       prefix=prefix and FORMATS[fmt].takes_prefix, max_len=max_len)
         return take(held_out, cfg.eval_batches)
     held_out = make_lm_eval_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size,
@@ -121,7 +146,12 @@ def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Token
     return eval_batches
 
 
-def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer) -> RunData:
+def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer,
+                  objective=None) -> RunData:
+    """The run's data: text, a synthetic task, or (an objective with a classification
+    ``head``) labelled examples."""
+    if objective is not None and objective.head is not None:
+        return labelled_run_data(cfg, tokenizer)
     family = family_of(model_cfg)
     max_len = model_cfg.position.max_length(model_cfg)
     prefix = model_cfg.mask.needs_prefix_len
@@ -133,13 +163,16 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                          "for the families that generate)")
     if cfg.task:
         fmt = family.tasks
-        common = dict(train_lengths=cfg.train_lengths, fmt=fmt, max_len=max_len,
+        lengths = task_lengths(model_cfg, cfg)
+        common = dict(train_lengths=lengths, fmt=fmt, max_len=max_len,
                       prefix=prefix and FORMATS[fmt].takes_prefix)
         train = make_task_iterator(cfg.task, tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed,
                                    split="train", test_lengths=cfg.test_lengths, **common)
         return RunData(tokenizer, train, make_eval_batches(model_cfg, cfg, tokenizer),
-                       f"task {cfg.task} (lengths {cfg.train_lengths[0]}-"
-                       f"{cfg.train_lengths[1]})", data_fingerprint(cfg))
+                       f"task {cfg.task} (lengths {lengths[0]}-{lengths[1]}"
+                       + (f", the most that fit seq_len={cfg.seq_len}"
+                          if lengths != tuple(cfg.train_lengths) else "") + ")",
+                       data_fingerprint(cfg))
     common = dict(data_dir=cfg.data_dir, text_key=cfg.text_key, val_fraction=cfg.val_fraction,
                   max_len=max_len)
     train = make_lm_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size, seed=cfg.seed,
@@ -157,3 +190,37 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                    + (f", rows shuffled in windows of {cfg.shuffle_rows}"
                       if cfg.shuffle_rows > 1 else ""),
                    data_fingerprint(cfg))
+
+
+def labelled_run_data(cfg: TrainConfig, tokenizer: Tokenizer) -> RunData:
+    """Labelled examples from the JSONL/CSV file ``cfg.data`` (columns ``cfg.text_key``,
+    default ``text``, and ``cfg.label_key``): seeded training batches and a held-out share
+    (``cfg.val_fraction``). The class names are saved as ``RUN_DIR/labels.json`` and read back
+    from there on resume, so the ids stay the same."""
+    if not cfg.data:
+        raise ValueError("classification trains on labelled examples: pass --data PATH.jsonl "
+                         '(rows {"text": ..., "label": ...}) or PATH.csv (a text,label header)')
+    texts, raw = labelled.read_labelled(cfg.data, cfg.text_key or "text", cfg.label_key)
+    saved = os.path.join(cfg.run_dir, LABELS_FILE) if cfg.run_dir else None
+    known = None  # a run with checkpoints keeps its ids; before that the data may change
+    checkpoints = checkpoint_dir(cfg.run_dir) if cfg.run_dir else ""
+    if saved and os.path.isfile(saved) and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+        with open(saved) as f:
+            known = json.load(f)["labels"]
+    names = labelled.label_names(raw, known)
+    if saved and known is None:
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        with open(saved + ".tmp", "w") as f:
+            json.dump({"labels": names, "data": cfg.data}, f, indent=1)
+        os.replace(saved + ".tmp", saved)
+    index = {name: i for i, name in enumerate(names)}
+    source = labelled.as_source(texts, np.array([index[x] for x in raw]), len(names))
+    train_rows, held_rows = labelled.split_rows(len(texts), cfg.val_fraction, cfg.seed)
+    train = labelled.LabelledBatches(source, train_rows, cfg.batch_size, cfg.seq_len, cfg.seed,
+                                     tokenizer)
+    eval_batches = labelled.held_out_batches(source, held_rows, cfg.batch_size, cfg.seq_len,
+                                             cfg.eval_batches, tokenizer)
+    description = (f"{cfg.data}: {len(texts)} labelled examples ({len(held_rows)} held out), "
+                   f"{len(names)} classes, {tokenizer.name} tokens")
+    return RunData(tokenizer, train, eval_batches, description,
+                   labelled.file_fingerprint(cfg.data), tuple(names))

@@ -21,8 +21,13 @@ class CheckpointWriteError(RunFailedError):
 
 
 class CheckpointDamagedError(RunFailedError):
-    """A committed checkpoint's files are missing or truncated."""
+    """A committed checkpoint's files are missing, resized or hold other contents than saved."""
 
     def __init__(self, message: str, step: int):
         super().__init__(message)
         self.step = step
+
+
+class DamagedStepError(CheckpointDamagedError, ValueError):
+    """The checkpoint asked for by its step (``--step``) is damaged: a setting to change (the
+    message names the intact steps), so ``tjax`` exits with status 2 like other bad settings."""

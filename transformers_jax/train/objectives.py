@@ -6,7 +6,10 @@ An objective is a loss function ``(model, params, batch, rng, deterministic) -> 
 plus the batch keys its model reads. ``OBJECTIVES`` maps names to them and
 ``FAMILY_OBJECTIVES`` gives each family its default (``gpt`` -> ``lm``, ``bert`` -> ``mlm``,
 ``encdec`` -> ``seq2seq``). ``train/step.py``'s ``init_state``, ``make_train_step`` and
-``make_eval_step`` take any of them (``objective=``; default ``lm``).
+``make_eval_step`` take any of them (``objective=``; default ``lm``). An objective with a
+``head`` (``sequence_classification``) fine-tunes that classification head on a masked-LM
+encoder: ``tjax train --train.objective=NAME`` builds it, reads labelled data and starts it
+from a masked-LM run's encoder (``run_objective`` picks and checks a run's objective).
 
 The losses on logits are in ``train/losses.py``; the batches that feed these objectives are
 built in ``data/`` (``data/mlm_batches.py`` masked-LM, ``data/seq2seq.py`` encoder-decoder and
@@ -23,7 +26,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from transformers_jax.registry import FAMILIES, Registry
+from transformers_jax.models import build_model
+from transformers_jax.models.heads import build_classifier, init_from_mlm
+from transformers_jax.registry import FAMILIES, ConfigError, Registry
 from transformers_jax.train.losses import classification_loss, sequence_accuracy, token_metrics
 
 LossFn = Callable[[nn.Module, Any, dict, "jax.Array | None", bool], tuple[jax.Array, dict]]
@@ -102,9 +107,44 @@ class Objective:
     # metrics that are means over rows (not tokens): pieces of a batch (devices,
     # micro-batches, row groups) add them weighted by their rows (train.step.weighted_sums)
     row_metrics: tuple[str, ...] = ()
+    # a models.heads HEADS entry: the objective fine-tunes that head on a masked-LM family's
+    # encoder, on labelled examples (tjax train --train.objective=NAME --data PATH.jsonl)
+    head: str | None = None
 
     def inputs(self, batch: dict) -> dict:
         return model_inputs(batch, self.input_keys)
+
+    def check(self, config) -> None:
+        """Refuse a model config this objective cannot train from the command line."""
+        family = FAMILIES.get(config.family)
+        heads = OBJECTIVES.names_where(lambda o: o.head is not None)
+        if self.head is not None and not family.masked_lm:
+            raise ConfigError(f"train.objective={self.name}: the classification heads sit on "
+                              f"a masked-LM encoder, not family={config.family}; use "
+                              "--family bert or --train.init_from a bert run")
+        if self.head is None and family.objective != self.name:
+            raise ConfigError(f"train.objective={self.name}: family={config.family} trains "
+                              f"{family.objective!r}, or fine-tunes with {', '.join(heads)}")
+
+    def build(self, config, num_labels: int | None = None) -> nn.Module:
+        """The model this objective trains: the family's own, or its ``head`` on the encoder."""
+        if self.head is None:
+            return build_model(config)
+        return build_classifier(config, num_labels, self.head)
+
+    def start_from(self, model: nn.Module, params: Any, source_params: Any, rng: jax.Array,
+                   example: dict) -> Any:
+        """``model``'s params (fresh: ``params``) taken from another run's ``source_params``: a
+        head's encoder from a masked-LM run (``init_from_mlm``; the head starts afresh from
+        ``rng``), otherwise the whole tree, which must have the shapes and dtypes of
+        ``params``. A misfit is a ``ValueError``."""
+        if self.head is not None:
+            return init_from_mlm(model, source_params, rng, example["inputs"])
+        want, have = (jax.tree.map(lambda x: (x.shape, str(x.dtype)), t)
+                      for t in (params, source_params))
+        if jax.tree.structure(want) != jax.tree.structure(have) or want != have:
+            raise ValueError("its parameters do not have the shapes this model needs")
+        return source_params
 
     def init_params(self, model: nn.Module, rng: jax.Array, batch: dict) -> Any:
         """Fresh (unboxed) parameters for ``model``, shaped by an example batch."""
@@ -117,7 +157,8 @@ for _objective in (
     Objective("lm", lm_objective, GPT_INPUTS, per_position=True),
     Objective("mlm", mlm_objective, BERT_INPUTS),
     Objective("seq2seq", seq2seq_objective, ENCDEC_INPUTS, row_metrics=("sequence_accuracy",)),
-    Objective("sequence_classification", sequence_classification_objective, BERT_INPUTS),
+    Objective("sequence_classification", sequence_classification_objective, BERT_INPUTS,
+              head="sequence"),
     Objective("token_classification", token_classification_objective, BERT_INPUTS),
 ):
     OBJECTIVES.add(_objective.name, _objective)
@@ -126,3 +167,11 @@ for _objective in (
 def objective_for(family: str) -> Objective:
     """The default objective of a model family (its registry entry names it)."""
     return OBJECTIVES.get(FAMILIES.get(family).objective)
+
+
+def run_objective(config, name: str | None = None) -> Objective:
+    """The objective of a run (``train.objective``; None: the family's own), checked against
+    the model config."""
+    objective = objective_for(config.family) if name is None else OBJECTIVES.get(name)
+    objective.check(config)
+    return objective

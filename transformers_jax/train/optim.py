@@ -14,9 +14,10 @@ from transformers_jax.train.step import SkipsNonFinite
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
     """Warm up linearly to ``learning_rate`` (first step already > 0), then cosine-decay to
-    ``learning_rate * min_lr_ratio`` at the last step."""
+    ``learning_rate * min_lr_ratio`` at step ``cfg.schedule_total`` (``steps`` unless
+    ``schedule_steps`` is set) and stay there."""
     peak, floor = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
-    warmup, decay = cfg.warmup, max(cfg.steps - cfg.warmup, 1)
+    warmup, decay = cfg.warmup, max(cfg.schedule_total - cfg.warmup, 1)
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)

@@ -1,9 +1,10 @@
 """``RUN_DIR/README.md``: a run directory that explains itself.
 
 Written by ``loop.train`` when a run ends (process 0 only) and rewritten by each resumed
-invocation: the model (preset, family, switches, parameter count), the data, the steps, the
-final metrics, the command that reproduces it (plus the full configs for ``--config``), and how
-to sample from and evaluate it.
+invocation that trains: the model (preset, family, switches, parameter count), the data, the
+steps, the final metrics, the segments (one per invocation that trained: its steps, schedule and
+command), the command that reproduces it (plus the full configs and the segments in
+``tjax_config.json`` for ``--config``), and how to sample from and evaluate it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.models import family_of
 
 README_FILE = "README.md"
-CONFIG_FILE = "tjax_config.json"  # {"model": ..., "train": ...}: tjax train --config FILE
+# {"model": ..., "train": ..., "segments": [...]}: tjax train --config FILE (segments: a record)
+CONFIG_FILE = "tjax_config.json"
 
 
 def _changes(base: dict, now: dict, prefix: str = "") -> list[str]:
@@ -64,10 +66,31 @@ def _metric(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+def _schedule(total: int, warmup: int, steps: int) -> str:
+    return (f"warm-up {warmup}, cosine over {total} steps"
+            + (f", then flat to step {steps}" if steps > total else ""))
+
+
+def _segment_lines(segments: list[dict]) -> list[str]:
+    """A table of the run's segments, one per invocation that trained."""
+    lines = ["## Segments", "", "One row per invocation that trained this run (also in "
+             f"`{CONFIG_FILE}`):", "", "| steps | asked | learning-rate schedule | command |",
+             "|---|---|---|---|"]
+    for seg in segments:
+        command = (f"`{seg['command']}`".replace("|", "\\|") if seg.get("command")
+                   else "(not recorded)")
+        lines.append(f"| {seg['start']}-{seg['end']} | {seg['steps']} | "
+                     f"{_schedule(seg['schedule_steps'], seg['warmup_steps'], seg['steps'])} | "
+                     f"{command} |")
+    return [*lines, ""]
+
+
 def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: dict, *,
                data_description: str, tokenizer: str, preset: str | None = None,
-               command: str | None = None, version: str = "") -> str:
-    """The markdown text of ``RUN_DIR/README.md``."""
+               command: str | None = None, version: str = "",
+               segments: list[dict] | None = None) -> str:
+    """The markdown text of ``RUN_DIR/README.md``; ``segments`` (``loop._run``) are listed
+    when there are several."""
     family = family_of(model_cfg)
     quoted = shlex.quote(run_dir)
     status = (f"stopped by {final['stopped_by']} at step {final['steps']} of {cfg.steps} (run "
@@ -92,8 +115,8 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
         "## Training",
         "",
         f"- steps {final['steps']} (asked {cfg.steps}), AdamW learning rate {cfg.learning_rate} "
-        f"(warm-up {cfg.warmup}, cosine to x{cfg.min_lr_ratio}), weight decay "
-        f"{cfg.weight_decay}, seed {cfg.seed}, strategy {cfg.strategy}",
+        f"decaying to x{cfg.min_lr_ratio} ({_schedule(cfg.schedule_total, cfg.warmup, cfg.steps)}"
+        f"), weight decay {cfg.weight_decay}, seed {cfg.seed}, strategy {cfg.strategy}",
         "",
         "| train loss | eval loss | eval accuracy | tokens/s | MFU |",
         "|---|---|---|---|---|",
@@ -103,11 +126,13 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
         "",
         "Per-step metrics: `metrics.jsonl` (and `tensorboard/` when enabled).",
         "",
+        *(_segment_lines(segments) if segments and len(segments) > 1 else []),
         "## Reproduce",
         "",
     ]
     if command:
-        lines += ["The command that wrote this run (run it again to resume; with another "
+        which = "of its latest segment" if segments and len(segments) > 1 else "that wrote this run"
+        lines += [f"The command {which} (run it again to resume; with another "
                   "`--run-dir` to train afresh):", "", "```", command, "```", ""]
     lines += [f"Every setting, independent of defaults that may change: `{CONFIG_FILE}` in this "
               "directory (`--run-dir` is in it: edit it to train afresh elsewhere):", "", "```",
@@ -128,8 +153,8 @@ def write_run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, fin
                      **kwargs: Any) -> str:
     """Write ``README.md`` and ``tjax_config.json`` into ``run_dir``; returns the README path."""
     with open(os.path.join(run_dir, CONFIG_FILE), "w") as f:
-        json.dump({"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}, f,
-                  indent=2)
+        json.dump({"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
+                   "segments": kwargs.get("segments") or []}, f, indent=2)
         f.write("\n")
     path = os.path.join(run_dir, README_FILE)
     with open(path, "w") as f:

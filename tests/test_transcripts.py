@@ -1,0 +1,54 @@
+"""Every transcript in the documents (a ``console`` block) is what the commands print today;
+the rules of the comparison are in ``transcripts.py``, and the checker itself is tested on
+outputs that must and must not match."""
+
+import pytest
+from subprocess_env import single_device_env
+from transcripts import line_matches, output_matches, replay, transcripts
+
+TRANSCRIPTS = transcripts()
+
+
+def test_the_documents_hold_transcripts():
+    assert len(TRANSCRIPTS) >= 4
+    assert all(t.commands and t.commands[0].argv[0] == "tjax" for t in TRANSCRIPTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transcript", TRANSCRIPTS, ids=[t.name for t in TRANSCRIPTS])
+def test_every_transcript_is_what_the_code_prints(transcript, monkeypatch):
+    for key, value in single_device_env().items():  # one device, as a user has
+        monkeypatch.setenv(key, value)
+    for command, printed in replay(transcript):
+        assert output_matches(command.expected, printed), (
+            f"{transcript.name}: $ {' '.join(command.argv)}\nthe document shows:\n"
+            + "\n".join(command.expected) + "\nthe code prints:\n" + "\n".join(printed))
+
+
+@pytest.mark.parametrize("expected, actual, same", [
+    ("eval loss 2.0327 (2.933 bits/byte)", "eval loss 2.0329 (2.933 bits/byte)", True),
+    ("eval loss 2.0327 (2.933 bits/byte)", "eval loss 2.0527 (2.933 bits/byte)", False),
+    ("step 50 | 28,534 tokens/s | MFU 33.9%", "step 50 | 2,362 tokens/s | MFU 19.5%", True),
+    ("step 50 | 28,534 tokens/s", "step 60 | 28,534 tokens/s", False),
+    ("error: valid fields: ...", "error: valid fields: a, b, c", True),
+    ("error: valid fields: ...", "warning: valid fields: a", False),
+])
+def test_lines_compare_numbers_to_three_digits_and_skip_throughput(expected, actual, same):
+    assert line_matches(expected, actual) is same
+
+
+def test_a_json_transcript_may_show_a_subset_and_list_prefixes():
+    printed = ['{"loss": 2.88321, "mfu": 0.3, "by_length": [{"length": 64, "x": 1}, {"length": '
+               '128}], "plot": "p.png"}']
+    assert output_matches(['{"loss": 2.8832, "by_length": [{"length": 64}]}'], printed)
+    assert output_matches(['{"loss": 2.8832, "mfu": 0.9}'], printed)  # throughput: not compared
+    assert not output_matches(['{"loss": 2.90}'], printed)
+    assert not output_matches(['{"plot": "q.png"}'], printed)
+    assert not output_matches(['{"by_length": [{"length": 128}]}'], printed)  # order kept
+
+
+def test_elided_lines_match_any_number_of_lines():
+    assert output_matches(["a", "...", "d"], ["a", "b", "c", "d"])
+    assert output_matches(["a", "...", "d"], ["a", "d"])
+    assert not output_matches(["a", "d"], ["a", "b", "d"])
+    assert not output_matches(["a", "...", "d"], ["a", "b", "c"])
