@@ -36,7 +36,7 @@ def timed(fn) -> tuple[float, object]:
 def attention_lengths(args, log) -> dict:
     """Attention alone, causal, forward + backward: compiled temporary bytes from 1k to 16k
     tokens (memory_analysis; nothing is run) and speed at short lengths against xla and torch's
-    ``scaled_dot_product_attention`` (4 heads of 32: config a's attention)."""
+    ``scaled_dot_product_attention`` (4 heads of 32: the default benchmark model's attention)."""
     import torch
 
     from transformers_jax.nn.attention import dot_product_attention

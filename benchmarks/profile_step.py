@@ -4,7 +4,7 @@ Traces a few executions with ``jax.profiler`` and sums the trace per XLA op by *
 loop's or a branch's time leaves out the ops run inside it), then groups it by op kind (the
 name without its number: ``ynn_fusion``, ``copy``, ``subtract_exponential_fusion``, ...) and,
 for the library matmul fusions and XLA's plain dots, by output shape. Prints one JSON object;
-the model and batch are ``tjax bench``'s (config a unless ``--preset``/``--model.*``/
+the model and batch are ``tjax bench``'s (its default unless ``--preset``/``--model.*``/
 ``--train.*`` say otherwise).
 
     python benchmarks/profile_step.py                      # config a's train step
@@ -197,7 +197,7 @@ def profile_compile(step, state, batch, top: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    relaunch_with_tunables()  # the malloc setting tjax runs with (BENCHMARKS.md section 2b)
+    relaunch_with_tunables()  # the malloc setting tjax runs with (transformers_jax/host_memory.py)
     import flax.linen as nn
     import jax
     import jax.numpy as jnp

@@ -58,13 +58,13 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_
 
 @functools.cache
 def host_memory():
-    """``transformers_jax/host_memory.py`` loaded by file path: a torch worker may not import
-    the package (its ``__init__`` imports jax), yet reports and, with ``--tjax-malloc``,
+    """``transformers_jax/backends/cpu_malloc.py`` loaded by file path: a torch worker may not
+    import the package (its ``__init__`` imports jax), yet reports and, with ``--tjax-malloc``,
     takes the same malloc setting as ours. Loaded once per process."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "transformers_jax", "host_memory.py")
+                        "transformers_jax", "backends", "cpu_malloc.py")
     spec = importlib.util.spec_from_file_location("tjax_host_memory", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -24,14 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.nn import layers
-from transformers_jax.nn.attention import _reference_probs
-from transformers_jax.nn.masks import as_dense
+from transformers_jax.nn.attention import attention_weights
 
 
-def _head_stats(p_BNGQK: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _head_stats(p_BHQK: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Entropy and mean distance per head ``[H]`` (means over batch and queries)."""
-    b, n, g, q, k = p_BNGQK.shape
-    p = p_BNGQK.reshape(b, n * g, q, k).astype(jnp.float32)
+    q, k = p_BHQK.shape[2:]
+    p = p_BHQK.astype(jnp.float32)
     entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
     offset = k - q  # queries are the last q of the k positions (no cache here: q == k)
     distance = jnp.abs(jnp.arange(q)[:, None] + offset - jnp.arange(k)[None, :])
@@ -58,9 +57,8 @@ def attention_statistics(model, params, tokens_BT) -> dict:
 
     def observed(q, k, v, *, bias=None, mask=None, scale=None, logit_softcap=None, **rest):
         if q.shape[1] == k.shape[1]:  # self-attention over the same window
-            d = q.shape[-1]
-            p = _reference_probs(q, k, bias, as_dense(mask), scale or d ** -0.5, logit_softcap)
-            found.append(_head_stats(p))
+            found.append(_head_stats(attention_weights(q, k, bias=bias, mask=mask, scale=scale,
+                                                       logit_softcap=logit_softcap)))
         return original(q, k, v, bias=bias, mask=mask, scale=scale,
                         logit_softcap=logit_softcap, **rest)
 

@@ -50,7 +50,7 @@ from experiments.common import (
 )
 from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.backends import prepare_host
 
 PARTS = ["heads", "window", "prefix", "stability"]
 CHUNK_WINDOWS = 16  # held-out chunks of 16 evaluation windows pair the runs (experiments.stats)
@@ -488,5 +488,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
+    prepare_host()  # e.g. XLA:CPU's buffers on huge pages: see backends/cpu_malloc.py
     main()

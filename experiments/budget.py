@@ -17,7 +17,7 @@ import time
 
 from experiments.common import add_shuffle_rows_option, eval_loss, heldout_split
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.backends import prepare_host
 from transformers_jax.loop import train
 from transformers_jax.runs import load_run
 
@@ -70,5 +70,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
+    prepare_host()  # e.g. XLA:CPU's buffers on huge pages: see backends/cpu_malloc.py
     main()

@@ -148,7 +148,8 @@ def worker_cores(workers: int) -> list[list[int]]:
     """This process's cores split into ``workers`` contiguous groups, one per worker (its XLA
     then sizes its thread pool to them); none pinned (empty groups) with fewer cores than
     workers. Two workers each on one of 2 cores trained 1.22x faster than two sharing both
-    (BENCHMARKS.md section 2d): their thread pools stop handing work across cores."""
+    (``git show 896af77:BENCHMARKS.md``, section 2d): their thread pools stop handing work
+    across cores."""
     cores = own_cores()
     if len(cores) < workers:
         return [[] for _ in range(workers)]
@@ -169,8 +170,9 @@ def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
     """Compute an experiment's runs in ``workers`` processes at once (``module`` with ``argv``
     and ``--shard i/workers`` each, in this process's directory and environment), and return
     once all have finished: every run is then in the cache (``cached_run``), and the caller's
-    own pass only reads and reports (``READ_ONLY``). Small models leave cores idle: measured
-    in BENCHMARKS.md section 2d (``benchmarks/concurrent_runs.py``)."""
+    own pass only reads and reports (``READ_ONLY``). Small models leave cores idle: two runs
+    at once, one core each, trained 1.26x faster than one (``git show 896af77:BENCHMARKS.md``,
+    section 2d)."""
     global READ_ONLY, WORKER_CORES
     WORKER_CORES = worker_cores(workers)
     procs = [subprocess.Popen(pinned([sys.executable, "-m", module, *argv, "--shard",

@@ -47,7 +47,7 @@ from experiments.common import (
 )
 from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.backends import prepare_host
 from transformers_jax.registry import TOKENIZERS
 
 SPAN = 20
@@ -293,5 +293,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
+    prepare_host()  # e.g. XLA:CPU's buffers on huge pages: see backends/cpu_malloc.py
     main()

@@ -73,8 +73,8 @@ from experiments.common import (
 )
 from experiments.stats import block_means, paired_interval, verdict
 from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.backends import prepare_host
 from transformers_jax.data.tokenizers import ByteTokenizer
-from transformers_jax.host_memory import relaunch_with_tunables
 
 SCHEMES = ["alibi", "rope", "sinusoidal", "none"]  # the paper's core four, at default budget
 OPTIONAL = ["xpos", "kerple", "randomized", "t5", "fire", "learned"]
@@ -433,8 +433,7 @@ def main(argv=None) -> None:
                              "each document (NoPE reads positions off it)")
     common.add_shuffle_rows_option(parser)
     common.add_worker_options(parser, "train this many runs at once, each in its own process "
-                              "(CPUs: 2 on 2 cores; BENCHMARKS.md section 2d; 1 on an "
-                              "accelerator)")
+                              "(CPUs: 2 on 2 cores, one core each; 1 on an accelerator)")
     common.add_replot_option(parser)
     args = parser.parse_args(argv)
     if common.replotted(args, parser, f"length_extrapolation_{args.scale}", report):
@@ -450,5 +449,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
+    prepare_host()  # e.g. XLA:CPU's buffers on huge pages: see backends/cpu_malloc.py
     main()

@@ -37,7 +37,7 @@ from experiments.common import (
 from experiments.passkey import digit_grid, mixed_training_data, whole_keys
 from experiments.rope_extension import FACTOR, SCALES
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.backends import prepare_host
 from transformers_jax.loop import train
 from transformers_jax.models import build_model
 from transformers_jax.runs import load_run
@@ -111,5 +111,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_with_tunables()
+    prepare_host()  # e.g. XLA:CPU's buffers on huge pages: see backends/cpu_malloc.py
     main()

@@ -42,7 +42,7 @@ from experiments.common import (
 from experiments.passkey import DEPTHS, accuracy_grid, control_passed, mixed_training_data
 from experiments.stats import paired_interval
 from transformers_jax import ModelConfig, Rope, TrainConfig
-from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.backends import prepare_host
 from transformers_jax.models import build_model
 from transformers_jax.registry import ROPE_SCALINGS
 
@@ -329,5 +329,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
+    prepare_host()  # e.g. XLA:CPU's buffers on huge pages: see backends/cpu_malloc.py
     main()

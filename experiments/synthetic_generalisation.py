@@ -51,9 +51,9 @@ from experiments.common import (
     write_results,
 )
 from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.backends import prepare_host
 from transformers_jax.data.pipeline import make_task_iterator
 from transformers_jax.data.synthetic import FORMATS, exact_match, get_task
-from transformers_jax.host_memory import relaunch_with_tunables
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.objectives import apply_model, objective_for
 
@@ -368,5 +368,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    relaunch_with_tunables()  # XLA's buffers on huge pages: see host_memory.py
+    prepare_host()  # e.g. XLA:CPU's buffers on huge pages: see backends/cpu_malloc.py
     main()

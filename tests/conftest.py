@@ -9,8 +9,10 @@ environment) and is removed at the end, so a run never reads another run's execu
 JAX_COMPILATION_CACHE_DIR yourself to keep it, or TJAX_TEST_NO_XLA_CACHE=1 to compile everything.
 """
 
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 
 # Cheap compiles: the suite compiles thousands of tiny programs and runs each briefly, so LLVM's
@@ -44,6 +46,15 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# Entries a test asks for (TJAX_TEST_EXTRA_ENTRIES: module files, os.pathsep-separated) are
+# registered before the tests are collected, so every property test parametrised over a
+# registry covers them: tests/test_recipes.py follows the README's recipes this way.
+for _path in filter(None, os.environ.get("TJAX_TEST_EXTRA_ENTRIES", "").split(os.pathsep)):
+    _spec = importlib.util.spec_from_file_location(os.path.basename(_path)[:-3], _path)
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _module
+    _spec.loader.exec_module(_module)
 
 
 def pytest_unconfigure(config):

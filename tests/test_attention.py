@@ -27,7 +27,10 @@ from transformers_jax.nn.attention import (
 )
 from transformers_jax.registry import ConfigError, UnknownNameError
 
-CPU_IMPLEMENTATIONS = ("reference", "xla", "chunked")
+# Every registered implementation that runs here, and those besides the oracle: a new kernel
+# is held to the reference the moment it is registered.
+CPU_IMPLEMENTATIONS = tuple(name for name, impl in ATTENTION.items() if "cpu" in impl.backends)
+CANDIDATES = tuple(name for name in CPU_IMPLEMENTATIONS if not ATTENTION.get(name).oracle)
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
@@ -208,18 +211,14 @@ MASK_KINDS = (
 
 
 def _parity_cases():
-    """Every mask kind for both kernels, bias and head layouts cycled so that each pairing of
-    them appears. The AttentionMask and dense forms take different code paths only in chunked
-    (xla densifies either), so xla gets one form per kind."""
+    """Every mask kind, as an AttentionMask and as a dense array, for every implementation
+    besides the oracle, bias and head layouts cycled so that each pairing of them appears."""
     cases = []
-    for impl in ("xla", "chunked"):
+    for impl in CANDIDATES:
         combos = [
             (kind, form)
             for kind, form in itertools.product(MASK_KINDS, ("obj", "dense"))
             if not (kind == "none" and form == "dense")
-            and (
-                impl == "chunked" or form == ("dense" if kind in ("causal", "segments") else "obj")
-            )
         ]
         for i, (kind, form) in enumerate(combos):
             bias, heads = BIASES[i % 3], list(HEADS)[(i + i // 3) % 3]
@@ -263,7 +262,7 @@ def test_parity_self_attention(impl, kind, form, bias_kind, heads):
     assert np.all(np.isfinite(ref_out))
 
 
-@pytest.mark.parametrize("impl", ["xla", "chunked"])
+@pytest.mark.parametrize("impl", CANDIDATES)
 @pytest.mark.parametrize("heads", list(HEADS))
 def test_parity_cross_attention(impl, heads):
     """Q != K (5 queries over 11 keys, encoder-decoder style), key padding, no causality."""
@@ -279,7 +278,7 @@ def test_parity_cross_attention(impl, heads):
     _assert_parity(impl, q, k, v, bias, mask, cotangent, chunk_size=CHUNK)
 
 
-@pytest.mark.parametrize("impl", ["xla", "chunked"])
+@pytest.mark.parametrize("impl", CANDIDATES)
 @pytest.mark.parametrize(
     "shape", [(4, T, T), (1, 4, 1, T), (T, T), (B, 1, T, T)], ids=["HQK", "1H1K", "QK", "B1QK"]
 )
@@ -641,10 +640,10 @@ def test_chunked_gradient_inside_shard_map_matches_one_device():
     "bqd,bkd->bkq",  # an output order that needs a transpose after the product
 ])
 def test_the_tile_contraction_is_einsum(spec):
-    """The chunked kernel's ``_contract`` (one ``dot_general``, planned once per spec) gives
+    """The chunked kernel's ``contract`` (one ``dot_general``, planned once per spec) gives
     ``jnp.einsum``'s numbers and dtype, with and without a float32 accumulation type and for
     mixed input dtypes."""
-    from transformers_jax.nn.attention import _contract
+    from transformers_jax.nn.attention.chunked import contract
 
     sizes = dict(zip("bngqkdj", (2, 3, 2, 5, 4, 3, 2), strict=True))
     left, right = spec.split("->")[0].split(",")
@@ -653,10 +652,10 @@ def test_the_tile_contraction_is_einsum(spec):
     b = jax.random.normal(kb, [sizes[c] for c in right])
     for a_, b_, accumulate in [(a, b, None), (a, b.astype(jnp.bfloat16), jnp.float32),
                                (a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), None)]:
-        got = _contract(spec, a_, b_, preferred_element_type=accumulate)
+        got = contract(spec, a_, b_, preferred_element_type=accumulate)
         want = jnp.einsum(spec, a_, b_, preferred_element_type=accumulate)
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                    rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="two-operand einsums"):
-        _contract("ii,ij->j", jnp.ones((2, 2)), jnp.ones((2, 3)))
+        contract("ii,ij->j", jnp.ones((2, 2)), jnp.ones((2, 3)))

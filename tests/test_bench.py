@@ -11,7 +11,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from benchmark_modules import ROOT, load_benchmark
+from benchmark_modules import load_benchmark
 
 from transformers_jax import bench
 from transformers_jax.config import ConfigError
@@ -150,63 +150,6 @@ def test_every_subcommand_answers_help(flag, capsys):
         assert code == 0 and ("usage" in out or "options" in out), (command, flag, out[:200])
 
 
-def test_concurrent_runs_reports_the_rate_of_each_side(tmp_path, monkeypatch):
-    """Side by side against alone: the sides' rates and per-round ratios from what each
-    process reports (processes faked: 10 steps x 100 tokens, the clock advanced by hand)."""
-    bench = load_benchmark("concurrent_runs")
-    clock = iter([0.0, 2.0, 10.0, 13.0])  # alone: 2 s; two together: 3 s
-    monkeypatch.setattr(bench, "clock", lambda: next(clock))
-    started = []
-    monkeypatch.setattr(bench, "start", lambda args, cores: started.append(
-        (args, cores)) or len(started))
-    monkeypatch.setattr(bench, "finish", lambda proc: {"steps": 10, "tokens_per_step": 100,
-                                                       "tokens_per_s": 600.0})
-    out = tmp_path / "c.json"
-    assert bench.main(["--rounds", "1", "--out", str(out), "--", "--steps", "10"]) == 0
-    result = json.loads(out.read_text())
-    assert len(started) == 3 and started[0][0][-2:] == ["--steps", "10"]  # later options win
-    assert [cores for _, cores in started] == [[], [], []]  # nothing pinned without --pin
-    assert result["alone"]["wall_tokens_per_s"]["median"] == 500.0  # 1,000 tokens in 2 s
-    assert result["together"]["wall_tokens_per_s"]["median"] == pytest.approx(2000 / 3)
-    assert result["ratio_wall_tokens_per_s"]["values"] == [pytest.approx(4 / 3)]
-    assert result["ratio_logged_tokens_per_s"]["median"] == 2.0  # two logs of 600 against one
-    assert "pinned" not in result
-    # --pin: a third side, each process on the cores experiments' workers would get
-    clock = iter([0.0, 2.0, 10.0, 13.0, 20.0, 22.0])  # pinned: 2 s
-    monkeypatch.setattr(bench, "clock", lambda: next(clock))
-    monkeypatch.setattr(bench, "worker_cores", lambda n: [[0], [1]])
-    started.clear()
-    assert bench.main(["--rounds", "1", "--pin", "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert [cores for _, cores in started] == [[], [], [], [0], [1]]
-    assert result["pinned"]["wall_tokens_per_s"]["median"] == 1000.0  # 2,000 tokens in 2 s
-    assert result["ratio_pinned_wall_tokens_per_s"]["values"] == [2.0]
-
-
-def test_host_memory_ab_runs_each_side_as_whole_processes(tmp_path):
-    """The A/B of tjax's malloc settings: one round at a toy size; each side says which malloc
-    it ran with (the figures themselves are benchmarks, not asserted)."""
-    ab = load_benchmark("host_memory_ab")
-    out = tmp_path / "ab.json"
-    assert ab.main(["--rounds", "1", "--sides", "system_malloc,tjax_default,reuse",
-                    "--out", str(out), "--", "--tiny", "--no-decode"]) == 0
-    result = json.loads(out.read_text())
-    if result["host_malloc"]["tjax_default"] != "not glibc":
-        assert result["host_malloc"] == {
-            "system_malloc": "system default (TJAX_HOST_MALLOC=system)",
-            "tjax_default": "huge pages",
-            "reuse": "freed blocks reused (TJAX_HOST_MALLOC=reuse)"}
-    for side in ("system_malloc", "tjax_default", "reuse"):
-        assert _positive(result[side]["tokens_per_s"]["median"])
-        assert result[side]["minor_page_faults_per_step"]["median"] >= 0
-    assert len(result["speedup_tjax_default_over_system_malloc"]["values"]) == 1
-    assert len(result["speedup_reuse_over_system_malloc"]["values"]) == 1
-    with pytest.raises(SystemExit):
-        ab.main(["--sides", "reuse", "--", "--tiny"])  # nothing to compare with
-    with pytest.raises(SystemExit):
-        ab.main(["--sides", "reuse,huge", "--", "--tiny"])
-
-
 def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
     profile = load_benchmark("profile_step")
     events = [  # one thread: a while loop (10 us) holding a fusion (4 us) and a copy (1 us)
@@ -286,66 +229,3 @@ def test_profile_step_compile_anatomy(monkeypatch, capsys):
         parts = {row["part"] for row in result["kernel_compiles_by_part"]}
         assert "optimizer and step" in parts or len(parts) == 5
     assert jax.config.jax_enable_compilation_cache  # restored
-
-
-def test_compile_cache_ab_runs_cold_then_warm_processes(tmp_path, monkeypatch):
-    """One round of a toy `tjax train`, cold then warm: both figures recorded, the same final
-    loss (a loaded program is the same program); a failing `tjax train` is named."""
-    ab = load_benchmark("compile_cache_ab")
-    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # toy programs too
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    out = tmp_path / "ab.json"
-    result = ab.main(["--rounds", "1", "--out", str(out), "--", "--data", str(corpus),
-                      "--steps", "2", "--model.d_model=32", "--model.n_layers=1",
-                      "--model.n_heads=2", "--train.batch_size=2", "--train.seq_len=16",
-                      "--train.eval_batches=1"])
-    assert json.loads(out.read_text()) == result
-    assert result["same_final_losses"]
-    cold, = result["runs"]["cold"]
-    warm, = result["runs"]["warm"]
-    assert cold["train_loss"] == warm["train_loss"]
-    assert _positive(cold["wall_s"]) and _positive(warm["wall_s"])
-    assert result["wall_ratio_warm_over_cold"]["values"] == [warm["wall_s"] / cold["wall_s"]]
-    with pytest.raises(SystemExit, match="tjax train failed"):
-        ab.main(["--rounds", "1", "--", "--model.n_heads=3"])
-
-
-def test_commits_ab_alternates_two_commits_as_whole_processes(tmp_path, capsys):
-    """One round at a toy size: HEAD from a worktree against this checkout; the worktree is
-    removed afterwards. A revision git does not know is refused by name."""
-    import subprocess
-
-    ab = load_benchmark("commits_ab")
-    out = tmp_path / "ab.json"
-
-    def worktrees():
-        return subprocess.run(["git", "-C", ROOT, "worktree", "list"], capture_output=True,
-                              text=True).stdout
-
-    before = worktrees()
-    ab.main(["--before", "HEAD", "--rounds", "1", "--decode", "--out", str(out),
-             "--after-args=--train.concurrent_groups=2", "--",
-             "--tiny", "--decode-batches", "1,2"])
-    result = json.loads(out.read_text())
-    assert result["after_args"] == ["--train.concurrent_groups=2"]
-    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    assert result["commits"] == {"before": head, "after": head}  # this checkout's HEAD too
-    assert isinstance(result["checkout_has_uncommitted_changes"], bool)
-    assert result["runs"]["after"][0]["concurrent_groups"] == 2
-    assert result["runs"]["before"][0]["concurrent_groups"] in (1, None)  # None: HEAD predates it
-    for side in ("before", "after"):
-        run, = result["runs"][side]
-        assert _positive(run["tokens_per_s"]) and _positive(run["compile_s"])
-        assert run["tokens_per_s"] == result["tokens_per_s"][side]["median"]
-        assert set(run["decode_tokens_per_s"]) == {"batch_1", "batch_2"}
-    ratio = result["runs"]["after"][0]["tokens_per_s"] / result["runs"]["before"][0]["tokens_per_s"]
-    assert result["ratio_after_over_before"]["values"] == [ratio]
-    b2 = [result["runs"][s][0]["decode_tokens_per_s"]["batch_2"] for s in ("after", "before")]
-    assert result["decoding"]["batch_2"]["ratio_after_over_before"]["values"] == [b2[0] / b2[1]]
-    with pytest.raises(SystemExit, match="did not decode"):
-        ab.decode_rates({"decoding": None, "decoding_note": "skipped: --no-decode"})
-    assert worktrees() == before
-    with pytest.raises(SystemExit, match="cannot check out 'no-such-rev'"):
-        ab.main(["--before", "no-such-rev", "--rounds", "1"])

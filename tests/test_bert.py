@@ -267,38 +267,106 @@ def write_reviews(path, n: int = 48, seed: int = 0) -> None:
             f.write(json.dumps({"text": f"{word} film {i}", "label": label}) + "\n")
 
 
-def test_classification_fine_tunes_a_bert_run_from_the_command_line(tmp_path, capsys):
+def quiet_main(argv: list[str]) -> tuple[int, str, str]:
+    """``(exit status, stdout, stderr)`` of ``tjax ARGV`` run in this process."""
+    import io
+
+    from transformers_jax import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def classifier_runs(tmp_path_factory):
+    """A tiny bert run and a classifier fine-tuned from it on labelled JSONL, both trained with
+    ``tjax train``: ``(bert dir, classifier dir, labelled data, the classifier's --json
+    line, its stderr)``."""
+    root = tmp_path_factory.mktemp("classifier")
+    bert, tuned, data = (str(root / x) for x in ("bert", "tuned", "reviews.jsonl"))
+    write_reviews(data)
+    small = ["--train.batch_size=4", "--train.seq_len=24", "--train.eval_batches=2",
+             "--no-progress"]
+    status, _, err = quiet_main(["train", "--family", "bert", "--model.d_model=32",
+                                 "--model.n_layers=1", "--model.n_heads=2",
+                                 "--model.max_len=32", "--steps", "2", "--run-dir", bert,
+                                 *small])
+    assert status == 0, err
+    status, out, err = quiet_main(["train", "--train.objective=sequence_classification",
+                                   "--data", data, "--train.init_from", bert, "--steps", "3",
+                                   "--run-dir", tuned, "--train.learning_rate=1e-9",
+                                   "--train.warmup_steps=0", "--train.val_fraction=0.25",
+                                   "--json", *small])
+    assert status == 0, err
+    return bert, tuned, data, json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_classification_fine_tunes_a_bert_run_from_the_command_line(classifier_runs, tmp_path):
     """tjax train --train.objective=sequence_classification on labelled JSONL, from a bert
     run's encoder (its model taken from the run): accuracy reported, labels saved."""
     import orbax.checkpoint as ocp
 
-    from transformers_jax import cli
     from transformers_jax.runs import load_run
 
-    bert, tuned, data = (str(tmp_path / x) for x in ("bert", "tuned", "reviews.jsonl"))
-    write_reviews(data)
-    small = ["--train.batch_size=4", "--train.seq_len=24", "--train.eval_batches=2",
-             "--no-progress"]
-    assert cli.main(["train", "--family", "bert", "--model.d_model=32", "--model.n_layers=1",
-                     "--model.n_heads=2", "--model.max_len=32", "--steps", "2", "--run-dir",
-                     bert, *small]) == 0
-    capsys.readouterr()
-    assert cli.main(["train", "--train.objective=sequence_classification", "--data", data,
-                     "--train.init_from", bert, "--steps", "3", "--run-dir", tuned,
-                     "--train.learning_rate=1e-9", "--train.warmup_steps=0",
-                     "--train.val_fraction=0.25", "--json", *small]) == 0
-    out = capsys.readouterr()
-    final = json.loads(out.out.strip().splitlines()[-1])
-    assert 0.0 <= final["eval_accuracy"] <= 1.0 and "accuracy" in out.err
-    with open(tmp_path / "tuned" / "labels.json") as f:
+    bert, tuned, _, final, err = classifier_runs
+    assert 0.0 <= final["eval_accuracy"] <= 1.0 and "accuracy" in err
+    with open(f"{tuned}/labels.json") as f:
         assert json.load(f)["labels"] == ["neg", "pos"]
     # the classifier's encoder is the bert run's (a vanishing learning rate moved it by ~0)
-    state = ocp.StandardCheckpointer().restore(str(tmp_path / "tuned/checkpoints/3/state"))
+    state = ocp.StandardCheckpointer().restore(f"{tuned}/checkpoints/3/state")
     assert set(state["params"]) == {"encoder", "pooler", "classifier"}
     assert state["params"]["classifier"]["kernel"].shape == (32, 2)
     _, bert_params, _, _ = load_run(bert)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
                  state["params"]["encoder"], bert_params["encoder"])
+
+
+def test_a_classifier_run_loads_evaluates_and_refuses_to_generate(classifier_runs, tmp_path):
+    """``load_run`` builds a classifier run's own model (its head, as wide as labels.json);
+    ``tjax eval`` reports its held-out accuracy (the training loop's last eval, the same
+    rows); ``tjax sample``/``fill-mask``/``convert --to-hf`` refuse it clearly, and its
+    README suggests evaluation only."""
+    from transformers_jax.runs import load_run, open_run
+
+    _, tuned, data, final, _ = classifier_runs
+    model, params, tokenizer, config = load_run(tuned)
+    assert config.family == "bert" and set(params) == {"encoder", "pooler", "classifier"}
+    tokens = jnp.asarray([[TOK.special["cls"], *b"good film", TOK.special["sep"]]])
+    assert model.apply({"params": params}, tokens).shape == (1, 2)  # a logit per label
+    run = open_run(tuned)
+    assert run.classifier and run.labels == ("neg", "pos") and run.step == 3
+
+    status, out, err = quiet_main(["eval", "--run", tuned])
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["objective"] == "sequence_classification" and result["split"] == "held-out"
+    # of the 12 rows held out (48 x 0.25), the 2 batches of 4 the training loop evaluated
+    assert result["labels"] == ["neg", "pos"] and result["examples"] == 8
+    assert result["accuracy"] == pytest.approx(final["eval_accuracy"], abs=1e-6)
+    assert result["loss"] == pytest.approx(final["eval_loss"], rel=1e-5)
+    status, out, _ = quiet_main(["eval", "--run", tuned, "--data", data, "--batches", "100"])
+    whole = json.loads(out)
+    assert status == 0 and whole["split"] == "all of --data" and whole["examples"] == 48
+    assert 0.0 <= whole["accuracy"] <= 1.0
+    status, _, err = quiet_main(["eval", "--run", tuned, "--passkey"])
+    assert status == 2 and "--passkey apply to language models" in err
+
+    for argv in (["sample", "--run", tuned], ["fill-mask", "--run", tuned, "--text", "a [MASK]"]):
+        status, out, err = quiet_main(argv)
+        assert status == 2 and out == "", argv
+        assert "sequence_classification classifier (2 labels: neg, pos)" in err
+        assert "a classifier does not generate" in err and f"tjax eval --run {tuned}" in err
+    status, _, err = quiet_main(["convert", "--to-hf", str(tmp_path / "hf"), "--run", tuned])
+    assert status == 2 and "no Hugging Face architecture" in err, err
+
+    readme = open(f"{tuned}/README.md").read()
+    use = readme.split("## Use it", 1)[1]
+    assert f"tjax eval --run {tuned}" in use
+    assert "tjax sample" not in use and "fill-mask" not in use and "convert" not in use
+    assert "- labels (id = position, in `labels.json`): `neg`, `pos`" in readme
+    assert "objective `sequence_classification`" in readme
 
 
 def test_labelled_files_errors_and_label_ids(tmp_path, capsys):

@@ -15,21 +15,25 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.loop import train
 from transformers_jax.runs import load_run
+from transformers_jax.runs.checkpoint import Checkpointer, CheckpointMismatchError
 from transformers_jax.sample import SamplingConfig, generate
-from transformers_jax.train.checkpoint import Checkpointer, CheckpointMismatchError
+from transformers_jax.train.loop import train
 
 TINY = ["--model.n_layers=1", "--model.d_model=32", "--model.n_heads=2", "--model.dropout=0.1",
         "--train.batch_size=4", "--train.seq_len=32", "--train.log_every=1",
         "--train.eval_batches=1", "--no-progress"]
 
 
-def tjax(*args, env_extra=None, timeout=300):
-    exe = os.path.join(os.path.dirname(sys.executable), "tjax")
-    env = single_device_env()
-    env.update(env_extra or {})
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
+def tjax(*args, timeout=300, crash_after=None):
+    """``tjax ARGS`` in a process of its own; with ``crash_after=N``, one that SIGKILLs itself
+    after step N (``crash_train.py``: the training loop's ``on_step`` hook)."""
+    exe = [os.path.join(os.path.dirname(sys.executable), "tjax")]
+    if crash_after is not None:
+        exe = [sys.executable, os.path.join(os.path.dirname(__file__), "crash_train.py"),
+               str(crash_after)]
+    return subprocess.run([*exe, *args], capture_output=True, text=True, timeout=timeout,
+                          env=single_device_env())
 
 
 def losses(run_dir):
@@ -51,7 +55,7 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path):
     common = ["train", *TINY, "--steps", "12", "--train.checkpoint_every=3"]
     straight, crashed = str(tmp_path / "straight"), str(tmp_path / "crashed")
     assert tjax(*common, "--run-dir", straight).returncode == 0
-    died = tjax(*common, "--run-dir", crashed, env_extra={"TJAX_FAULT_AFTER_STEP": "7"})
+    died = tjax(*common, "--run-dir", crashed, crash_after=7)
     assert died.returncode == -signal.SIGKILL  # killed mid-run, not a clean exit
     assert Checkpointer(crashed).latest_step() in (3, 6)  # never a half-written step
     resumed = tjax(*common, "--run-dir", crashed)
@@ -173,7 +177,7 @@ def test_cli_sample_streams_text(tmp_path):
 def test_the_manifest_checks_contents_and_reads_the_older_sizes_only_form(tmp_path):
     """A file zeroed at its size is caught by its checksum, also once the step was verified
     (and remembered) intact; a manifest written before checksums still checks sizes."""
-    from transformers_jax.train.checkpoint import MANIFEST
+    from transformers_jax.runs.checkpoint import MANIFEST
     from transformers_jax.train.errors import DamagedStepError
 
     ckpt = Checkpointer(str(tmp_path), async_save=False)

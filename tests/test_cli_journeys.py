@@ -148,8 +148,9 @@ def test_help_lists_every_registered_name_of_a_named_field(capsys):
     for field, registry in NAMED_FIELDS.items():
         line = next(x for x in lines if re.match(rf"\s+--(model|train)\.{field}=", x))
         assert line.endswith(f"(one of: {', '.join(registry.selectable())})"), line
-    mlp = next(x for x in lines if "--model.mlp=" in x)
-    assert "geglu" in mlp and "gelu_exact" in mlp
+    # a switch lists its entries under its option, each with its settings
+    assert {"      mlp=geglu", "      mlp=gelu_exact", "      norm_position=post"} <= set(lines)
+    assert "      norm=rmsnorm: --model.norm.eps=1e-05" in lines
 
 
 def test_a_preset_name_given_as_a_family_points_to_preset():

@@ -168,8 +168,8 @@ def llama_dirs(tmp_path_factory):
 def test_gpt2_logits_match_transformers(gpt2_dir, attention):
     converted = assert_parity(gpt2_dir, TOKENS, attention)
     cfg = converted.config
-    assert (cfg.position.name, cfg.norm, cfg.mlp, cfg.tie_embeddings, cfg.use_bias) == (
-        "learned", "layernorm", "gelu", True, True)
+    assert (cfg.position.name, cfg.norm.name, cfg.mlp.name, cfg.tie_embeddings,
+            cfg.use_bias) == ("learned", "layernorm", "gelu", True, True)
 
 
 def test_gpt2_untied_relu_unscaled_logits_match(tmp_path):
@@ -184,7 +184,7 @@ def test_gpt2_untied_relu_unscaled_logits_match(tmp_path):
 def test_llama_logits_match_transformers(llama_dirs, variant, attention):
     converted = assert_parity(llama_dirs[variant], TOKENS, attention)
     cfg = converted.config
-    assert (cfg.position.name, cfg.norm, cfg.mlp) == ("rope", "rmsnorm", "swiglu")
+    assert (cfg.position.name, cfg.norm.name, cfg.mlp.name) == ("rope", "rmsnorm", "swiglu")
     expected_scaling = {"gqa_llama3_tied": "llama3", "gqa_llama3_untied": "llama3",
                         "legacy_rope_scaling": "llama3", "mqa_linear": "linear", "yarn": "yarn",
                         "dynamic": "dynamic_ntk"}.get(variant, "none")
@@ -198,7 +198,7 @@ def test_llama_with_a_tanh_gelu_gate_is_our_geglu(tmp_path):
     the tanh GELU (as Gemma's) is our ``geglu``, logits equal, and exports back."""
     directory = make_llama(tmp_path / "source", hidden_act="gelu_pytorch_tanh")
     converted = assert_parity(directory, TOKENS, "xla")
-    assert converted.config.mlp == "geglu"
+    assert converted.config.mlp.name == "geglu"
     hf = llama_convert.config_to_hf(converted.config, None)
     assert hf["hidden_act"] == "gelu_new"  # the registry's first spelling of the same function
 
@@ -332,8 +332,8 @@ def test_converted_run_restores_with_load_run_and_samples(tmp_path, capsys):
 
 def test_fine_tuning_resumes_from_a_converted_run(tmp_path):
     from transformers_jax.config import TrainConfig
-    from transformers_jax.convert.run_io import read_run_meta
-    from transformers_jax.loop import train
+    from transformers_jax.runs.meta import read_run_meta
+    from transformers_jax.train.loop import train
 
     source = make_gpt2(tmp_path / "hf", vocab_size=262)
     run = str(tmp_path / "run")
@@ -538,7 +538,7 @@ def test_bert_masked_lm_logits_match_transformers(tmp_path, variant, attention):
     source = make_bert(tmp_path / "hf", **changes)
     converted = load_hf(source, attention=attention)
     cfg = converted.config
-    assert (cfg.family, cfg.mask.name, cfg.norm_position, cfg.position.name) == (
+    assert (cfg.family, cfg.mask.name, cfg.norm_position.name, cfg.position.name) == (
         "bert", "bidirectional", "post", "learned")
     ours = build_model(cfg).apply({"params": converted.params}, jnp.asarray(TOKENS),
                                   token_types=jnp.asarray(TYPES))
@@ -556,7 +556,7 @@ def test_bert_exact_gelu_converts(tmp_path):
     """BERT's own ``hidden_act="gelu"`` is the exact erf GELU: our ``gelu_exact``."""
     source = make_bert(tmp_path, hidden_act="gelu")
     converted = load_hf(source)
-    assert converted.config.mlp == "gelu_exact"
+    assert converted.config.mlp.name == "gelu_exact"
     ours = build_model(converted.config).apply({"params": converted.params},
                                                jnp.asarray(TOKENS),
                                                token_types=jnp.asarray(TYPES))
@@ -572,7 +572,7 @@ def test_every_convertible_mlp_computes_its_hugging_face_activations(mlp):
     function in transformers (``ACT2FN``) as the entry's activation."""
     from transformers.activations import ACT2FN
 
-    kind = MLPS.get(mlp)
+    kind = MLPS.get(mlp)()
     x = np.linspace(-8.0, 8.0, 321, dtype=np.float32)
     ours = np.asarray(kind.activation(jnp.asarray(x)))
     for name in kind.hf_names:
@@ -605,10 +605,23 @@ def test_every_mlp_round_trips_through_each_config_or_is_named(mlp):
         base = module.config_from_hf({"is_encoder_decoder": True} if module is t5_convert else {})
         config = base.replace(mlp=mlp)
         if kind.hf_names and kind.gated in takes:
-            assert module.config_from_hf(module.config_to_hf(config, None)).mlp == mlp
+            assert module.config_from_hf(module.config_to_hf(config, None)).mlp.name == mlp
         else:
             with pytest.raises(ConversionError, match=f"mlp='{mlp}'"):
                 module.config_to_hf(config, None)
+
+
+@pytest.mark.parametrize(("module", "field", "norm"), [
+    (gpt2_convert, "layer_norm_epsilon", "layernorm"),
+    (bert_convert, "layer_norm_eps", "layernorm"),
+    (llama_convert, "rms_norm_eps", "rmsnorm"),
+    (t5_convert, "layer_norm_epsilon", "rmsnorm")])
+def test_the_norm_epsilon_converts_into_the_norm_switch_and_back(module, field, norm):
+    """Each architecture's epsilon field is the ``eps`` of the norm it pins, both ways."""
+    raw = {field: 3e-7, **({"is_encoder_decoder": True} if module is t5_convert else {})}
+    config = module.config_from_hf(raw)
+    assert (config.norm.name, config.norm.eps) == (norm, 3e-7)
+    assert module.config_to_hf(config, None)[field] == 3e-7
 
 
 @pytest.mark.parametrize(("module", "raw", "named"), [
@@ -668,7 +681,7 @@ def t5_reference(directory):
 def test_t5_decoder_logits_match_transformers(t5_dirs, variant, attention):
     converted = load_hf(t5_dirs[variant], attention=attention)
     cfg = converted.config
-    assert (cfg.family, cfg.position.name, cfg.attention_scale, cfg.norm) == (
+    assert (cfg.family, cfg.position.name, cfg.attention_scale, cfg.norm.name) == (
         "encdec", "t5", 1.0, "rmsnorm")
     assert cfg.tie_embeddings == (variant == "tied_relu_scaled")
     ours = build_model(cfg).apply({"params": converted.params}, jnp.asarray(DECODER_TOKENS),

@@ -12,9 +12,10 @@ from transformers_jax import ModelConfig, build_model
 from transformers_jax.data import seq2seq
 from transformers_jax.data.prefix_lm import prefix_lm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.evaluation import seq2seq_exact_match
 from transformers_jax.models.encdec import EncoderDecoder
+from transformers_jax.models.gpt import GPT_INPUTS
 from transformers_jax.train import objectives as O
-from transformers_jax.train.evaluate import seq2seq_exact_match
 from transformers_jax.train.losses import sequence_accuracy
 from transformers_jax.train.step import init_state, make_train_step
 
@@ -260,7 +261,7 @@ def test_prefix_lm_learns_a_conditional_task_with_loss_after_the_prefix():
     held_out = batch_at(0, seed=1, n=256)
     _, metrics = O.lm_objective(model, params, held_out)
     accuracy = float(sequence_accuracy(
-        O.apply_model(model, params, held_out, O.GPT_INPUTS), held_out["targets"],
+        O.apply_model(model, params, held_out, GPT_INPUTS), held_out["targets"],
         held_out["weights"]))
     print(f"\nprefix-LM reverse: token accuracy {float(metrics['accuracy']):.3f}, "
           f"sequence accuracy {accuracy:.3f}")

@@ -14,7 +14,7 @@ from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.evaluation import evaluate_run, passkey_needle, passkey_prompt
-from transformers_jax.loop import train
+from transformers_jax.train.loop import train
 
 TINY = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, max_len=256)
 

@@ -25,7 +25,16 @@ from hypothesis import strategies as st
 
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.config import check_lengths as check_seq_len
-from transformers_jax.registry import ATTENTION, FAMILIES, MASKS, MLPS, POSITIONS, UnknownNameError
+from transformers_jax.registry import (
+    ATTENTION,
+    FAMILIES,
+    MASKS,
+    MLPS,
+    NORM_PLACEMENTS,
+    NORMS,
+    POSITIONS,
+    UnknownNameError,
+)
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -49,7 +58,7 @@ CONFIG_ERRORS = (ConfigError, UnknownNameError)
 def _field_names() -> set[str]:
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     names |= {"train." + f.name for f in dataclasses.fields(TrainConfig)}
-    for registry in (POSITIONS, MASKS, ATTENTION):
+    for registry in (POSITIONS, MASKS, ATTENTION, NORMS):
         for _, cls in registry.items():
             names |= {f.name for f in dataclasses.fields(cls) if f.init}
     return names - {"name"}
@@ -97,8 +106,8 @@ MODEL_TEXT = {
     "mask.window": st.one_of(INT_TEXT, st.just("none")),
     "attention.chunk_size": INT_TEXT,
     "norm": st.sampled_from(["layernorm", "rmsnorm", "batchnorm", ""]),
-    "norm_position": st.sampled_from(["pre", "post", "middle"]),
-    "norm_eps": FLOAT_TEXT, "mlp": st.sampled_from(["gelu", "swiglu", "relu", "geglu", "tanh"]),
+    "norm.eps": FLOAT_TEXT, "norm_eps": FLOAT_TEXT,  # the old spelling: refused, naming norm.eps
+    "norm_position": names_of(NORM_PLACEMENTS), "mlp": names_of(MLPS),
     "use_bias": BOOL_TEXT, "tie_embeddings": BOOL_TEXT, "qk_norm": BOOL_TEXT,
     "dropout": FLOAT_TEXT,
     "attn_logit_softcap": st.one_of(FLOAT_TEXT, st.just("none")),
@@ -174,12 +183,17 @@ SWITCH_VALUE = {
         {"name": st.sampled_from(["sliding_window", "causal"])}, optional={"window": ANY_INT})),
     "attention": st.one_of(names_of(ATTENTION), st.fixed_dictionaries(
         {"name": st.sampled_from(["chunked", "xla"])}, optional={"chunk_size": ANY_INT})),
+    "norm": st.one_of(names_of(NORMS), st.fixed_dictionaries(
+        {"name": st.sampled_from(["layernorm", "rmsnorm", "bogus"])},
+        optional={"eps": ANY_FLOAT, "junk": st.just(1)}), st.sampled_from([3, None, {}])),
+    "norm_position": st.one_of(names_of(NORM_PLACEMENTS), st.sampled_from([{"name": "pre"}, 2])),
+    "mlp": st.one_of(names_of(MLPS), st.sampled_from([{"name": "swiglu"}, {"name": 1}])),
 }
 MODEL_KWARGS = {
     **{name: ANY_INT for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                                   "head_dim", "d_ff", "max_len", "type_vocab_size",
                                   "n_decoder_layers")},
-    **{name: ANY_FLOAT for name in ("norm_eps", "dropout", "attn_logit_softcap",
+    **{name: ANY_FLOAT for name in ("dropout", "attn_logit_softcap",
                                     "final_logit_softcap", "attention_scale", "init_std")},
     **{name: st.sampled_from([True, False, 1, "yes", None]) for name in
        ("use_bias", "tie_embeddings", "qk_norm", "scan_layers")},
@@ -226,9 +240,9 @@ TINY_MODEL = {
         {"name": st.just("sliding_window"), "window": st.sampled_from([-1, 0, 1, 3, 64])})),
     "attention": st.one_of(st.sampled_from(TRAINABLE_ATTENTION), st.fixed_dictionaries(
         {"name": st.just("chunked"), "chunk_size": st.sampled_from([-4, 0, 1, 3, 8, 100])})),
-    "norm": st.sampled_from(["layernorm", "rmsnorm"]),
-    "norm_position": st.sampled_from(["pre", "post"]),
-    "norm_eps": st.sampled_from([-1.0, 0.0, 1e-6, 1e-5, 10.0]),
+    "norm": st.fixed_dictionaries({"name": st.sampled_from(NORMS.names())}, optional={
+        "eps": st.sampled_from([-1.0, 0.0, 1e-6, 1e-5, 10.0])}),  # every registered norm
+    "norm_position": st.sampled_from(NORM_PLACEMENTS.names()),
     "mlp": st.sampled_from(list(MLPS)),  # every registered MLP
     "use_bias": st.booleans(), "tie_embeddings": st.booleans(), "qk_norm": st.booleans(),
     "dropout": st.sampled_from([0.0, 0.1, 0.5, 1.0, -0.1]),
@@ -287,7 +301,7 @@ def jitted_steps(model_cfg: ModelConfig, train_cfg: TrainConfig):
 
 @settings(max_examples=40, **SETTINGS)
 @given(overrides({**TINY_MODEL}).map(lambda d: d), st.fixed_dictionaries({}, optional=TINY_TRAIN))
-@example({"norm_eps": -1.0}, {})
+@example({"norm": {"name": "rmsnorm", "eps": -1.0}}, {})
 @example({}, {"b1": 1.5})
 def test_tiny_configs_train_one_finite_step_or_name_a_field(model_kwargs, train_kwargs):
     TRIED["config: tiny models, validate + forward + train step"] += 1
@@ -383,7 +397,7 @@ def test_sampling_options_and_prompts(position, prompt, max_new_tokens, temperat
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A 2-step byte-level run with a learned 32-row position table, checkpointed."""
-    from transformers_jax.loop import train
+    from transformers_jax.train.loop import train
 
     run_dir = tmp_path_factory.mktemp("fuzz_run") / "run"
     train(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=32, position="learned"),

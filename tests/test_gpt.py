@@ -28,7 +28,7 @@ RESIDUAL_BY_HAND = {"pre": [5.0, -5.0 / 3.0], "post": [1.0, -1.0 / 3.0]}
 
 @pytest.mark.parametrize("placement", NORM_PLACEMENTS.names())
 def test_norm_placement_hooks(placement):
-    entry = NORM_PLACEMENTS.get(placement)
+    entry = NORM_PLACEMENTS.get(placement)()
     x = jnp.array([3.0, -1.0])
     out = entry.residual(x, lambda h: 2 * h, lambda h: h / jnp.abs(h).max(), lambda h: h)
     if placement in RESIDUAL_BY_HAND:

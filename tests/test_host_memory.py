@@ -1,4 +1,6 @@
-"""host_memory: the malloc tunables tjax runs with, and that they cut XLA:CPU's per-call faults."""
+"""The CPU backend's malloc setting (``backends.cpu_malloc``): the glibc tunables tjax runs
+with, that they cut XLA:CPU's per-call faults, and ``backends.prepare_host``, which sets them
+where XLA:CPU computes."""
 
 import os
 import subprocess
@@ -7,8 +9,9 @@ import textwrap
 
 import pytest
 
-from transformers_jax import host_memory
-from transformers_jax.host_memory import (
+from transformers_jax import backends
+from transformers_jax.backends import cpu_malloc as host_memory
+from transformers_jax.backends.cpu_malloc import (
     REUSE_TUNABLES,
     TUNABLES,
     environment_with_tunables,
@@ -20,7 +23,7 @@ glibc_only = pytest.mark.skipif(status({}) == "not glibc", reason="glibc malloc 
 # where the relaunch acts: glibc >= 2.35 (malloc.hugetlb) and THP in madvise mode (under
 # "always" the kernel gives glibc's big blocks huge pages already)
 acts_here = pytest.mark.skipif(status({}, thp_mode="madvise") == "not glibc"
-                               or host_memory._glibc_version() < (2, 35)
+                               or host_memory.glibc_version() < (2, 35)
                                or huge_pages_mode() != "madvise",
                                reason="the tunable acts only with glibc >= 2.35 and THP madvise")
 
@@ -61,7 +64,7 @@ def run_python(code: str, env: dict) -> str:
 @glibc_only
 def test_status_reads_the_tunables_the_opt_out_and_the_kernel():
     madvise = {"thp_mode": "madvise"}
-    if host_memory._glibc_version() >= (2, 35):
+    if host_memory.glibc_version() >= (2, 35):
         assert status({}, **madvise) == "system default"  # what the relaunch would change
         assert status({}, thp_mode="always") == "system default (transparent huge pages: always)"
         assert status({}, thp_mode="never") == "system default (transparent huge pages: never)"
@@ -124,9 +127,10 @@ def test_reuse_keeps_the_freed_buffer_whatever_the_huge_page_mode():
 
 @acts_here
 def test_relaunch_re_executes_once_with_the_tunables():
-    code = ("from transformers_jax.host_memory import relaunch_with_tunables, status\n"
+    code = ("from transformers_jax.backends import prepare_host\n"
+            "from transformers_jax.backends.cpu_malloc import status\n"
             "print(status())\n"
-            "print('returned', relaunch_with_tunables())\n")
+            "print('returned', prepare_host())\n")
     out = run_python(code, clean_environment()).split("\n")
     assert out[:3] == ["system default", "huge pages", "returned huge pages"]
     opted_out = run_python(code, {**clean_environment(), host_memory.OPT_OUT: "system"})
@@ -139,7 +143,8 @@ def test_relaunch_re_executes_once_with_the_tunables():
 def test_tjax_re_executes_before_importing_jax():
     # the package's names load lazily: the command line and the malloc switch import no JAX,
     # so the re-executed process is the only one that pays for JAX's start-up
-    code = ("import sys\nimport transformers_jax.cli, transformers_jax.host_memory\n"
+    code = ("import sys\nimport transformers_jax.cli, transformers_jax.backends.cpu_malloc\n"
+            "from transformers_jax.backends import cpu_malloc, prepare_host\n"
             "print(sorted(m for m in ('jax', 'flax', 'numpy') if m in sys.modules))\n"
             "import transformers_jax\nprint(transformers_jax.ModelConfig.__module__)\n")
     assert run_python(code, clean_environment()).split("\n")[:2] == [
@@ -152,3 +157,11 @@ def test_tjax_refuses_an_unknown_opt_out_value():
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "tjax: error: TJAX_HOST_MALLOC='off': set it to 'system'" in done.stderr
+
+
+def test_prepare_host_leaves_a_process_that_computes_elsewhere_alone(monkeypatch):
+    """The malloc setting is the CPU backend's: where ``JAX_PLATFORMS`` names another platform
+    first, ``prepare_host`` neither re-executes the process nor sets anything."""
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu,cpu")
+    assert backends.prepare_host() == "system default (JAX_PLATFORMS=tpu,cpu)"
+

@@ -186,7 +186,7 @@ def test_every_decoding_mask_kind_generates_what_the_full_forward_pass_predicts(
 def test_decode_loop_updates_the_cache_in_place(batch):
     """The compiled generate loop holds no copy of a layer's cache: each step's update is in
     place (at batch 1 XLA:CPU copied every layer's keys and values twice per token until the
-    write was made to depend on the attention output; nn/layers.py ``_after``)."""
+    write was made to depend on the attention output: the CPU backend's ``ordered_after``)."""
     import re
 
     from transformers_jax.sample import SamplingConfig, generate_tokens

@@ -1,7 +1,8 @@
-"""``nn.matmul``: the Dense product whose gradients XLA:CPU computes where it runs them fastest.
-In float32 its gradients must equal plain autodiff exactly; in bfloat16 they equal plain
-autodiff of a cotangent in the compute dtype, up to the order of summation. The compiled program
-must hold the intended dots (else the speed-up is gone and nothing else would say so)."""
+"""The CPU backend's Dense product (``backends.cpu``): gradients computed where XLA:CPU runs
+them fastest. In float32 its gradients must equal plain autodiff exactly; in bfloat16 they
+equal plain autodiff of a cotangent in the compute dtype, up to the order of summation. The
+compiled program must hold the intended dots (else the speed-up is gone and nothing else would
+say so)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformers_jax.nn.matmul import _product, matmul, matmul_transposed
+from transformers_jax import backends
+from transformers_jax.backends.generic import product
+
+CPU = backends.for_platform("cpu")
+matmul, matmul_transposed = CPU.matmul, CPU.matmul_transposed  # one object each: `is` works
 
 SHAPES = [(64, 32, 8), (64, 8, 32), (16, 16, 16), (48, 24, 12), (15, 24, 12)]  # rows, in, out
 
@@ -31,9 +36,9 @@ def test_value_and_gradients_equal_the_plain_product(rows, n_in, n_out, dtype):
 
     ours = jax.jit(lambda: value_and_grads(matmul, g))()
     if dtype == jnp.float32:
-        plain = jax.jit(lambda: value_and_grads(_product, g))()
+        plain = jax.jit(lambda: value_and_grads(product, g))()
     else:  # the cotangent in the compute dtype (a Dense layer's output already is)
-        plain = jax.jit(lambda: value_and_grads(_product, g.astype(dtype).astype(g.dtype)))()
+        plain = jax.jit(lambda: value_and_grads(product, g.astype(dtype).astype(g.dtype)))()
     for a, b in zip(ours, plain, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -94,7 +99,7 @@ def test_the_transposed_product_and_its_gradients(rows, dtype):
         return (y, *pullback(g))
 
     ours = jax.jit(lambda: value_and_grads(matmul_transposed))()
-    plain = jax.jit(lambda: value_and_grads(lambda x, w: _product(x, w.T)))()
+    plain = jax.jit(lambda: value_and_grads(lambda x, w: product(x, w.T)))()
     for a, b in zip(ours, plain, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -145,7 +150,7 @@ def test_a_dense_layer_trains_the_same_with_either_product():
     kernel = params["kernel"]
 
     def plain(k, b):
-        return _product(x.reshape(-1, 24), k) + b
+        return product(x.reshape(-1, 24), k) + b
 
     want = jax.grad(lambda k, b: (plain(k, b) ** 2).sum(), argnums=(0, 1))(kernel, params["bias"])
     np.testing.assert_allclose(grads["kernel"], want[0], rtol=1e-6, atol=1e-6)

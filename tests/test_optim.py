@@ -130,7 +130,7 @@ def test_a_skipped_update_is_zero_and_keeps_the_state():
 def test_the_compiled_step_updates_the_moments_in_place():
     """What the one-pass update is for: XLA:CPU reads and overwrites each Adam moment where it
     lies. The optax chain, selected after the update, copied every moment first (two copies
-    per parameter, BENCHMARKS.md 2l)."""
+    per parameter)."""
     model = build_model(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
                                     max_len=16, dropout=0.0))
     tokens = jnp.ones((2, 16), jnp.int32)

@@ -253,7 +253,7 @@ def test_strategy_matches_one_device(strategy, mesh, grad_accum):
 def uneven_groups(batches: list[dict]) -> list[dict]:
     """On top of ``make_batches``' uneven halves (which load data-parallel shards unevenly),
     even rows keep only their last two targets: interleaved row groups
-    (``train.step.row_group``) then carry very different token weights too."""
+    (``backends.cpu.row_group``) then carry very different token weights too."""
     out = []
     for batch in batches:
         weights = batch["weights"].copy()
@@ -264,17 +264,17 @@ def uneven_groups(batches: list[dict]) -> list[dict]:
 
 @pytest.fixture
 def row_group_calls(monkeypatch):
-    """The group counts ``train.step.row_group`` is called with while steps are traced: the
+    """The group counts ``backends.cpu.row_group`` is called with while steps are traced: the
     tests below would pass on their own if ``groups`` were dropped on the way."""
-    from transformers_jax.train import step as step_module
+    from transformers_jax.backends import cpu
 
-    calls, real = [], step_module.row_group
+    calls, real = [], cpu.row_group
 
     def counted(batch, groups, index):
         calls.append(groups)
         return real(batch, groups, index)
 
-    monkeypatch.setattr(step_module, "row_group", counted)
+    monkeypatch.setattr(cpu, "row_group", counted)
     return calls
 
 
@@ -301,7 +301,7 @@ def assert_same_training(got, want, param_atol=PARAM_ATOL):
 def test_row_groups_carry_different_weights():
     """A mean of the groups' means would differ from the token-weighted mean by far more than
     the tolerance, so the tests below would catch one."""
-    from transformers_jax.train.step import row_group
+    from transformers_jax.backends.cpu import row_group
 
     batch = uneven_groups(make_batches(GPT, n=1))[0]
     model = build_model(GPT)
@@ -362,8 +362,9 @@ def test_per_row_metrics_add_up_by_rows_not_tokens():
     """An objective's ``row_metrics`` (seq2seq's ``sequence_accuracy``) are means over rows:
     pieces of a batch with very different token counts add them weighted by their rows, so
     the pieces' result is the whole batch's (token weighting would give 0.1 here)."""
+    from transformers_jax.backends.cpu import row_group
     from transformers_jax.train.objectives import Objective, objective_for
-    from transformers_jax.train.step import finish_metrics, row_group
+    from transformers_jax.train.step import finish_metrics
 
     def fake_loss(model, params, batch, rng, deterministic):
         right = batch["right"].astype(jnp.float32)

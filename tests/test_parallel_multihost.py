@@ -176,7 +176,7 @@ def test_sigterm_to_one_process_stops_both_after_one_checkpoint(tmp_path):
     collective that never completed)."""
     import signal
 
-    from transformers_jax.train.checkpoint import Checkpointer
+    from transformers_jax.runs.checkpoint import Checkpointer
 
     run_dir, steps = tmp_path / "run", 400
     procs = start_pair(run_dir, free_port(), steps, tmp_path, "first")

@@ -437,14 +437,14 @@ def _lowered_train_step(model_cfg: ModelConfig, devices) -> str:
     from transformers_jax.models import build_model
     from transformers_jax.parallel.mesh import make_mesh
     from transformers_jax.parallel.strategies import make_trainer
-    from transformers_jax.plan.steps import _zeros, example_batch
+    from transformers_jax.plan.steps import example_batch, host_zeros
     from transformers_jax.train.objectives import objective_for
     from transformers_jax.train.optim import make_optimizer
 
     cfg = TINY_TRAIN.replace(strategy="single", mesh=None)
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
     trainer = make_trainer(cfg.strategy, build_model(model_cfg), make_optimizer(cfg),
-                           _zeros(batch), mesh=make_mesh(cfg.mesh, devices=devices),
+                           host_zeros(batch), mesh=make_mesh(cfg.mesh, devices=devices),
                            objective=objective_for(model_cfg.family))
     return trainer.lower(trainer.abstract_state(), trainer.abstract_batch(batch)).as_text()
 
@@ -452,9 +452,9 @@ def _lowered_train_step(model_cfg: ModelConfig, devices) -> str:
 @needs_libtpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cpu_only_gradients_stay_out_of_the_tpu_program(dtype):
-    """Issue 17: nothing done for the CPU may change the accelerator program. The CPU-only
-    gradients (``nn.matmul``'s kernel gradients computed in another orientation behind an
-    ``optimization_barrier``; the chunked kernel's materialised k^T) follow the platform
+    """Issue 17: nothing done for the CPU may change the accelerator program. The CPU backend's
+    gradients (``backends.cpu``: Dense kernel gradients computed in another orientation behind
+    an ``optimization_barrier``, the chunked kernel's k^T kept as a copy) follow the platform
     compiled for: lowered for a TPU the train step has none of them; lowered for this host it
     has them (so the check can fail)."""
     model_cfg = TINY.replace(dtype=dtype, attention="chunked")  # MLP down: I > O (256 -> 64)
@@ -466,13 +466,14 @@ def test_cpu_only_gradients_stay_out_of_the_tpu_program(dtype):
 
 @needs_libtpu
 def test_the_decoding_loop_with_its_cpu_compile_option_compiles_for_tpu():
-    """``generate_tokens`` carries ``DECODE_COMPILER_OPTIONS`` (an XLA:CPU pass turned off) on
-    every platform: the TPU compiler takes the option and the loop compiles."""
+    """``generate_tokens`` takes its compile options from the backend compiled for: under a TPU
+    mesh none of XLA:CPU's (a pass the TPU compiler does not have), and the loop compiles."""
     import flax.linen as nn
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from transformers_jax import backends
     from transformers_jax.models import build_model
     from transformers_jax.parallel import make_mesh
     from transformers_jax.sample import SamplingConfig, generate_tokens
@@ -489,6 +490,7 @@ def test_the_decoding_loop_with_its_cpu_compile_option_compiles_for_tpu():
     args = (jax.tree.map(placed, params), placed(jnp.zeros((2, 8), jnp.int32)),
             placed(jnp.zeros((2,), jnp.int32)), placed(jax.random.key(0)))
     with jax.set_mesh(mesh):
+        assert dict(backends.current().decode_compiler_options) == {}
         compiled = generate_tokens.lower(
             model, *args, cfg=SamplingConfig(max_new_tokens=4, temperature=0.0)).compile()
     assert "generate_tokens" in compiled.as_text().splitlines()[0]  # the HloModule line

@@ -13,11 +13,11 @@ from transformers_jax.cli import build_configs, main
 from transformers_jax.config import ConfigError, from_dict
 from transformers_jax.convert import hf_config_for
 from transformers_jax.convert.common import ARCHITECTURES, param_shapes
-from transformers_jax.convert.run_io import read_run_meta
 from transformers_jax.nn.layers import count_params
 from transformers_jax.presets import PRESETS, get_preset, human_count, presets_table
 from transformers_jax.registry import ATTENTION, MASKS, POSITIONS
-from transformers_jax.train.run_readme import CONFIG_FILE, run_readme
+from transformers_jax.runs.meta import read_run_meta
+from transformers_jax.runs.readme import CONFIG_FILE, run_readme
 
 NAMES = list(PRESETS)
 PUBLISHED = [name for name, p in PRESETS.items() if p.published]
@@ -175,11 +175,11 @@ def test_tjax_presets_lists_every_preset_with_its_count(capsys):
     assert human_count(124_439_808) == "124.4M" and human_count(8_030_261_248) == "8.03B"
 
 
-def test_readme_excerpt_is_the_real_table():
+def test_the_guides_excerpt_is_the_real_table():
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("## Named models: presets", 1)[1]
+    guide = (Path(__file__).parent.parent / "docs" / "conversion.md").read_text()
+    section = guide.split("## Named models: presets", 1)[1]
     excerpt = section.split("An excerpt of the table:", 1)[1].split("```", 2)[1]
     excerpt = excerpt.strip().splitlines()
     table = presets_table().splitlines()

@@ -1,6 +1,7 @@
-"""The README cannot go stale: every `tjax` command it shows parses (options, and for `train`
-and `bench` the whole config they build), and every error it quotes is what the CLI prints
-today (in process, fast; ``test_transcripts`` runs the whole transcripts as a user would)."""
+"""The README and the guides in docs/ cannot go stale: every `tjax` command they show parses
+(options, and for `train` and `bench` the whole config they build), every error they quote is
+what the CLI prints today (in process, fast; ``test_transcripts`` runs the whole transcripts as
+a user would), and the README's switch table is the registries'."""
 
 import contextlib
 import io
@@ -15,7 +16,9 @@ from transcripts import line_matches
 from transformers_jax import ModelConfig, cli
 from transformers_jax.bench import bench_configs
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def fenced_blocks(text: str) -> list[str]:
@@ -26,7 +29,7 @@ def readme_commands() -> list[list[str]]:
     """Each `tjax ...` line of a fenced block (continuations joined, comments dropped), as argv
     after `tjax`, excluding the transcript commands (`$ tjax ...`), checked by their output."""
     commands = []
-    for block in fenced_blocks(README.read_text()):
+    for block in (b for doc in DOCUMENTS for b in fenced_blocks(doc.read_text())):
         for line in block.replace("\\\n", " ").splitlines():
             if re.match(r"tjax [\w-]+( |$)", line):  # not an error line, "tjax train: ..."
                 commands.append(shlex.split(line, comments=True)[1:])
@@ -36,7 +39,7 @@ def readme_commands() -> list[list[str]]:
 def readme_errors() -> list[tuple[list[str], str]]:
     """``$ tjax ...`` lines followed by the ``tjax X: error: ...`` line the README quotes."""
     pairs = []
-    for block in fenced_blocks(README.read_text()):
+    for block in (b for doc in DOCUMENTS for b in fenced_blocks(doc.read_text())):
         lines = block.splitlines()
         for command, output in zip(lines, lines[1:], strict=False):
             if command.startswith("$ tjax ") and re.match(r"tjax [\w-]+: error: ", output):
@@ -57,6 +60,11 @@ def test_the_readme_shows_commands_and_errors():
 def test_every_readme_command_parses(argv, monkeypatch):
     command, rest = argv[0], argv[1:]
     assert command in cli.COMMANDS, f"tjax {command}: no such subcommand"
+    if "--help" in rest:  # prints the help and exits 0
+        with pytest.raises(SystemExit) as stop, contextlib.redirect_stdout(io.StringIO()):
+            cli.main(argv)
+        assert stop.value.code == 0
+        return
     if command == "train" and "--config" not in rest:
         # a run the README trains before starting from it (--train.init_from) is not here:
         # a bert model's config stands in for the one saved with it
@@ -82,3 +90,17 @@ def test_every_error_the_readme_quotes_is_printed_today(argv, printed):
     assert code == 2
     assert any(line_matches(printed, line) for line in err.getvalue().splitlines()), (
         f"README quotes:\n{printed}\ntjax {' '.join(argv)} prints today:\n{err.getvalue()}")
+
+
+def test_the_readme_switch_table_is_the_registries():
+    """Regenerate with ``python tests/readme_tables.py`` after registering an entry."""
+    from readme_tables import readme_table, switch_table
+
+    assert readme_table(README.read_text()) == switch_table()
+
+
+def test_the_readme_stays_short_and_links_guides_that_exist():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", text):
+        assert (ROOT / link).exists(), link

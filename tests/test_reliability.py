@@ -17,13 +17,13 @@ import pytest
 from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.loop import train
 from transformers_jax.runs import load_run
+from transformers_jax.runs.checkpoint import Checkpointer
+from transformers_jax.runs.lock import LOCK_FILE, RunLock
 from transformers_jax.train import step as train_step_module
-from transformers_jax.train.checkpoint import Checkpointer
 from transformers_jax.train.errors import NonFiniteError, RunDirLockedError
 from transformers_jax.train.guard import SPIKE_WARMUP, Guard
-from transformers_jax.train.run_lock import LOCK_FILE, RunLock
+from transformers_jax.train.loop import train
 
 TINY = ["--model.n_layers=1", "--model.d_model=32", "--model.n_heads=2",
         "--train.batch_size=4", "--train.seq_len=32", "--train.eval_batches=1", "--no-progress"]
@@ -127,7 +127,7 @@ def test_guard_counts_skips_and_reports_spikes_with_the_data_position():
 
 
 # ------------------------------------------------------------------------ one writer
-HOLD = ("import sys, time; from transformers_jax.train.run_lock import RunLock; "
+HOLD = ("import sys, time; from transformers_jax.runs.lock import RunLock; "
         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)")
 
 
@@ -235,7 +235,7 @@ def test_resume_refuses_a_changed_window_layout(tmp_path):
 
 
 def test_resume_with_the_same_settings_reports_no_difference(tmp_path):
-    from transformers_jax.train.checkpoint import config_differences
+    from transformers_jax.runs.checkpoint import config_differences
 
     assert config_differences({"test_lengths": [21, 80]}, {"test_lengths": (21, 80)}) == []
     assert config_differences({"a": {"b": [1, [2]]}}, {"a": {"b": (1, (2,))}}) == []

@@ -10,10 +10,11 @@ import pytest
 
 from transformers_jax import ModelConfig, TrainConfig, cli
 from transformers_jax.config import ConfigError, from_dict
-from transformers_jax.loop import _segments_of, train
-from transformers_jax.train.checkpoint import Checkpointer
+from transformers_jax.runs.checkpoint import Checkpointer
+from transformers_jax.runs.meta import segments_of
+from transformers_jax.runs.readme import CONFIG_FILE, run_readme
+from transformers_jax.train.loop import train
 from transformers_jax.train.optim import learning_rate_schedule
-from transformers_jax.train.run_readme import CONFIG_FILE, run_readme
 
 MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2)
 
@@ -146,10 +147,10 @@ def test_a_shorter_resume_is_refused_and_leaves_the_run_as_it_was(tmp_path, caps
 
 def test_segments_of_an_older_checkpoint_and_their_readme_rows():
     older = {"step": 60, "train": {"steps": 60, "warmup_steps": None}}  # saved before segments
-    assert _segments_of(older) == [{"start": 0, "end": 60, "steps": 60, "schedule_steps": 60,
+    assert segments_of(older) == [{"start": 0, "end": 60, "steps": 60, "schedule_steps": 60,
                                     "warmup_steps": 6, "command": None}]
-    assert _segments_of({"step": 0, "train": {"steps": 600}}) == []  # a converted run
-    segments = [*_segments_of(older), {"start": 60, "end": 120, "steps": 120,
+    assert segments_of({"step": 0, "train": {"steps": 600}}) == []  # a converted run
+    segments = [*segments_of(older), {"start": 60, "end": 120, "steps": 120,
                                        "schedule_steps": 60, "warmup_steps": 6,
                                        "command": "tjax train --data 'a|b' --steps 120"}]
     cfg = TrainConfig(steps=120, schedule_steps=60)

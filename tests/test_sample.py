@@ -97,9 +97,9 @@ def test_learned_positions_with_padding_stay_finite():
 
 
 def test_the_decoding_loop_compiles_without_splitting_its_small_passes_over_threads():
-    """``generate_tokens`` compiles with ``DECODE_COMPILER_OPTIONS``: on CPU no loop fusion of
-    the decoding program is split across threads (XLA's parallel task assignment), while the
-    same function compiled plainly has such splits (so the check can fail)."""
+    """``generate_tokens`` compiles with the CPU backend's decoding options here: no loop
+    fusion of the decoding program is split across threads (XLA's parallel task assignment),
+    while the same function compiled plainly has such splits (so the check can fail)."""
     import flax.linen as nn
 
     from transformers_jax import ModelConfig, build_model

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from transformers_jax import ModelConfig, TrainConfig
-from transformers_jax.loop import train
+from transformers_jax.train.loop import train
 from transformers_jax.train.tracking import TENSORBOARD_DIR, flatten_config
 
 TINY_MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, max_len=64)

@@ -15,8 +15,8 @@ from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.corpus import default_corpus, read_text
-from transformers_jax.loop import train
 from transformers_jax.train.flops import flops_per_token
+from transformers_jax.train.loop import train
 from transformers_jax.train.losses import lm_loss, predicts_target
 from transformers_jax.train.optim import decay_mask, learning_rate_schedule
 
@@ -158,13 +158,14 @@ def test_run_tokenizer_builds_when_another_process_is_still_saving(tmp_path):
     a two-process run with "no tokenizer saved"): the tokenizer is built and saved, then
     restored by the next call."""
     from transformers_jax.data.tokenizers import TOKENIZER_FILE
-    from transformers_jax.train.data import TOKENIZER_DIR, run_tokenizer
+    from transformers_jax.runs.layout import TOKENIZER_DIR
+    from transformers_jax.runs.tokenizer import training_tokenizer
 
     (tmp_path / TOKENIZER_DIR).mkdir()  # the other process has made the folder, no file yet
     cfg = TrainConfig(run_dir=str(tmp_path), tokenizer="byte")
-    first = run_tokenizer(cfg)
+    first = training_tokenizer(cfg)
     assert first.name == "byte" and (tmp_path / TOKENIZER_DIR / TOKENIZER_FILE).is_file()
-    again = run_tokenizer(cfg)  # now restored from the file
+    again = training_tokenizer(cfg)  # now restored from the file
     assert again.name == "byte" and again.vocab_size == first.vocab_size
     assert not list((tmp_path / TOKENIZER_DIR).glob("*.tmp*"))  # no temporary file left
 
@@ -262,12 +263,13 @@ def test_loop_strategies_match_one_device(strategy, mesh):
 
 def test_loop_trains_with_concurrent_groups(monkeypatch):
     """``tjax train --train.concurrent_groups=2`` reaches the step (each traced step splits
-    its batch into two row groups) and trains as the whole batch does (dropout 0)."""
-    from transformers_jax.train import step as step_module
+    its batch into two row groups, the CPU backend's) and trains as the whole batch does
+    (dropout 0)."""
+    from transformers_jax.backends import cpu
 
     calls = []
-    real = step_module.row_group
-    monkeypatch.setattr(step_module, "row_group",
+    real = cpu.row_group
+    monkeypatch.setattr(cpu, "row_group",
                         lambda batch, groups, index: calls.append(groups) or
                         real(batch, groups, index))
     cfg = TrainConfig(steps=3, batch_size=8, seq_len=16, log_every=1, eval_every=3,
@@ -283,9 +285,45 @@ def test_loop_trains_with_concurrent_groups(monkeypatch):
 def test_resume_reads_an_older_checkpoint_as_one_group():
     """A checkpoint written before ``concurrent_groups`` existed ran with one group: resuming
     it at the default warns of nothing, resuming it with two groups says so."""
-    from transformers_jax.loop import train_differences
+    from transformers_jax.runs.meta import train_differences
 
     older = {k: v for k, v in dataclasses.asdict(TrainConfig()).items() if k != "concurrent_groups"}
     assert train_differences(older, TrainConfig()) == []
     diffs = train_differences(older, TrainConfig(concurrent_groups=2))
     assert diffs == ["concurrent_groups: checkpoint has 1, asked for 2"]
+
+
+def test_a_family_declares_its_inputs_in_its_entry(monkeypatch):
+    """A new family is its module and its registered ``Family`` entry: the objective it names
+    applies the model with the inputs the entry declares, and nothing in ``train/`` names the
+    family. Here a toy LM that takes positions and nothing else trains a step on a batch that
+    also carries segments (which GPT's inputs would pass, and the toy would refuse)."""
+    import flax.linen as nn
+
+    from transformers_jax.models import FAMILIES, Family
+    from transformers_jax.train.objectives import objective_for, run_objective
+    from transformers_jax.train.optim import make_optimizer
+    from transformers_jax.train.step import init_state, make_train_step
+
+    given = []
+
+    class Toy(nn.Module):
+        config: ModelConfig
+
+        @nn.compact
+        def __call__(self, tokens_BT, *, positions, deterministic=True):
+            given.append(positions.shape)
+            x_BTC = nn.Embed(self.config.vocab_size, 8)(tokens_BT + positions % 2)
+            return nn.Dense(self.config.vocab_size)(x_BTC).astype(jnp.float32)
+
+    monkeypatch.setitem(FAMILIES._entries, "toy", Family(Toy, objective="lm",
+                                                         input_keys=("positions",)))
+    config = ModelConfig(family="toy", vocab_size=16)
+    assert objective_for("toy").input_keys == ("positions",) == run_objective(config).input_keys
+    tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 16
+    batch = {"inputs": tokens, "targets": tokens, "positions": jnp.tile(jnp.arange(6), (2, 1)),
+             "segment_ids": jnp.ones((2, 6), jnp.int32)}
+    objective, optimizer = objective_for("toy"), make_optimizer(TrainConfig())
+    state = init_state(Toy(config), optimizer, 0, batch, objective)
+    _, metrics = make_train_step(Toy(config), optimizer, objective=objective)(state, batch)
+    assert np.isfinite(float(metrics["loss"])) and given and set(given) == {(2, 6)}

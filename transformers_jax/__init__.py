@@ -1,13 +1,16 @@
 """transformers-jax: a readable, switchable JAX/Flax transformer zoo.
 
 The names below load on first use (PEP 562), so importing a light submodule such as
-``transformers_jax.host_memory`` does not import JAX: ``tjax`` re-executes itself with its
-malloc setting before it pays for JAX's start-up, not after.
+``transformers_jax.backends.cpu_malloc`` does not import JAX: ``tjax`` re-executes itself with
+its malloc setting before it pays for JAX's start-up, not after. The switch registries learn
+here where their built-in entries are (``builtins.py``), and load them when first read.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from transformers_jax import builtins  # noqa: F401  (gives each registry its built-in entries)
 
 __version__ = "0.1.0"
 

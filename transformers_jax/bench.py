@@ -9,7 +9,7 @@ where it reports them). Decoding (causal families): tokens/s with the KV cache a
 load average. Speed is never asserted in tests: it is measured here and recorded with its
 command in BENCHMARKS.md.
 
-    tjax bench                                   # config (a): 4x4x128, context 256, batch 16
+    tjax bench                                   # the default: 4x4x128, context 256, batch 16
     tjax bench --model.dtype=bfloat16 --steps 20
     tjax bench --family bert                     # masked LM (no decoding)
     tjax bench --model.n_layers=12 --model.n_heads=12 --model.d_model=768 \\
@@ -23,7 +23,7 @@ Options besides ``--model.*``/``--train.*`` (``--steps`` = ``--train.steps``): `
 (untimed steps, 3), ``--decode-batches 1,8``, ``--decode-prompt 16``, ``--decode-tokens 240``,
 ``--no-decode``, ``--packed`` (documents packed into each row: segment ids and restarting
 positions), ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON),
-``--preset NAME`` (a named model instead of config a; ``--model.*`` applies on top).
+``--preset NAME`` (a named model instead of the default; ``--model.*`` applies on top).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax import __version__, host_memory
+from transformers_jax import __version__
+from transformers_jax.backends import cpu_malloc
 from transformers_jax.compile_cache import use_compile_cache
 from transformers_jax.config import (
     ConfigError,
@@ -65,8 +66,8 @@ from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_m
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.step import init_state, make_train_step
 
-# Config (a) of the benchmark issue: a character-level GPT-2 shape. Attention is the chunked
-# kernel with 64-wide tiles, the fastest here for training (BENCHMARKS.md).
+# The default benchmark model: a character-level GPT-2 shape. Attention is the chunked kernel
+# with 64-wide tiles, the fastest of the kernels for training on a CPU.
 DEFAULT_MODEL = ModelConfig(vocab_size=65, d_model=128, n_layers=4, n_heads=4, max_len=256,
                             position="learned", dropout=0.0,
                             attention={"name": "chunked", "chunk_size": 64})
@@ -192,7 +193,7 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
         "step_ms_min": 1e3 * min(times),
         "timed_steps": steps,
         # pages the kernel handed out per step: about the temp buffer each step unless malloc
-        # uses huge pages (host_memory)
+        # uses huge pages (backends/cpu_malloc.py)
         "minor_page_faults_per_step": faults / steps,
         "warmup_steps": warmup + 1,
         "flops_per_token": flops,
@@ -289,7 +290,7 @@ def environment() -> dict:
         "cpu": cpu,
         "cpu_cores": os.cpu_count(),
         "load_average": list(os.getloadavg()),
-        "host_malloc": host_memory.status(),  # tjax re-executes itself with it
+        "host_malloc": cpu_malloc.status(),  # tjax re-executes itself with it
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
             "optax": optax.__version__, "numpy": np.__version__,
             "transformers_jax": __version__, "python": platform.python_version()},
@@ -301,8 +302,8 @@ def bench_parser() -> CommandParser:
     """``tjax bench``'s own options; every other argument is a config override."""
     parser = CommandParser(
         "tjax bench", "Times the training step (tokens/s, MFU against the measured matmul peak) "
-        "and KV-cache decoding of one config and prints one JSON object. Default model: config "
-        "a (a character-level GPT-2 shape, chunked attention with 64-wide tiles); every "
+        "and KV-cache decoding of one config and prints one JSON object. Default model: a "
+        "character-level GPT-2 shape, chunked attention with 64-wide tiles; every "
         "--model./--train. option of `tjax train --help` applies.", overrides=True)
     parser.add_argument("--preset", metavar="NAME", action=Once,
                         help="start from a named model ('tjax presets' lists them); "
@@ -331,7 +332,7 @@ def bench_parser() -> CommandParser:
 
 def bench_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig, Any, str | None]:
     """``(model config, train config, this command's options, preset name)`` from ``argv``:
-    config a (or ``--preset NAME``), then ``--tiny``, then the ``--model.*``/``--train.*``
+    the default model (or ``--preset NAME``), then ``--tiny``, then the ``--model.*``/``--train.*``
     overrides."""
     args, overrides, config_file = bench_parser().parse(argv)
     preset = args.preset

@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 
+from transformers_jax.backends import prepare_host
 from transformers_jax.compile_cache import use_compile_cache
 from transformers_jax.config import (
     NAMED_FIELDS,
@@ -23,7 +24,6 @@ from transformers_jax.config import (
     check_family,
     from_dict,
 )
-from transformers_jax.host_memory import relaunch_with_tunables
 from transformers_jax.overrides import (
     ALIASES,
     CommandParser,
@@ -55,7 +55,7 @@ def model_of_run(run_dir: str | None) -> dict | None:
     no run)."""
     if run_dir is None or run_dir.lower() in ("none", "null"):
         return None
-    from transformers_jax.train.checkpoint import Checkpointer  # orbax: only when asked
+    from transformers_jax.runs.checkpoint import Checkpointer  # orbax: only when asked
 
     try:
         ckpt = Checkpointer(run_dir, create=False)
@@ -101,7 +101,7 @@ def cmd_train(argv: list[str]) -> int:
     model_cfg, train_cfg = build_configs(argv)
     preset = train_parser().parse(argv)[0].preset
     use_compile_cache()  # every seed and resume of a run compiles the same step
-    from transformers_jax.loop import train  # imports JAX: after the configs are valid
+    from transformers_jax.train.loop import train  # imports JAX: after the configs are valid
 
     # The vocabulary follows the tokenizer unless given explicitly (a published preset's is).
     explicit = model_cfg.vocab_size != ModelConfig().vocab_size
@@ -132,10 +132,12 @@ def cmd_sample(argv: list[str]) -> int:
     use_compile_cache()
 
     from transformers_jax.models import family_of
-    from transformers_jax.runs import load_run
+    from transformers_jax.runs import open_run
     from transformers_jax.sample import SamplingConfig, generate
 
-    model, params, tokenizer, config = load_run(args.run, args.step)
+    run = open_run(args.run, args.step)
+    run.refuse_classifier("tjax sample")
+    model, params, tokenizer, config = run.model, run.params, run.tokenizer, run.config
     if tokenizer is None:
         raise ValueError(
             f"{args.run} has no tokenizer this project can load (converted weights with an "
@@ -231,9 +233,11 @@ def cmd_fill_mask(argv: list[str]) -> int:
     use_compile_cache()
 
     from transformers_jax.models.bert import fill_mask
-    from transformers_jax.runs import load_run
+    from transformers_jax.runs import open_run
 
-    model, params, tokenizer, config = load_run(args.run)
+    run = open_run(args.run)
+    run.refuse_classifier("tjax fill-mask")
+    model, params, tokenizer, config = run.model, run.params, run.tokenizer, run.config
     if not FAMILIES.get(config.family).fills_masks:
         raise ValueError(f"{args.run} holds a {config.family!r} model; fill-mask needs a masked "
                          "LM (train with --family bert)")
@@ -393,12 +397,12 @@ def option_help() -> str:
 
 
 def entry() -> int:
-    """The ``tjax`` console script: ``main`` in a process whose malloc puts big blocks on huge pages
-    (re-executed once with ``GLIBC_TUNABLES`` unless set; ``host_memory`` says why). Tests
-    call ``main`` in their own process instead."""
+    """The ``tjax`` console script: ``main`` in a process set up for the platform it computes
+    on (``backends.prepare_host``: on a CPU host, re-executed once with the malloc setting).
+    Tests call ``main`` in their own process instead."""
     if sys.argv[1:] and not {"-h", "--help"} & set(sys.argv[1:]):
         try:
-            relaunch_with_tunables()
+            prepare_host()
         except ValueError as err:
             print(f"tjax: error: {err}", file=sys.stderr)
             return 2

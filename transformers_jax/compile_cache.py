@@ -1,9 +1,9 @@
 """JAX's persistent compilation cache for the ``tjax`` commands that train or run a model.
 
 A researcher runs the same program many times: every seed of an ablation, every resume, every
-``tjax sample`` of a run. XLA compiles it afresh in each new process (config a: 3-4 s on a
-2-core CPU; a GPT-2-sized step for a TPU: minutes), unless JAX's persistent cache holds the
-executable: then a new process loads it (config a: 0.84 s, BENCHMARKS.md section 3).
+``tjax sample`` of a run. XLA compiles it afresh in each new process (the default benchmark
+model: 3-4 s on a 2-core CPU; a GPT-2-sized step for a TPU: minutes), unless JAX's persistent
+cache holds the executable: then a new process loads it (the same model: under a second).
 
 ``tjax train``, ``sample``, ``eval`` and ``fill-mask`` turn it on, first setting found wins:
 

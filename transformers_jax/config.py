@@ -1,8 +1,12 @@
 """Frozen configuration dataclasses: one ``ModelConfig`` drives a model, one ``TrainConfig`` a run.
 
-Every string switch (attention implementation, mask, position, norm, MLP, family) is a registry
-name; validation happens at construction and errors name the field, the bad value and the fix.
-This module imports no JAX so that configs can be built and checked cheaply.
+Every switch (attention implementation, mask, position, norm and where it sits, MLP) holds a
+registered entry with its settings; family and tokenizer are registry names. Validation happens
+at construction and errors name the field, the bad value and the fix.
+
+This module imports no JAX, and neither does ``TrainConfig()``. ``ModelConfig()`` does: its
+switches resolve to registry entries, whose modules (``builtins.py`` lists them) define the
+Flax modules and kernels they build beside their settings and checks.
 """
 
 from __future__ import annotations
@@ -73,18 +77,17 @@ class ModelConfig:
     type_vocab_size: int = 2  # bert: token-type (segment A/B) embeddings; 0 for none
     n_decoder_layers: int | None = None  # encdec: decoder depth (None: same as n_layers)
 
-    # The three independent switches. Each holds a registered object carrying its own settings
-    # and hooks (see registry.py): given as a name ("alibi"), a JSON dict
-    # ({"name": "t5", "num_buckets": 16}) or an instance; stored as the instance.
-    attention: Switch = switch_field(ATTENTION, "xla")  # how scores are computed (nn/attention.py)
+    # The switches. Each holds a registered object carrying its own settings and hooks (see
+    # registry.py): given as a name ("alibi"), a JSON dict ({"name": "t5", "num_buckets": 16})
+    # or an instance; stored as the instance.
+    attention: Switch = switch_field(ATTENTION, "xla")  # how scores are computed (nn/attention/)
     mask: Switch = switch_field(MASKS, "causal")  # who attends to whom (nn/masks.py)
     position: Switch = switch_field(POSITIONS, "rope")  # positional scheme (nn/positions/)
+    norm: Switch = switch_field(NORMS, "layernorm")  # the norm layer and its eps (nn/norms.py)
+    norm_position: Switch = switch_field(NORM_PLACEMENTS, "pre")  # norms before/after branches
+    mlp: Switch = switch_field(MLPS, "gelu")  # MLP activation, gated or not (nn/activations.py)
 
     # Block options.
-    norm: str = "layernorm"  # the normalisation layer
-    norm_position: str = "pre"  # where the norms sit around each residual branch
-    norm_eps: float = 1e-5  # added to the variance inside the norm
-    mlp: str = "gelu"  # the feed-forward block's activation (gated ones have two inputs)
     use_bias: bool = True  # biases in dense layers and norms (GPT-2 yes, Llama no)
     tie_embeddings: bool = True  # the output layer reuses the token embedding table
     dropout: float = 0.0  # on embeddings and residual branches
@@ -102,8 +105,6 @@ class ModelConfig:
         resolve_switch_fields(self)
         check_field_types(self)
         check_family(self.family)
-        NORMS.check(self.norm, "norm")
-        MLPS.check(self.mlp, "mlp")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
             if getattr(self, name) <= 0:
                 _fail(name, getattr(self, name), "must be a positive integer")
@@ -128,7 +129,6 @@ class ModelConfig:
             _fail("type_vocab_size", self.type_vocab_size, "must be >= 0 (0: no token types)")
         if self.n_decoder_layers is not None and self.n_decoder_layers <= 0:
             _fail("n_decoder_layers", self.n_decoder_layers, "must be positive or None")
-        NORM_PLACEMENTS.check(self.norm_position, "norm_position")
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("param_dtype", self.param_dtype, DTYPES)
         _check_choice("remat", self.remat, REMAT_POLICIES)
@@ -138,13 +138,13 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 _fail(name, value, "must be positive or None")
-        if self.norm_eps <= 0:  # a negative epsilon takes the square root of a negative
-            _fail("norm_eps", self.norm_eps, "must be positive (e.g. 1e-5)")
         if self.init_std < 0:
             _fail("init_std", self.init_std, "must be >= 0 (e.g. 0.02)")
         # Each switch refuses what it cannot serve (soft-cap without support, odd rotary
-        # widths, a window missing, a family whose decoder would see its targets, ...).
-        for switch in (self.attention, self.mask, self.position):
+        # widths, a window missing, a norm's eps, a family whose decoder would see its
+        # targets, ...).
+        for switch in (self.attention, self.mask, self.position, self.norm, self.norm_position,
+                       self.mlp):
             switch.check(self)
         FAMILIES.get(self.family).check(self)
 
@@ -161,7 +161,7 @@ class ModelConfig:
     def ff_dim(self) -> int:
         if self.d_ff is not None:
             return self.d_ff
-        if MLPS.get(self.mlp).gated:  # gated: keep the parameter count of a 4x MLP
+        if self.mlp.gated:  # gated: keep the parameter count of a 4x MLP
             return 8 * ((8 * self.d_model // 3 + 7) // 8)
         return 4 * self.d_model
 
@@ -191,9 +191,19 @@ class ModelConfig:
         """Read a config saved before the switches carried their settings (flat ``rope``,
         ``window``, ``t5_*``, ``fire_hidden``, ``attention_chunk`` fields): those fields move
         into the switch they belong to; only fields of the switch in use are kept, as the
-        model built from the old config never read the others. A saved sinusoidal position
-        without ``form`` predates the original-transformer form and reads as ``form="rms"``."""
+        model built from the old config never read the others. ``norm_eps`` becomes the
+        norm's ``eps`` (every norm has one; given beside a norm dict, as a JSON config merged
+        over a saved one may, it wins). Names saved for ``norm``, ``norm_position`` and
+        ``mlp`` before they were switches read as those entries with their defaults. A saved
+        sinusoidal position without ``form`` predates the original-transformer form and reads
+        as ``form="rms"``."""
         data = dict(data)
+        if "norm_eps" in data:
+            eps, norm = data.pop("norm_eps"), data.get("norm", _DEFAULT_SWITCHES["norm"])
+            norm = norm.to_dict() if isinstance(norm, Switch) else norm
+            norm = {"name": norm} if isinstance(norm, str) else norm
+            if isinstance(norm, dict):  # else the norm's own error names it
+                data["norm"] = {**norm, "eps": eps}
         if data.get("position") == {"name": "sinusoidal"}:
             # saved before sinusoidal had a form (every saved switch lists all its fields):
             # that model added the table at the embeddings' init RMS, without token scaling
@@ -243,7 +253,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
     warmup_steps: int | None = None  # None: 10% of the schedule's steps
     # The schedule belongs to the run: a resume with more --steps keeps the checkpoint's, and
-    # the steps past its end run at its floor (loop._plan_segment).
+    # the steps past its end run at its floor (train/loop.py, _plan_segment).
     schedule_steps: int | None = None  # steps of warm-up + cosine, then the floor (None: steps)
     weight_decay: float = 0.1  # AdamW's decoupled decay (not on norms and biases)
     b1: float = 0.9  # Adam's first-moment decay
@@ -277,7 +287,7 @@ class TrainConfig:
     # What is trained (train/objectives.py): None, the family's own (gpt lm, bert mlm, ...);
     # sequence_classification, a classifier on the encoder, on labelled --data (JSONL/CSV).
     objective: str | None = None  # None: the family's; sequence_classification: labelled data
-    # Reliability (see train/guard.py, loop._resume): bad updates skipped before the run stops,
+    # Reliability (see train/guard.py, train/loop.py): bad updates skipped before the run stops,
     # and whether a resume may read other data or another tokenizer than the checkpoint's.
     skip_nonfinite_steps: int = 0  # updates with a non-finite loss/grad skipped; then stop
     accept_data_change: bool = False  # resume onto changed data/tokenizer with a warning
@@ -289,7 +299,8 @@ class TrainConfig:
     strategy: str = "single"  # single, pmap, shard_map, jit
     mesh: str | None = None  # e.g. "data=4,fsdp=2,tensor=1"; default: all devices on data
     grad_accum: int = 1  # micro-batches per step (the batch is split, the update is the same)
-    # (BENCHMARKS.md section 2q: 1.06-1.11x for small models on 2 CPU cores; not on accelerators)
+    # The CPU backend's (backends/cpu.py): small models trained 1.06-1.11x faster on 2 cores;
+    # meshes of other devices refuse more than 1
     concurrent_groups: int = 1  # row groups per (micro-)batch computed side by side on a CPU
     coordinator: str | None = None  # HOST:PORT of process 0 for multi-host runs
     num_processes: int | None = None  # processes of a multi-host run (with coordinator)
@@ -416,10 +427,10 @@ def check_lengths(model: ModelConfig, seq_len: int) -> None:
 
 
 # Plain-name fields and the registries that hold their names (the CLI's help lists these).
-NAMED_FIELDS = {"family": FAMILIES, "norm": NORMS, "norm_position": NORM_PLACEMENTS,
-                "mlp": MLPS, "tokenizer": TOKENIZERS}
+NAMED_FIELDS = {"family": FAMILIES, "tokenizer": TOKENIZERS}
 
-_DEFAULT_SWITCHES = {"position": "rope", "mask": "causal", "attention": "xla"}
+_DEFAULT_SWITCHES = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                     if "registry" in f.metadata}
 # Flat fields of older versions and where their settings live now (for a helpful error).
 MOVED_FIELDS = {
     "rope": "position.FIELD (position=rope: base, pairing, fraction, scaling, "
@@ -429,6 +440,7 @@ MOVED_FIELDS = {
     "t5_max_distance": "position.max_distance (with --model.position=t5)",
     "fire_hidden": "position.hidden (with --model.position=fire)",
     "attention_chunk": "attention.chunk_size (with --model.attention=chunked)",
+    "norm_eps": "norm.eps (every norm has one: --model.norm=rmsnorm --model.norm.eps=1e-6)",
 }
 
 

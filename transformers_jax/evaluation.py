@@ -1,4 +1,5 @@
-"""``tjax eval``: a trained or converted run, evaluated without writing Python.
+"""Evaluation, all of it: ``tjax eval`` (a trained, fine-tuned or converted run, evaluated
+without writing Python), the held-out metrics the training loop logs, greedy exact match.
 
     result = evaluate_run("runs/gpt", lengths=[128, 256], passkey=True)
 
@@ -11,7 +12,14 @@
   drawn as a PNG when matplotlib is installed;
 - with ``passkey``, for families that generate: passkey retrieval, a random number hidden in
   filler text at a relative depth, asked for at the end, decoded greedily and scored by exact
-  match, per length and depth.
+  match, per length and depth;
+- for a classifier run (``--train.objective=sequence_classification``): the held-out loss and
+  accuracy on the labelled rows its training held out (or on every row of ``data``), with its
+  class names (``RUN_DIR/labels.json``).
+
+``held_out_metrics`` is the mean of an eval step over fixed batches: what the training loop
+(``train/loop.py``) logs at each evaluation and what ``evaluate_run`` reports. Greedy decoding
+scored against a synthetic task's targets is ``seq2seq_exact_match``.
 """
 
 from __future__ import annotations
@@ -19,20 +27,23 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax.config import TrainConfig, from_dict
-from transformers_jax.convert.run_io import load_converted_run, read_run_meta
+from transformers_jax.config import TrainConfig
+from transformers_jax.data.seq2seq import pack_seq2seq, task_pairs, task_shapes
 from transformers_jax.data.sources import parse_spec
+from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.models import family_of
+from transformers_jax.models.encdec import greedy_decode
+from transformers_jax.runs.load import Run, open_run
 from transformers_jax.sample import SamplingConfig, generate, generating_families
-from transformers_jax.train.data import make_eval_batches
+from transformers_jax.train.data import labelled_eval_batches, make_eval_batches
 from transformers_jax.train.losses import token_losses
-from transformers_jax.train.objectives import apply_model, objective_for
+from transformers_jax.train.objectives import apply_model
 from transformers_jax.train.step import make_eval_step
 
 PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
@@ -61,6 +72,13 @@ def _check_length(config, length: int) -> None:
             f"--lengths {length} is longer than the model's learned position table "
             f"(position={config.position.name}, {limit} positions, model.max_len); evaluate at "
             f"lengths up to {limit}, or train a model whose positions extrapolate (rope, alibi)")
+
+
+def held_out_metrics(eval_step: Callable, params, batches: Sequence[dict]) -> dict[str, float]:
+    """Mean metrics over a fixed list of held-out batches (``eval_step(params, batch) ->
+    metrics``, e.g. ``train.step.make_eval_step``'s or a parallel trainer's)."""
+    rows = jax.device_get([eval_step(params, batch) for batch in batches])
+    return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]}
 
 
 def _per_position(model, objective):
@@ -108,9 +126,9 @@ def evaluate_run(
     the loss by position (None: no file). ``step``: the checkpoint (default the latest).
     """
     _check_run(run_dir)
-    model, params, tokenizer, config = load_converted_run(run_dir, step)
-    meta = read_run_meta(run_dir, step)
-    train_cfg = from_dict(TrainConfig, meta["train"])
+    run = open_run(run_dir, step)
+    model, params, tokenizer, config = run.model, run.params, run.tokenizer, run.config
+    meta, train_cfg = run.meta, run.train_config
     family = family_of(config)
     if tokenizer is None:
         raise ValueError(
@@ -122,6 +140,9 @@ def evaluate_run(
                                          eval_batches=batches or train_cfg.eval_batches)
     if data is not None:
         cfg = cfg.replace(data=data, task=None)
+    if run.classifier:  # labelled rows, held out (or all of another file, like text below)
+        return _evaluate_classifier(run, cfg, whole=data is not None, split=split,
+                                    lengths=lengths, passkey=passkey)
     if split is not None and not cfg.task and parse_spec(cfg.data).kind != "tfds":
         raise ValueError(f"--split {split}: splits are read from tfds datasets (--data "
                          f"tfds:NAME); {cfg.data or 'the default corpus'} is local text whose "
@@ -141,7 +162,7 @@ def evaluate_run(
             f"with a causal mask); {run_dir} holds family={config.family!r} with "
             f"mask={config.mask.name!r}: drop --passkey")
 
-    objective = objective_for(config.family)
+    objective = run.objective
     eval_step = jax.jit(make_eval_step(model, objective))
     by_position = _per_position(model, objective) if objective.per_position else None
     unit = tokenizer.unit
@@ -158,8 +179,7 @@ def evaluate_run(
     by_length, curves = [], {}
     for length in sorted(set(lengths) | {train_cfg.seq_len}):
         eval_batches = make_eval_batches(config, cfg.replace(seq_len=length), tokenizer, read)
-        rows = jax.device_get([eval_step(params, b) for b in eval_batches])
-        loss = float(np.mean([float(r["loss"]) for r in rows]))
+        loss = held_out_metrics(eval_step, params, eval_batches)["loss"]
         entry = {"length": length, **_figures(loss, unit)}
         if by_position is not None:
             total, count = np.zeros(length), np.zeros(length)
@@ -187,6 +207,32 @@ def evaluate_run(
             passkey_digits, seed)
     result["notes"] = notes
     return result
+
+
+def _evaluate_classifier(run: Run, cfg: TrainConfig, *, whole: bool, split: str | None,
+                         lengths: Sequence[int] | None, passkey: bool) -> dict:
+    """A classifier's held-out loss and accuracy on labelled rows (``evaluate_run``)."""
+    refused = [name for name, given in (("--split", split), ("--lengths", lengths),
+                                        ("--passkey", passkey)) if given]
+    if refused:
+        raise ValueError(
+            f"{run.directory} holds a {run.objective.name} classifier, evaluated on labelled "
+            f"rows as it was trained ({cfg.seq_len} tokens); {', '.join(refused)} apply to "
+            "language models: drop them (--data PATH.jsonl evaluates every row of another "
+            "labelled file)")
+    batches, examples = labelled_eval_batches(cfg, run.tokenizer, run.labels, whole=whole)
+    metrics = held_out_metrics(jax.jit(make_eval_step(run.model, run.objective)), run.params,
+                               batches)
+    return {
+        "run": run.directory, "step": run.step, "family": run.config.family,
+        "objective": run.objective.name, "labels": list(run.labels), "data": cfg.data,
+        "split": "all of --data" if whole else "held-out",
+        "examples": examples, "tokenizer": run.tokenizer.name,
+        "batches": len(batches), "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+        "loss": metrics["loss"], "accuracy": metrics["accuracy"],
+        "notes": (["the last batch repeats rows to fill it: the figures weigh those twice"]
+                  if len(batches) * cfg.batch_size > examples else []),
+    }
 
 
 def _plot(curves: dict[int, list], path: str, run_dir: str, unit: str, notes: list) -> str | None:
@@ -260,3 +306,31 @@ def passkey_accuracy(model, params, tokenizer, lengths: Sequence[int],
                  for n in lengths}
     return {"digits": digits, "trials_per_cell": trials, "accuracy_by_length": by_length,
             "cells": cells}
+
+
+def seq2seq_exact_match(model, params, task: str, sizes: Sequence[int], n_per_size: int = 64,
+                        seed: int = 1234, tokenizer=None) -> dict[int, float]:
+    """Greedy-decoding exact-match accuracy of an encoder-decoder per task size
+    (``data/seq2seq.py``'s synthetic tasks).
+
+    For each size, ``n_per_size`` fresh examples are decoded greedily (``greedy_decode``) and
+    an example counts when the output up to its first ``eos`` equals the target.
+    """
+    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
+    sp = tokenizer.special
+    results = {}
+    S, T = task_shapes(task, max(int(s) for s in sizes))  # one shape: one compilation
+    for size in sizes:
+        pairs = task_pairs(task, [size] * n_per_size, seed + 1000 * int(size), tokenizer)
+        batch = pack_seq2seq(pairs, S, T, tokenizer)
+        out = np.asarray(greedy_decode(
+            model, params, jnp.asarray(batch["encoder_inputs"]), max_len=T,
+            bos_id=sp["bos"], eos_id=sp["eos"], pad_id=sp["pad"],
+            encoder_segment_ids=jnp.asarray(batch["encoder_segment_ids"]),
+        ))
+        correct = [
+            np.array_equal(out[i, : len(tgt) + 1], np.append(tgt, sp["eos"]))
+            for i, (_, tgt) in enumerate(pairs)
+        ]
+        results[int(size)] = float(np.mean(correct))
+    return results

@@ -71,8 +71,8 @@ def _bert(d: int, layers: int, heads: int, vocab: int = 30522, max_len: int = 51
     """BERT: post-LayerNorm (eps 1e-12), exact-erf GELU, learned positions, token types."""
     return dict(family="bert", vocab_size=vocab, d_model=d, n_layers=layers, n_heads=heads,
                 d_ff=4 * d, max_len=max_len, mask={"name": "bidirectional"},
-                position={"name": "learned"}, norm_position="post", norm_eps=1e-12,
-                mlp="gelu_exact")
+                position={"name": "learned"}, norm={"name": "layernorm", "eps": 1e-12},
+                norm_position="post", mlp="gelu_exact")
 
 
 def _t5(d: int, layers: int, heads: int, d_ff: int, *, v1_1: bool, vocab: int = 32128,
@@ -82,8 +82,8 @@ def _t5(d: int, layers: int, heads: int, d_ff: int, *, v1_1: bool, vocab: int = 
     return dict(family="encdec", vocab_size=vocab, d_model=d, n_layers=layers, n_heads=heads,
                 head_dim=head_dim, d_ff=d_ff, n_decoder_layers=layers,
                 position={"name": "t5", "num_buckets": 32, "max_distance": 128},
-                norm="rmsnorm", norm_eps=1e-6, mlp="geglu" if v1_1 else "relu", use_bias=False,
-                tie_embeddings=not v1_1, attention_scale=1.0)
+                norm={"name": "rmsnorm", "eps": 1e-6}, mlp="geglu" if v1_1 else "relu",
+                use_bias=False, tie_embeddings=not v1_1, attention_scale=1.0)
 
 
 def _llama(d: int, layers: int, heads: int, kv_heads: int, d_ff: int, *, vocab: int,

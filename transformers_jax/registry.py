@@ -3,19 +3,22 @@
 Every switch value (a positional scheme, a mask kind, an attention implementation, a RoPE
 scaling, a norm and where it sits, an MLP, a model family) is one registered object that
 carries its own settings and the hooks the model calls; code outside it never tests its name.
-Adding one is one class (or function) plus one ``@REGISTRY.register("name")`` line, in its own
-file; looking up an unknown name raises an error that lists the valid ones.
+Adding one is one class decorated with ``@REGISTRY.register("name")``, in its own file, and
+one import line in ``builtins.py``; looking up an unknown name raises an error that lists the
+valid ones.
 
-This module imports no JAX: the registries are declared here and fill themselves on first use
-by importing the module named in ``load`` (so ``config.py`` can resolve ``"rope"`` without
-importing the model code at import time, and no import cycle runs through the config).
+This module is the machinery only: it imports nothing of the project and no JAX, and loads no
+module by name. The registries of the config's switches are declared at the bottom, empty;
+``builtins.py``, in a layer above every module holding an entry, gives each one the function
+that imports its built-in entries (``Registry.fill_from``), which runs the first time the
+registry is read. So importing ``config.py`` imports no model code, and the import contracts
+see every edge from the catalogue to the entries.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import math
 import numbers
 import types
@@ -37,25 +40,31 @@ class UnknownNameError(ValueError):
 
 
 class Registry(Generic[T]):
-    """A mapping from names to implementations, with errors that list the choices.
+    """A mapping from names to implementations, with errors that list the choices."""
 
-    ``load``: a module that registers the built-in entries when imported; it is imported the
-    first time the registry is read.
-    """
-
-    def __init__(self, kind: str, load: str | None = None):
+    def __init__(self, kind: str):
         self.kind = kind
-        self._load = load
+        self._fill: Callable[[], object] | None = None
         self._entries: dict[str, T] = {}
         # Set by the loading module where a config may name only some entries (tokenizers
         # restored with a converted run, never built): entry -> None if a config may name it,
         # else why not.
         self.refusal: Callable[[T], str | None] = lambda entry: None
 
+    def fill_from(self, load: Callable[[], object]) -> None:
+        """Call ``load`` (a function importing the modules that register the built-in entries,
+        given by ``builtins.py``) the first time the registry is read, not before: what a
+        command imports stays what it uses."""
+        self._fill = load
+
     def _ensure_loaded(self) -> None:
-        if self._load is not None:
-            module, self._load = self._load, None  # before importing: registering reads us
-            importlib.import_module(module)
+        if self._fill is not None:
+            load, self._fill = self._fill, None  # before loading: an entry's module may read us
+            try:
+                load()
+            except BaseException:  # an entry's module failed to import: try again next read
+                self._fill = load
+                raise
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
@@ -276,13 +285,13 @@ def resolve(registry: Registry, value: Any, field: str) -> Switch:
     )
 
 
-# The registries of the config's switches. Entries register themselves in the modules named.
-POSITIONS: Registry = Registry("position scheme", load="transformers_jax.nn.positions")
-ROPE_SCALINGS: Registry = Registry("RoPE scaling", load="transformers_jax.nn.positions")
-MASKS: Registry = Registry("mask kind", load="transformers_jax.nn.masks")
-ATTENTION: Registry = Registry("attention implementation", load="transformers_jax.nn.attention")
-NORMS: Registry = Registry("norm", load="transformers_jax.nn.norms")
-NORM_PLACEMENTS: Registry = Registry("norm placement", load="transformers_jax.nn.norms")
-MLPS: Registry = Registry("mlp", load="transformers_jax.nn.activations")
-FAMILIES: Registry = Registry("model family", load="transformers_jax.models")
-TOKENIZERS: Registry = Registry("tokenizer", load="transformers_jax.data.tokenizers")
+# The registries of the config's switches; ``builtins.py`` says where their entries are.
+POSITIONS: Registry = Registry("position scheme")
+ROPE_SCALINGS: Registry = Registry("RoPE scaling")
+MASKS: Registry = Registry("mask kind")
+ATTENTION: Registry = Registry("attention implementation")
+NORMS: Registry = Registry("norm")
+NORM_PLACEMENTS: Registry = Registry("norm placement")
+MLPS: Registry = Registry("mlp")
+FAMILIES: Registry = Registry("model family")
+TOKENIZERS: Registry = Registry("tokenizer")

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from transformers_jax import backends
+from transformers_jax.backends.generic import Backend
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import FAMILIES, family_of
 from transformers_jax.nn.kvcache import KVCache
@@ -179,17 +181,18 @@ def _generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array,
     return _decode_loop(step_fn, first_BV, cache, key, cfg, on_token)
 
 
-# XLA:CPU splits a loop fusion across its threads when its cost model expects a gain (the
-# "cpu-parallel-task-assigner" pass). A decoding step's elementwise passes are one token per
-# row, [batch, width]: handing half of one to the other thread costs more than it saves
-# (config a, batch 8: the MLP activation 16 -> 3 us a call, the loop 1.19x faster;
-# BENCHMARKS.md section 2p). Training keeps the pass (its step is 6% slower without it). The
-# pass exists only in XLA:CPU: on other platforms the option names nothing.
-DECODE_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
 _STATIC = ("model", "cfg", "on_token")
-_generate_top_level = jax.jit(_generate_tokens, static_argnames=_STATIC,
-                              compiler_options=DECODE_COMPILER_OPTIONS)
 _generate_nested = jax.jit(_generate_tokens, static_argnames=_STATIC)
+_TOP_LEVEL: dict[str, Callable] = {}  # platform -> the decoder compiled with its options
+
+
+def _generate_top_level(backend: Backend) -> Callable:
+    """The decoder as a program of its own, compiled with ``backend``'s decoding options."""
+    if backend.platform not in _TOP_LEVEL:
+        _TOP_LEVEL[backend.platform] = jax.jit(
+            _generate_tokens, static_argnames=_STATIC,
+            compiler_options=dict(backend.decode_compiler_options) or None)
+    return _TOP_LEVEL[backend.platform]
 
 
 def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, key: jax.Array,
@@ -198,12 +201,14 @@ def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, 
     new tokens ``[B, max_new_tokens]`` (``pad_id`` after a row stops). What ``generate`` and
     the benchmarks run.
 
-    Called on arrays it compiles with ``DECODE_COMPILER_OPTIONS``; called inside a caller's
+    Called on arrays it compiles with the decoding options of the backend compiled for
+    (``backends.current()``: the mesh in context, else JAX's default backend; XLA:CPU keeps
+    the loop's small passes on one thread, ``backends/cpu.py``); called inside a caller's
     ``jit`` (its arguments traced) it becomes part of that program, which JAX compiles with
     the caller's options (JAX takes compile options on the outermost ``jit`` only).
-    ``generate_tokens.lower`` lowers the top-level version."""
+    ``generate_tokens.lower`` (``trace``, ``eval_shape``) lowers the top-level version."""
     nested = _inside_a_trace(params, prompts_BP, lengths_B, key)
-    run = _generate_nested if nested else _generate_top_level
+    run = _generate_nested if nested else _generate_top_level(backends.current())
     return run(model, params, prompts_BP, lengths_B, key, cfg=cfg, on_token=on_token)
 
 
@@ -218,9 +223,24 @@ def _inside_a_trace(*args) -> bool:
     return not trace_state_clean()
 
 
+def _top_level_method(name: str) -> Callable:
+    def method(*args, **kwargs):
+        return getattr(_generate_top_level(backends.current()), name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"``{name}`` of the top-level decoder for the backend compiled for."
+    return method
+
+
+def _clear_caches() -> None:
+    for jitted in (_generate_nested, *_TOP_LEVEL.values()):
+        jitted.clear_cache()
+
+
 # what a jitted function offers, from the top-level version
-for _name in ("lower", "trace", "eval_shape", "clear_cache"):
-    setattr(generate_tokens, _name, getattr(_generate_top_level, _name))
+for _name in ("lower", "trace", "eval_shape"):
+    setattr(generate_tokens, _name, _top_level_method(_name))
+generate_tokens.clear_cache = _clear_caches
 generate_tokens.__wrapped__ = _generate_tokens  # the undecorated function, as jax.jit keeps it
 
 

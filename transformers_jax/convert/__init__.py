@@ -8,7 +8,8 @@ GELU, per-layer attention scaling, a YaRN attention factor of its own, ...) is a
 ``ConversionError`` that names the field and value.
 
 - ``load_hf(dir)`` -> ``HFCheckpoint`` (``config``, ``params``, source info);
-- ``convert_hf_directory(dir, run_dir)``: a run directory ``runs.load_run`` restores;
+- ``convert_hf_directory(dir, run_dir)``: a run directory ``runs.load_run`` restores
+  (``load_converted_run`` is that function under its former name);
 - ``save_hf(dir, config, params)`` / ``export_run(run_dir, dir)``: back to ``config.json`` +
   ``model.safetensors`` that ``transformers`` loads;
 - ``main(argv)``: ``tjax convert --from-hf DIR --out RUN_DIR`` and
@@ -38,8 +39,9 @@ from transformers_jax.convert.api import (
 )
 from transformers_jax.convert.common import ARCHITECTURES, supported_classes
 from transformers_jax.convert.hf_files import ConversionError
-from transformers_jax.convert.run_io import load_converted_run, write_run
 from transformers_jax.convert.tokenizer import HFTokenizer
+from transformers_jax.runs.load import load_run as load_converted_run  # one loader for every run
+from transformers_jax.runs.write import write_run
 
 __all__ = [
     "ARCHITECTURES",

@@ -39,7 +39,6 @@ from transformers_jax.convert.hf_files import (
     source_dtype,
     write_safetensors,
 )
-from transformers_jax.convert.run_io import load_converted_run, read_run_meta, write_run
 from transformers_jax.convert.tokenizer import HFTokenizer, has_hf_tokenizer, is_tjax_tokenizer_file
 from transformers_jax.data.tokenizers import (
     EXTERNAL,
@@ -49,6 +48,8 @@ from transformers_jax.data.tokenizers import (
     load_tokenizer,
 )
 from transformers_jax.overrides import CommandParser
+from transformers_jax.runs.load import open_run
+from transformers_jax.runs.write import write_run
 
 TJAX_TOKENIZER_DIR = "tjax_tokenizer"  # our tokenizer inside an exported Hugging Face directory
 DTYPE_CHOICES = ("float32", "bfloat16", "float16", "auto")
@@ -146,11 +147,10 @@ def convert_hf_directory(
     """Convert a Hugging Face directory into a run directory laid out like a trained run;
     returns a summary (run dir, architecture, params, tokenizer kind and note).
 
-    The run is step 0 with a fresh AdamW state (see ``run_io.write_run``); ``meta["source"]``
-    keeps the original ``config.json`` so ``export_run`` can write it back. ``load_converted_run``
-    restores any converted run; ``runs.load_run`` (and ``tjax sample --run``) restores those
-    whose tokenizer is one of ours (byte-level here) and whose family it can initialise
-    (``gpt``, ``bert``).
+    The run is step 0 with a fresh AdamW state (see ``runs.write.write_run``);
+    ``meta["source"]`` keeps the original ``config.json`` so ``export_run`` can write it back.
+    ``runs.load_run`` (and ``tjax sample``/``eval --run``) restores it like any run; its
+    tokenizer is None when the source's could not be loaded here (token ids only).
     """
     hf = load_hf(src, dtype=dtype)
     tokenizer, note = tokenizer_for(src, hf.config)
@@ -223,7 +223,7 @@ def hf_config_for(
         arch, hf = found[0]
     back = arch.config_from_hf(hf)
     if _canonical(back) != _canonical(config):
-        from transformers_jax.train.checkpoint import config_differences
+        from transformers_jax.runs.checkpoint import config_differences
 
         diffs = config_differences(dataclasses.asdict(_canonical(back)),
                                    dataclasses.asdict(_canonical(config)))
@@ -281,11 +281,16 @@ def export_run(
     the model's fields, and its original dtype; a run trained here needs a config that GPT-2
     or Llama can express.
     """
-    _, params, tokenizer, config = load_converted_run(run_dir, step)
-    source = read_run_meta(run_dir, step).get("source") or {}
+    run = open_run(run_dir, step)
+    if run.classifier:
+        raise ConversionError(
+            f"{run_dir} holds a {run.objective.name} classifier, which has no Hugging Face "
+            "architecture here (only language models convert): export the masked-LM run it "
+            "was fine-tuned from, or evaluate this one with tjax eval")
+    source = run.meta.get("source") or {}
     base = source.get("config") if source.get("format") == "huggingface" else None
-    return save_hf(dst, config, params, base_config=base, architecture=architecture,
-                   dtype=dtype or source.get("dtype"), tokenizer=tokenizer)
+    return save_hf(dst, run.config, run.params, base_config=base, architecture=architecture,
+                   dtype=dtype or source.get("dtype"), tokenizer=run.tokenizer)
 
 
 # Parity against transformers -------------------------------------------------------------------

@@ -231,7 +231,7 @@ def mlp_to_hf(config: ModelConfig, arch: str, *, gated: bool | None, why: str) -
     """Export check and name: ``config.mlp`` must convert (and be of that gating, unless None);
     returns the Hugging Face name of its activation."""
     require_ours(config, arch, "mlp", convertible_mlps(gated=gated), why)
-    return MLPS.get(config.mlp).hf_names[0]
+    return config.mlp.hf_names[0]
 
 
 def build_config(model_type: str, **fields: Any) -> ModelConfig:
@@ -266,9 +266,13 @@ def require_ours(config: ModelConfig, arch: str, field: str, allowed: Any, why: 
 Layout = Mapping[str, tuple[Any, str]]
 
 
-def pinned(layout: Layout) -> dict[str, Any]:
-    """The fields an import sets outright: the single values of ``layout``."""
-    return {field: value for field, (value, _) in layout.items() if not isinstance(value, tuple)}
+def pinned(layout: Layout, **settings: dict[str, Any]) -> dict[str, Any]:
+    """The fields an import sets outright: the single values of ``layout``; a switch's entry
+    with the ``settings`` the Hugging Face config gives it (``norm={"eps": 1e-6}``)."""
+    fields = {field: value for field, (value, _) in layout.items() if not isinstance(value, tuple)}
+    for field, given in settings.items():
+        fields[field] = {"name": fields[field], **given}
+    return fields
 
 
 def require_layout(config: ModelConfig, arch: str, layout: Layout) -> None:

@@ -28,7 +28,6 @@ from transformers_jax.convert.common import (
     require_ours,
     require_plain_attention,
 )
-from transformers_jax.registry import MLPS
 
 # GPT2Config's defaults for the fields read here (a config.json may omit any of them).
 DEFAULTS = {
@@ -79,14 +78,13 @@ def config_from_hf(raw: dict) -> ModelConfig:
     n_embd, n_head = hf["n_embd"], hf["n_head"]
     return build_config(
         "gpt2",
-        **pinned(LAYOUT),
+        **pinned(LAYOUT, norm={"eps": float(hf["layer_norm_epsilon"])}),
         vocab_size=hf["vocab_size"],
         d_model=n_embd,
         n_layers=hf["n_layer"],
         n_heads=n_head,
         d_ff=hf.get("n_inner", 4 * n_embd),
         max_len=hf["n_positions"],
-        norm_eps=float(hf["layer_norm_epsilon"]),
         mlp=mlp,
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         attention_scale=None if hf["scale_attn_weights"] else 1.0,
@@ -107,7 +105,7 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
     for alias in ALIASES:  # keep one spelling of each field
         hf.pop(alias, None)
     activation = mlp_to_hf(config, arch, gated=False, why="GPT-2's MLP is not gated")
-    if hf.get("activation_function") in MLPS.get(config.mlp).hf_names:
+    if hf.get("activation_function") in config.mlp.hf_names:
         activation = hf["activation_function"]  # keep the source's spelling (of tanh-GELU)
     hf.update(
         architectures=["GPT2LMHeadModel"],
@@ -118,7 +116,7 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
         n_head=config.n_heads,
         n_inner=None if config.ff_dim == 4 * config.d_model else config.ff_dim,
         n_positions=config.max_len,
-        layer_norm_epsilon=config.norm_eps,
+        layer_norm_epsilon=config.norm.eps,
         activation_function=activation,
         scale_attn_weights=config.attention_scale != 1.0,
         scale_attn_by_inverse_layer_idx=False,

@@ -42,7 +42,6 @@ from transformers_jax.convert.common import (
     require_plain_attention,
     unsupported,
 )
-from transformers_jax.registry import MLPS
 
 DEFAULTS = {
     "vocab_size": 32128,
@@ -99,16 +98,15 @@ def config_from_hf(raw: dict) -> ModelConfig:
     decoder_layers = hf.get("num_decoder_layers", layers)
     return build_config(
         "t5",
-        **{**pinned(LAYOUT), "position": {
-            "name": "t5", "num_buckets": hf["relative_attention_num_buckets"],
-            "max_distance": hf["relative_attention_max_distance"]}},
+        **pinned(LAYOUT, position={"num_buckets": hf["relative_attention_num_buckets"],
+                                   "max_distance": hf["relative_attention_max_distance"]},
+                 norm={"eps": float(hf["layer_norm_epsilon"])}),
         vocab_size=hf["vocab_size"],
         d_model=hf["d_model"],
         n_layers=layers,
         n_heads=hf["num_heads"],
         head_dim=hf["d_kv"],
         d_ff=hf["d_ff"],
-        norm_eps=float(hf["layer_norm_epsilon"]),
         mlp=_mlp(hf),
         # what the config says; the weights have the last word (see refine)
         tie_embeddings=hf.raw.get("tie_word_embeddings") is not False,
@@ -130,7 +128,7 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
     require_plain_attention(config, arch, "T5", fixed_head_dim=False)  # d_kv is free
     require_ours(config, arch, "attention_scale", 1.0, "T5 does not scale attention logits")
     proj = mlp_to_hf(config, arch, gated=None, why="no Hugging Face activation has its name")
-    if MLPS.get(config.mlp).gated:
+    if config.mlp.gated:
         proj = GATED_GELU if proj == GATED_GELU_ACT else f"gated-{proj}"
     hf = dict(base or {})
     for alias in ALIASES:
@@ -149,7 +147,7 @@ def config_to_hf(config: ModelConfig, base: dict | None) -> dict:
         num_heads=config.n_heads,
         relative_attention_num_buckets=config.position.num_buckets,
         relative_attention_max_distance=config.position.max_distance,
-        layer_norm_epsilon=config.norm_eps,
+        layer_norm_epsilon=config.norm.eps,
         feed_forward_proj=proj,
         is_encoder_decoder=True,
         tie_word_embeddings=config.tie_embeddings,
@@ -193,7 +191,7 @@ def rules(config: ModelConfig, hf_config: dict | None = None) -> list[Rule]:
         ]
 
     def mlp(hf: str, ours: str) -> list[Rule]:
-        if MLPS.get(config.mlp).gated:  # a gate and an up projection
+        if config.mlp.gated:  # a gate and an up projection
             return [
                 linear(hf + "wi_0.weight", ours + "gate/kernel", (C,), (F,)),
                 linear(hf + "wi_1.weight", ours + "up/kernel", (C,), (F,)),

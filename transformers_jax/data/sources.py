@@ -143,7 +143,9 @@ def _text_key(features: Any, name: str, text_key: str | None) -> str:
     )
 
 
-def _tfds_builder(name: str, data_dir: str | None):
+def tfds_builder(name: str, data_dir: str | None):
+    """The tfds builder of catalog dataset ``name`` (its ``info``: splits, features, prepared
+    version), or an ``UnknownDatasetError`` listing what is known to work."""
     import tensorflow_datasets as tfds
 
     from transformers_jax.data.local_text import quiet_tfds
@@ -161,7 +163,7 @@ def _tfds_builder(name: str, data_dir: str | None):
 
 def available_splits(name: str, data_dir: str | None = None) -> list[str]:
     """The splits a prepared tfds dataset records (empty when unknown, e.g. not prepared)."""
-    return list(_tfds_builder(name, data_dir).info.splits)
+    return list(tfds_builder(name, data_dir).info.splits)
 
 
 def open_tfds(
@@ -177,7 +179,7 @@ def open_tfds(
 
     from transformers_jax.data.local_text import quiet_tfds
 
-    builder = _tfds_builder(name, data_dir)
+    builder = tfds_builder(name, data_dir)
     key = _text_key(builder.info.features, name, text_key)
     try:
         with quiet_tfds():

@@ -29,9 +29,8 @@ from transformers_jax.models.family import Family
 from transformers_jax.models.gpt import check_length, default_positions
 from transformers_jax.nn.layers import Dense, Embedder, dtype_of, make_embed, softcap, tied_logits
 from transformers_jax.nn.masks import build_mask
-from transformers_jax.nn.norms import make_norm, norm_placement
 from transformers_jax.nn.stack import LayerStack, encoding_positions
-from transformers_jax.registry import FAMILIES, MLPS
+from transformers_jax.registry import FAMILIES
 
 
 def check_mlm_mask(config: ModelConfig) -> None:
@@ -60,8 +59,8 @@ class BertEncoder(nn.Module):
         self.embed = Embedder(cfg)
         if cfg.type_vocab_size:
             self.token_type_embed = make_embed(cfg, cfg.type_vocab_size, (None, "embed"))
-        if norm_placement(cfg).embedding_norm:
-            self.embed_norm = make_norm(cfg)
+        if cfg.norm_position.embedding_norm:
+            self.embed_norm = cfg.norm.layer(cfg)
         # One bias module for the whole stack, as in T5 (None for schemes without a bias).
         self.relative_bias = cfg.position.bias(cfg, not cfg.mask.causal)
         self.stack = LayerStack(cfg, cfg.n_layers)
@@ -95,7 +94,7 @@ class BertEncoder(nn.Module):
                              "(type_vocab_size=0)")
         # A zero "perturbation" hook: lets tests take gradients w.r.t. the embedded inputs.
         x_BTC = self.perturb("embeddings", x_BTC)
-        if norm_placement(cfg).embedding_norm:
+        if cfg.norm_position.embedding_norm:
             x_BTC = self.embed_norm(x_BTC)
         x_BTC = self.dropout(x_BTC, deterministic=deterministic)
         x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
@@ -126,8 +125,8 @@ class MLMHead(nn.Module):
         dense = dict(dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype))
         h_BTC = Dense((cfg.d_model,), ("embed", "mlp"), use_bias=cfg.use_bias, std=cfg.init_std,
                       name="transform", **dense)(h_BTC)
-        h_BTC = MLPS.get(cfg.mlp).activation(h_BTC)
-        h_BTC = make_norm(cfg, "norm")(h_BTC)
+        h_BTC = cfg.mlp.activation(h_BTC)
+        h_BTC = cfg.norm.layer(cfg, "norm")(h_BTC)
         if embedding_VC is None:
             logits_BTV = Dense((cfg.vocab_size,), ("embed", "vocab"), use_bias=False,
                                std=cfg.init_std, name="output", **dense)(h_BTC)
@@ -224,5 +223,10 @@ def fill_mask(
     return results
 
 
-FAMILIES.add("bert", Family(BERT, objective="mlm", default_mask="bidirectional", tasks=None,
-                            masked_lm=True, fills_masks=True, head_transform=True))
+# The keyword inputs ``BertEncoder`` reads from a batch (besides the tokens); the
+# classification heads (``heads.py``) read the same.
+BERT_INPUTS = ("token_types", "positions", "segment_ids", "prefix_len")
+
+FAMILIES.add("bert", Family(BERT, objective="mlm", input_keys=BERT_INPUTS,
+                            default_mask="bidirectional", tasks=None, masked_lm=True,
+                            fills_masks=True, head_transform=True))

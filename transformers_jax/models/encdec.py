@@ -252,8 +252,16 @@ class EncDecFamily(Family):
         return {**super().inputs_for(config, tokens_BT), "encoder_inputs": tokens_BT}
 
 
-FAMILIES.add("encdec", EncDecFamily(EncoderDecoder, objective="seq2seq", generates="seq2seq",
-                                    tasks="encdec", needs_task=True, cross_attention=True))
+# The keyword inputs ``EncoderDecoder.__call__`` reads from a batch (besides the decoder's
+# tokens): the source and its positions and segments, the target's.
+ENCDEC_INPUTS = (
+    "encoder_inputs", "positions", "segment_ids", "encoder_positions", "encoder_segment_ids",
+    "prefix_len",
+)
+
+FAMILIES.add("encdec", EncDecFamily(EncoderDecoder, objective="seq2seq", input_keys=ENCDEC_INPUTS,
+                                    generates="seq2seq", tasks="encdec", needs_task=True,
+                                    cross_attention=True))
 
 
 # Greedy decoding (no cache: the decoder reruns over the whole buffer each step) -------------

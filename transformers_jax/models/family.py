@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ConfigError, ModelConfig
-from transformers_jax.registry import MLPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +22,10 @@ class Family:
     """A model family.
 
     ``module``: the Linen module, built as ``module(config)``. ``objective``: the name of its
-    default training objective (``train/objectives.py``). ``default_mask``: the mask it uses
+    default training objective (an ``OBJECTIVES`` entry, ``train/objectives.py``).
+    ``input_keys``: the keyword inputs its module reads from a batch besides the tokens
+    (``batch["inputs"]``); every objective applies the model with these, so a new family
+    declares them here and nowhere else. ``default_mask``: the mask it uses
     unless asked otherwise. ``generates``: how it decodes with a KV cache: ``"self"`` (the
     decoder continues its own tokens), ``"seq2seq"`` (an encoder reads the prompt, a decoder
     writes from ``bos``) or None. ``tasks``: the synthetic-task layout it trains on
@@ -35,6 +37,7 @@ class Family:
 
     module: type[nn.Module]
     objective: str
+    input_keys: tuple[str, ...]
     default_mask: str = "causal"
     generates: str | None = None
     tasks: str | None = "decoder"
@@ -78,7 +81,7 @@ class Family:
         over equally long sequences."""
         C, H, N, D, F, V = (config.d_model, config.n_heads, config.kv_heads,
                             config.dims_per_head, config.ff_dim, config.vocab_size)
-        mlp_mats = 3 if MLPS.get(config.mlp).gated else 2
+        mlp_mats = 3 if config.mlp.gated else 2
         attention = C * H * D + 2 * C * N * D + H * D * C
         per_layer = attention + mlp_mats * C * F
         layers, cross_layers = config.n_layers, 0

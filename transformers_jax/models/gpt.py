@@ -123,4 +123,7 @@ class GPT(nn.Module):
         return logits_BPV[jnp.arange(prompts_BP.shape[0]), lengths_B - 1], cache
 
 
-FAMILIES.add("gpt", Family(GPT, objective="lm", generates="self"))
+# The keyword inputs ``GPT.__call__`` reads from a batch (besides the tokens).
+GPT_INPUTS = ("positions", "segment_ids", "prefix_len")
+
+FAMILIES.add("gpt", Family(GPT, objective="lm", input_keys=GPT_INPUTS, generates="self"))

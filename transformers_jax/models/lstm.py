@@ -58,4 +58,5 @@ class LSTMFamily(Family):
 
 
 # The recurrent baseline of the context-usage experiment.
-FAMILIES.add("lstm", LSTMFamily(LSTMLM, objective="lm", recurrent=True))
+# It reads the tokens alone: positions, segments and masks are for attention.
+FAMILIES.add("lstm", LSTMFamily(LSTMLM, objective="lm", input_keys=(), recurrent=True))

@@ -21,13 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from transformers_jax import backends
 from transformers_jax.config import ModelConfig
 from transformers_jax.nn.attention import attend_to_cache, dot_product_attention
 from transformers_jax.nn.kvcache import CacheWrite, LayerKV, RowSlot, write_row_slot, write_slots
 from transformers_jax.nn.masks import AttentionMask
-from transformers_jax.nn.matmul import matmul, matmul_transposed
-from transformers_jax.nn.norms import make_norm, norm_placement
-from transformers_jax.registry import MLPS
 
 Mask = AttentionMask | jax.Array | None
 
@@ -57,11 +55,12 @@ def count_params(params: Any) -> int:
 class Dense(nn.Module):
     """A linear map whose kernel keeps its logical shape (e.g. ``[C, H, D]``).
 
-    The matmul itself is one 2-D ``[rows, in] @ [in, out]`` product: on XLA:CPU an einsum over
-    ``[B, T, C]`` inserts a transpose copy before every weight-gradient matmul, while the 2-D
-    form does not (measured about 1.8x faster outside attention). Accumulation is float32 even
-    for bfloat16 compute, which is also what makes bfloat16 fast on AMX/TPU/GPU. ``matmul``
-    picks the weight gradient's faster orientation on CPU.
+    The matmul itself is one 2-D ``[rows, in] @ [in, out]`` product, a ``dot_general`` with
+    float32 sums even for bfloat16 compute (which is also what makes bfloat16 fast on
+    AMX/TPU/GPU): ``backends.matmul``, whose gradients a platform may compute its own way
+    (XLA:CPU: ``backends/cpu.py``). On XLA:CPU an einsum over ``[B, T, C]`` inserts a transpose
+    copy before every weight-gradient matmul, while the 2-D form does not (measured about 1.8x
+    faster outside attention).
     """
 
     features: tuple[int, ...]
@@ -79,8 +78,8 @@ class Dense(nn.Module):
         n_in, n_out = math.prod(in_shape), math.prod(self.features)
         kernel = self.param("kernel", normal_init(self.std, self.axes),
                             (*in_shape, *self.features), self.param_dtype)
-        y = matmul(x.reshape(-1, n_in).astype(self.dtype),
-                   kernel.reshape(n_in, n_out).astype(self.dtype))
+        y = backends.matmul(x.reshape(-1, n_in).astype(self.dtype),
+                            kernel.reshape(n_in, n_out).astype(self.dtype))  # [R, O] float32
         if self.use_bias:
             out_axes = self.axes[len(self.axes) - len(self.features) :]
             bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, out_axes),
@@ -105,11 +104,11 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x_BTC: jax.Array) -> jax.Array:
         cfg = self.config
-        kind = MLPS.get(cfg.mlp)
+        kind = cfg.mlp
         h_BTF = dense(cfg, (cfg.ff_dim,), ("embed", "mlp"), "up")(x_BTC)
         # The activation (and so its gradient) in float32, back to the compute dtype once:
-        # in bfloat16, XLA:CPU rounds after every op of it, forward and backward, in several
-        # passes over [B, T, F] (BENCHMARKS.md section 2j). A no-op in float32.
+        # computed in bfloat16, XLA:CPU rounded after every op of it, forward and backward, in
+        # several passes over [B, T, F]. A no-op in float32.
         f32 = jnp.float32
         if kind.gated:
             gate_BTF = dense(cfg, (cfg.ff_dim,), ("embed", "mlp"), "gate")(x_BTC)
@@ -120,16 +119,6 @@ class MLP(nn.Module):
                                 "mlp_hidden")
         out_BTC = dense(cfg, (cfg.d_model,), ("mlp", "embed"), "down", std=residual_std(cfg))(h_BTF)
         return checkpoint_name(out_BTC, "mlp_out")
-
-
-def _after(out: jax.Array) -> jax.Array:
-    """A zero that depends on ``out``: added to the keys and values a decoding step writes, it
-    orders the in-place cache update after the attention that read the old cache. Without a
-    data dependency XLA:CPU cannot prove that order and copied each layer's cache twice per
-    token at batch 1 (BENCHMARKS.md, "KV-cache copies"). Finite by construction (a NaN or inf
-    output adds 0, not NaN)."""
-    first = out.reshape(-1)[0]
-    return jnp.where(jnp.isfinite(first), first * 0, 0)
 
 
 def _heads_first(x_BKND: jax.Array, dtype=None) -> jax.Array:
@@ -185,7 +174,8 @@ class Attention(nn.Module):
         axes = ("embed", "heads" if name == "query" else "kv_heads", "head_dim")
         y_BTHD = dense(cfg, (heads, cfg.dims_per_head), axes, name)(x_BTC)
         if cfg.qk_norm and name != "value":
-            y_BTHD = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dtype_of(cfg.dtype),
+            # with the eps of the model's norm (QK-norm has no setting of its own)
+            y_BTHD = nn.RMSNorm(epsilon=cfg.norm.eps, dtype=dtype_of(cfg.dtype),
                                 name=f"{name}_norm")(y_BTHD)
         return checkpoint_name(y_BTHD, f"{name}_proj")
 
@@ -215,9 +205,10 @@ class Attention(nn.Module):
             if write.read_first:
                 out = self._decode(q_BQHD, cache.key, cache.value, mask, bias,
                                    k_new=k_new, v_new=v_new)
-                after = _after(out)  # written after the read, so the update is in place
-                return out, LayerKV(write_row_slot(cache.key, k_new + after, write, axis=2),
-                                    write_row_slot(cache.value, v_new + after, write, axis=2))
+                # stored where out was read from: after that read (a backend may tie them)
+                k_new, v_new = backends.ordered_after((k_new, v_new), out)
+                return out, LayerKV(write_row_slot(cache.key, k_new, write, axis=2),
+                                    write_row_slot(cache.value, v_new, write, axis=2))
             new = LayerKV(write_row_slot(cache.key, k_new, write, axis=2),
                           write_row_slot(cache.value, v_new, write, axis=2))
             return self._decode(q_BQHD, new.key, new.value, mask, bias), new
@@ -267,8 +258,9 @@ class Block(nn.Module):
         drop = nn.Dropout(cfg.dropout)
 
         def residual(x, f, norm_name):
-            return norm_placement(cfg).residual(
-                x, f, make_norm(cfg, norm_name), lambda h: drop(h, deterministic=deterministic))
+            norm = cfg.norm.layer(cfg, norm_name)
+            return cfg.norm_position.residual(
+                x, f, norm, lambda h: drop(h, deterministic=deterministic))
 
         caches = {}
 
@@ -302,7 +294,8 @@ def tied_logits(x_BTC: jax.Array, table_VC: jax.Array, dtype: Any) -> jax.Array:
     both in the compute ``dtype`` (float32 sums: in a lower compute dtype ``nn.Embed.attend``
     rounded the logits, and XLA:CPU widened its operands)."""
     *lead, c = x_BTC.shape
-    logits_RV = matmul_transposed(x_BTC.reshape(-1, c).astype(dtype), table_VC.astype(dtype))
+    logits_RV = backends.matmul_transposed(x_BTC.reshape(-1, c).astype(dtype),
+                                           table_VC.astype(dtype))
     return logits_RV.reshape(*lead, -1)
 
 

@@ -1,68 +1,105 @@
-"""The ``norm`` switch (``registry.NORMS``): each entry builds a Linen norm from the config;
-and the ``norm_position`` switch (``registry.NORM_PLACEMENTS``): where a block applies it."""
+"""The ``norm`` switch (``registry.NORMS``): which normalisation layer the model uses, with its
+settings (``--model.norm=rmsnorm --model.norm.eps=1e-6``); and the ``norm_position`` switch
+(``registry.NORM_PLACEMENTS``): where a block applies it around each residual branch."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformers_jax.config import ModelConfig
-from transformers_jax.registry import NORM_PLACEMENTS, NORMS
+from transformers_jax.registry import NORM_PLACEMENTS, NORMS, ConfigError, Switch
+
+
+@dataclasses.dataclass(frozen=True)
+class Norm(Switch):
+    """Base of every ``NORMS`` entry: ``layer`` builds the Linen module that normalises the last
+    axis, ``[..., C] -> [..., C]``, in the config's dtypes. ``eps``: added to the variance (the
+    mean square for RMSNorm) under the square root; Hugging Face's ``layer_norm_eps``,
+    ``rms_norm_eps`` or ``layer_norm_epsilon``."""
+
+    eps: float = 1e-5
+
+    def check(self, config: Any) -> None:
+        if self.eps <= 0:  # a negative epsilon takes the square root of a negative
+            raise ConfigError(f"norm.eps={self.eps!r}: must be positive (e.g. 1e-5)")
+
+    def layer(self, config: Any, name: str | None = None) -> nn.Module:
+        raise NotImplementedError
 
 
 @NORMS.register("layernorm")
-def layernorm(config: ModelConfig, name: str | None = None) -> nn.Module:
-    return nn.LayerNorm(
-        epsilon=config.norm_eps,
-        use_bias=config.use_bias,
-        dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.dtype(config.param_dtype),
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-        name=name,
-    )
+@dataclasses.dataclass(frozen=True)
+class LayerNorm(Norm):
+    """``(x - mean) / sqrt(var + eps) * scale (+ bias with model.use_bias)``: GPT-2, BERT."""
+
+    def layer(self, config: Any, name: str | None = None) -> nn.Module:
+        return nn.LayerNorm(
+            epsilon=self.eps,
+            use_bias=config.use_bias,
+            dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype),
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name=name,
+        )
 
 
 @NORMS.register("rmsnorm")
-def rmsnorm(config: ModelConfig, name: str | None = None) -> nn.Module:
-    return nn.RMSNorm(
-        epsilon=config.norm_eps,
-        dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.dtype(config.param_dtype),
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        name=name,
-    )
+@dataclasses.dataclass(frozen=True)
+class RMSNorm(Norm):
+    """``x / sqrt(mean(x^2) + eps) * scale``, no centring and no bias: Llama, T5."""
 
-
-def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
-    return NORMS.get(config.norm)(config, name=name)
+    def layer(self, config: Any, name: str | None = None) -> nn.Module:
+        return nn.RMSNorm(
+            epsilon=self.eps,
+            dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype),
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+            name=name,
+        )
 
 
 Sublayer = Callable[[jax.Array], jax.Array]
 
 
-@dataclass(frozen=True)
-class NormPlacement:
-    """Where the norms of a block sit: its residual branch, and the norms around the stack."""
+@dataclasses.dataclass(frozen=True)
+class NormPlacement(Switch):
+    """Base of every ``NORM_PLACEMENTS`` entry: where the norms of a block sit.
 
-    # (x, sublayer, norm, dropout) -> x after one residual branch
-    residual: Callable[[jax.Array, Sublayer, Sublayer, Sublayer], jax.Array]
-    # the stack ends with a norm (pre-LN leaves the residual stream itself unnormalised)
-    final_norm: bool
-    # no sublayer input is normalised by the block, so an encoder that normalises its
-    # embeddings (BERT, under post-LN) does it before the stack
-    embedding_norm: bool
+    ``residual(x, sublayer, norm, dropout)``: x after one residual branch. ``final_norm``: the
+    stack ends with a norm (pre-LN leaves the residual stream itself unnormalised).
+    ``embedding_norm``: no sublayer input is normalised by the block, so an encoder that
+    normalises its embeddings (BERT, under post-LN) does it before the stack.
+    """
 
+    final_norm: ClassVar[bool] = True
+    embedding_norm: ClassVar[bool] = False
 
-NORM_PLACEMENTS.add("pre", NormPlacement(  # GPT-2, Llama, T5: x + f(norm(x))
-    lambda x, f, norm, drop: x + drop(f(norm(x))), final_norm=True, embedding_norm=False))
-NORM_PLACEMENTS.add("post", NormPlacement(  # the original transformer, BERT: norm(x + f(x))
-    lambda x, f, norm, drop: norm(x + drop(f(x))), final_norm=False, embedding_norm=True))
+    def residual(self, x: jax.Array, f: Sublayer, norm: Sublayer, drop: Sublayer) -> jax.Array:
+        raise NotImplementedError
 
 
-def norm_placement(config: ModelConfig) -> NormPlacement:
-    return NORM_PLACEMENTS.get(config.norm_position)
+@NORM_PLACEMENTS.register("pre")
+@dataclasses.dataclass(frozen=True)
+class Pre(NormPlacement):
+    """``x + f(norm(x))``: GPT-2, Llama, T5."""
+
+    def residual(self, x, f, norm, drop):
+        return x + drop(f(norm(x)))
+
+
+@NORM_PLACEMENTS.register("post")
+@dataclasses.dataclass(frozen=True)
+class Post(NormPlacement):
+    """``norm(x + f(x))``: the original transformer, BERT."""
+
+    final_norm: ClassVar[bool] = False
+    embedding_norm: ClassVar[bool] = True
+
+    def residual(self, x, f, norm, drop):
+        return norm(x + drop(f(x)))

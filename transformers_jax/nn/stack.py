@@ -41,7 +41,6 @@ import jax.numpy as jnp
 from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.nn.kvcache import CacheWrite, LayerKV, RowSlot
 from transformers_jax.nn.layers import Block
-from transformers_jax.nn.norms import make_norm, norm_placement
 
 _cp = jax.checkpoint_policies
 _QKV = ("query_proj", "key_proj", "value_proj")
@@ -135,8 +134,8 @@ class LayerStack(nn.Module):
             for i in range(self.n_layers):
                 x_BTC = layer(cfg, self.cross, deterministic=deterministic, name=f"layer_{i}")(
                     x_BTC, positions, mask, bias, encoded, cross_mask)
-        if norm_placement(cfg).final_norm:
-            x_BTC = make_norm(cfg, "final_norm")(x_BTC)
+        if cfg.norm_position.final_norm:
+            x_BTC = cfg.norm.layer(cfg, "final_norm")(x_BTC)
         return x_BTC, caches
 
 

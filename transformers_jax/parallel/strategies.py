@@ -28,7 +28,8 @@ large-batch step, with the activation memory of one micro-batch.
 Concurrent row groups (``groups=g``, ``train.concurrent_groups``) split each (micro-)batch
 again, into g interleaved groups of rows whose forward and backward passes are independent in
 the program (``train.step.grouped_sums_and_grads``), summed the same way: the same update, in
-pieces that XLA:CPU runs side by side on its threads (no memory saved).
+pieces that XLA:CPU runs side by side on its threads (no memory saved). They are the CPU
+backend's (``backends/cpu.py``): a mesh of other devices refuses g > 1.
 
 Dropout: the key is split from ``state.rng`` as ``train.step`` does; pmap and shard_map fold in
 the device index, micro-batches and row groups their index, so masks (and the draws of
@@ -52,6 +53,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from transformers_jax import backends
 from transformers_jax.config import ConfigError
 from transformers_jax.parallel import multihost
 from transformers_jax.parallel.mesh import make_mesh, mesh_shape
@@ -274,7 +276,8 @@ def make_trainer(
     ``train.objectives.Objective`` (default: next-token LM, as ``train.step``). ``donate``:
     the step reuses the input state's buffers (do not touch a state after passing it in).
     ``groups``: each (micro-)batch computed as this many independent row groups
-    (``train.concurrent_groups``; ``train.step.grouped_sums_and_grads``).
+    (``train.concurrent_groups``; ``train.step.grouped_sums_and_grads``): for CPU devices only,
+    a ConfigError for others.
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"train.strategy={strategy!r}: valid choices: {', '.join(STRATEGIES)}")
@@ -294,6 +297,7 @@ def make_trainer(
     elif not isinstance(mesh, Mesh):
         mesh = make_mesh(mesh)
     _check_strategy_mesh(strategy, mesh)
+    backends.for_devices(mesh.devices.flat).check_row_groups(groups)  # XLA:CPU's only
     check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules, groups)
     build = _pmap_trainer if strategy == "pmap" else (
         _shard_map_trainer if strategy == "shard_map" else _jit_trainer)

@@ -39,7 +39,7 @@ def example_batch(model_cfg: ModelConfig, batch_size: int, seq_len: int) -> dict
     return batch
 
 
-def _zeros(batch: dict) -> dict:
+def host_zeros(batch: dict) -> dict:
     """Host arrays of a batch's shapes, for ``make_trainer``'s batch checks (small)."""
     return {k: np.zeros(v.shape, v.dtype) for k, v in batch.items()}
 
@@ -50,7 +50,7 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
     model = build_model(model_cfg)
     mesh = make_mesh(cfg.mesh, devices=target.devices)
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
-    trainer = make_trainer(cfg.strategy, model, make_optimizer(cfg), _zeros(batch), mesh=mesh,
+    trainer = make_trainer(cfg.strategy, model, make_optimizer(cfg), host_zeros(batch), mesh=mesh,
                            schedule=learning_rate_schedule(cfg), grad_accum=cfg.grad_accum,
                            objective=objective_for(model_cfg.family),
                            groups=cfg.concurrent_groups)
@@ -109,7 +109,7 @@ def compile_decode(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
     n = math.prod(int(part.split("=")[1]) for part in mesh_spec.split(","))  # format_mesh's
     mesh = make_mesh(mesh_spec, devices=target.devices[:n])
     trainer = make_trainer("jit", model, make_optimizer(cfg),
-                           _zeros(example_batch(model_cfg, mesh.size, 128)), mesh=mesh,
+                           host_zeros(example_batch(model_cfg, mesh.size, 128)), mesh=mesh,
                            objective=objective_for(model_cfg.family))
     params = trainer.abstract_state().params
     cache = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len - 1, 1))

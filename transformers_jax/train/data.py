@@ -2,16 +2,16 @@
 
 Text (the default corpus, files, ``tfds:NAME``) goes through the Grain pipeline of
 ``data/pipeline.py`` (packed documents, per-host shards); ``--task NAME`` trains on a synthetic
-task instead. The training iterator's state is saved in every checkpoint, so a resumed run
-sees exactly the batches the uninterrupted one would have.
+task instead, and a classification objective on labelled examples. The training iterator's
+state is saved in every checkpoint, so a resumed run sees exactly the batches the
+uninterrupted one would have. What a run keeps in its directory (the tokenizer, a classifier's
+labels) is ``runs/``'s: this module reads no run directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,22 +25,17 @@ from transformers_jax.data.pipeline import (
     make_lm_eval_iterator,
     make_lm_iterator,
     make_task_iterator,
-    make_tokenizer,
     take,
 )
 from transformers_jax.data.prefix_lm import PrefixBatches, eval_prefix_batches
 from transformers_jax.data.synthetic import FORMATS, longest_fitting_length
-from transformers_jax.data.tokenizers import TOKENIZER_FILE, Tokenizer, load_tokenizer
+from transformers_jax.data.tokenizers import Tokenizer
 from transformers_jax.models import family_of
-from transformers_jax.train.checkpoint import checkpoint_dir
 
-TOKENIZER_DIR = "tokenizer"
 # The TrainConfig fields that choose what the run reads: a resume that changes one reads other
 # data (refused unless train.accept_data_change).
 DATA_FIELDS = ("data", "data_dir", "text_key", "tokenizer", "tokenizer_vocab", "pack", "task",
                "train_lengths", "val_fraction", "bos_per_row", "shuffle_rows", "label_key")
-LABELS_FILE = "labels.json"  # a classification run's class names, id = position
-_PROBE = "def f(x):\n    return 'Ünïcode' + x  # 0123456789 \t\r\n" * 4
 
 
 @dataclass
@@ -58,38 +53,14 @@ def data_fingerprint(cfg: TrainConfig) -> str:
     the key its prepared tfds copy is stored under), a tfds catalog dataset's name and
     prepared version, or the synthetic task (generated from the spec and seed)."""
     from transformers_jax.data.local_text import prepare_local_text
-    from transformers_jax.data.sources import _tfds_builder, parse_spec
+    from transformers_jax.data.sources import parse_spec, tfds_builder
 
     if cfg.task:
         return f"task:{cfg.task}"
     parsed = parse_spec(cfg.data)
     if parsed.kind == "tfds":
-        return f"tfds:{parsed.name} version {_tfds_builder(parsed.name, cfg.data_dir).info.version}"
+        return f"tfds:{parsed.name} version {tfds_builder(parsed.name, cfg.data_dir).info.version}"
     return "local-text:" + prepare_local_text(parsed.name, parsed.unit, cfg.data_dir).key
-
-
-def tokenizer_spec(tokenizer: Tokenizer) -> dict:
-    """Kind, vocabulary size and a fingerprint of how it tokenizes (the ids of a fixed text)."""
-    ids = [int(i) for i in tokenizer.encode(_PROBE)]
-    digest = hashlib.blake2b(repr((tokenizer.vocab_size, ids)).encode(), digest_size=8)
-    return {"kind": tokenizer.name, "dir": TOKENIZER_DIR, "vocab_size": tokenizer.vocab_size,
-            "fingerprint": digest.hexdigest()}
-
-
-def run_tokenizer(cfg: TrainConfig) -> Tokenizer:
-    """The run's tokenizer: restored from the run directory when there is one, else built."""
-    saved = os.path.join(cfg.run_dir, TOKENIZER_DIR) if cfg.run_dir else None
-    # The JSON is written last and atomically: a directory without it is another process of
-    # the same run still saving, so build the same tokenizer here rather than read half of it.
-    if saved and os.path.isfile(os.path.join(saved, TOKENIZER_FILE)):
-        return load_tokenizer(saved)
-    source = None if cfg.task else cfg.data
-    tokenizer = make_tokenizer(cfg.tokenizer, source, cfg.tokenizer_vocab,
-                               data_dir=cfg.data_dir, text_key=cfg.text_key,
-                               val_fraction=cfg.val_fraction)
-    if saved:
-        tokenizer.save(saved)
-    return tokenizer
 
 
 def masking_of(cfg: TrainConfig) -> MaskingConfig:
@@ -147,11 +118,11 @@ def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Token
 
 
 def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer,
-                  objective=None) -> RunData:
+                  objective=None, labels: Sequence[str] | None = None) -> RunData:
     """The run's data: text, a synthetic task, or (an objective with a classification
-    ``head``) labelled examples."""
+    ``head``) labelled examples, whose class names are ``labels`` when given (a resumed run's)."""
     if objective is not None and objective.head is not None:
-        return labelled_run_data(cfg, tokenizer)
+        return labelled_run_data(cfg, tokenizer, labels)
     family = family_of(model_cfg)
     max_len = model_cfg.position.max_length(model_cfg)
     prefix = model_cfg.mask.needs_prefix_len
@@ -192,35 +163,47 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                    data_fingerprint(cfg))
 
 
-def labelled_run_data(cfg: TrainConfig, tokenizer: Tokenizer) -> RunData:
-    """Labelled examples from the JSONL/CSV file ``cfg.data`` (columns ``cfg.text_key``,
-    default ``text``, and ``cfg.label_key``): seeded training batches and a held-out share
-    (``cfg.val_fraction``). The class names are saved as ``RUN_DIR/labels.json`` and read back
-    from there on resume, so the ids stay the same."""
+def _labelled(cfg: TrainConfig, tokenizer: Tokenizer, labels: Sequence[str] | None):
+    """``(source, class names, row count)`` of the labelled file ``cfg.data``."""
     if not cfg.data:
         raise ValueError("classification trains on labelled examples: pass --data PATH.jsonl "
                          '(rows {"text": ..., "label": ...}) or PATH.csv (a text,label header)')
     texts, raw = labelled.read_labelled(cfg.data, cfg.text_key or "text", cfg.label_key)
-    saved = os.path.join(cfg.run_dir, LABELS_FILE) if cfg.run_dir else None
-    known = None  # a run with checkpoints keeps its ids; before that the data may change
-    checkpoints = checkpoint_dir(cfg.run_dir) if cfg.run_dir else ""
-    if saved and os.path.isfile(saved) and os.path.isdir(checkpoints) and os.listdir(checkpoints):
-        with open(saved) as f:
-            known = json.load(f)["labels"]
-    names = labelled.label_names(raw, known)
-    if saved and known is None:
-        os.makedirs(cfg.run_dir, exist_ok=True)
-        with open(saved + ".tmp", "w") as f:
-            json.dump({"labels": names, "data": cfg.data}, f, indent=1)
-        os.replace(saved + ".tmp", saved)
+    names = labelled.label_names(raw, labels)
     index = {name: i for i, name in enumerate(names)}
     source = labelled.as_source(texts, np.array([index[x] for x in raw]), len(names))
-    train_rows, held_rows = labelled.split_rows(len(texts), cfg.val_fraction, cfg.seed)
+    return source, names, len(texts)
+
+
+def labelled_run_data(cfg: TrainConfig, tokenizer: Tokenizer,
+                      labels: Sequence[str] | None = None) -> RunData:
+    """Labelled examples from the JSONL/CSV file ``cfg.data`` (columns ``cfg.text_key``,
+    default ``text``, and ``cfg.label_key``): seeded training batches and a held-out share
+    (``cfg.val_fraction``). ``labels``: the class names to keep (a resumed run's, saved in
+    ``RUN_DIR/labels.json``; every label of the data must be among them); None: named from
+    the data (``data.labelled.label_names``), returned in ``RunData.labels`` for the run to
+    save."""
+    source, names, count = _labelled(cfg, tokenizer, labels)
+    train_rows, held_rows = labelled.split_rows(count, cfg.val_fraction, cfg.seed)
     train = labelled.LabelledBatches(source, train_rows, cfg.batch_size, cfg.seq_len, cfg.seed,
                                      tokenizer)
     eval_batches = labelled.held_out_batches(source, held_rows, cfg.batch_size, cfg.seq_len,
                                              cfg.eval_batches, tokenizer)
-    description = (f"{cfg.data}: {len(texts)} labelled examples ({len(held_rows)} held out), "
+    description = (f"{cfg.data}: {count} labelled examples ({len(held_rows)} held out), "
                    f"{len(names)} classes, {tokenizer.name} tokens")
     return RunData(tokenizer, train, eval_batches, description,
                    labelled.file_fingerprint(cfg.data), tuple(names))
+
+
+def labelled_eval_batches(cfg: TrainConfig, tokenizer: Tokenizer, labels: Sequence[str],
+                          whole: bool = False) -> tuple[list[dict], int]:
+    """``(batches, examples)`` to evaluate a classifier on: the held-out rows of ``cfg.data``
+    its training evaluated (the same split), or with ``whole`` every row of the file, as at
+    most ``cfg.eval_batches`` batches; ``examples``: the distinct rows they hold (the last
+    batch is filled by repeating rows)."""
+    source, _, count = _labelled(cfg, tokenizer, labels)
+    rows = (np.arange(count) if whole
+            else labelled.split_rows(count, cfg.val_fraction, cfg.seed)[1])
+    batches = labelled.held_out_batches(source, rows, cfg.batch_size, cfg.seq_len,
+                                        cfg.eval_batches, tokenizer)
+    return batches, min(len(rows), len(batches) * cfg.batch_size)

@@ -20,7 +20,7 @@ def predicts_target(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     """``argmax(logits, -1) == targets`` (bool ``[B, T]``) without the argmax: the target is
     the argmax when its logit is the row's maximum and no lower id reaches it (argmax takes
     the first). XLA:CPU runs argmax as a max-and-index reduction at a tenth of a plain max's
-    speed: 110 ms of GPT-2 small's one-core step, against 10 this way (BENCHMARKS.md 2n).
+    speed: 110 ms of GPT-2 small's one-core step, against 10 this way.
     Unlike argmax, a row holding a NaN never counts as right."""
     max_BT1 = logits_BTV.max(-1, keepdims=True)
     target_BT1 = jnp.take_along_axis(logits_BTV, targets_BT[..., None], -1)

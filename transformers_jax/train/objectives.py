@@ -1,24 +1,29 @@
-"""Training objectives per model family: a loss function and the batch keys its model reads.
+"""Training objectives: a loss function, and how it builds and starts its model.
 
 Shape legend: B batch, T (decoder/model) length, S encoder length, V vocabulary, L labels.
 
 An objective is a loss function ``(model, params, batch, rng, deterministic) -> (loss, metrics)``
-plus the batch keys its model reads. ``OBJECTIVES`` maps names to them and
-``FAMILY_OBJECTIVES`` gives each family its default (``gpt`` -> ``lm``, ``bert`` -> ``mlm``,
-``encdec`` -> ``seq2seq``). ``train/step.py``'s ``init_state``, ``make_train_step`` and
-``make_eval_step`` take any of them (``objective=``; default ``lm``). An objective with a
+registered in ``OBJECTIVES`` by name. Which batch keys the model reads is its family's to say
+(``Family.input_keys``, declared beside the module in ``models/``): a loss applies the model
+through ``apply_model``, which takes them from the model's family, and ``objective_for`` and
+``run_objective`` give the objective bound to a family (``input_keys`` set) for the code that
+shapes or shards the inputs. Each family names its default (``gpt`` -> ``lm``, ``bert`` ->
+``mlm``, ``encdec`` -> ``seq2seq``). ``train/step.py``'s ``init_state``, ``make_train_step``
+and ``make_eval_step`` take any of them (``objective=``; default ``lm``). An objective with a
 ``head`` (``sequence_classification``) fine-tunes that classification head on a masked-LM
 encoder: ``tjax train --train.objective=NAME`` builds it, reads labelled data and starts it
-from a masked-LM run's encoder (``run_objective`` picks and checks a run's objective).
+from a masked-LM run's encoder (``run_objective`` picks and checks a run's objective; loading a
+run, ``runs/load.py``, does the same).
 
 The losses on logits are in ``train/losses.py``; the batches that feed these objectives are
 built in ``data/`` (``data/mlm_batches.py`` masked-LM, ``data/seq2seq.py`` encoder-decoder and
-prefix-LM pairs, ``data/classification.py`` tfds classification); greedy-decoding evaluation is
-in ``train/evaluate.py``.
+prefix-LM pairs, ``data/classification.py`` and ``data/labelled.py`` classification); held-out
+evaluation, greedy exact match included, is ``evaluation.py``'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +31,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from transformers_jax.models import build_model
+from transformers_jax.models import build_model, family_of
 from transformers_jax.models.heads import build_classifier, init_from_mlm
 from transformers_jax.registry import FAMILIES, ConfigError, Registry
 from transformers_jax.train.losses import classification_loss, sequence_accuracy, token_metrics
@@ -35,23 +40,28 @@ LossFn = Callable[[nn.Module, Any, dict, "jax.Array | None", bool], tuple[jax.Ar
 
 # Model inputs --------------------------------------------------------------------------------
 
-GPT_INPUTS = ("positions", "segment_ids", "prefix_len")
-BERT_INPUTS = ("token_types", "positions", "segment_ids", "prefix_len")
-ENCDEC_INPUTS = (
-    "encoder_inputs", "positions", "segment_ids", "encoder_positions", "encoder_segment_ids",
-    "prefix_len",
-)
-
 
 def model_inputs(batch: dict, keys: Sequence[str]) -> dict:
     """The keyword inputs among ``keys`` that the batch carries (absent or None: left out)."""
     return {k: batch[k] for k in keys if batch.get(k) is not None}
 
 
-def apply_model(model: nn.Module, params, batch: dict, keys: Sequence[str], rng=None,
-                deterministic: bool = True) -> jax.Array:
-    """``model.apply`` on ``batch["inputs"]`` and the batch's optional inputs among ``keys``;
-    dropout only when not deterministic (then ``rng`` is required)."""
+def input_keys_of(model: nn.Module) -> tuple[str, ...]:
+    """The keyword inputs ``model`` reads from a batch: its family's (``Family.input_keys``;
+    a classification head reads its encoder family's)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__} has no config: pass the input keys it reads "
+                        "to apply_model")
+    return family_of(config).input_keys
+
+
+def apply_model(model: nn.Module, params, batch: dict, keys: Sequence[str] | None = None,
+                rng=None, deterministic: bool = True) -> jax.Array:
+    """``model.apply`` on ``batch["inputs"]`` and the batch's optional inputs among ``keys``
+    (None: those the model's family reads); dropout only when not deterministic (then ``rng``
+    is required)."""
+    keys = input_keys_of(model) if keys is None else keys
     rngs = None if deterministic or rng is None else {"dropout": rng}
     return model.apply({"params": params}, batch["inputs"], **model_inputs(batch, keys),
                        deterministic=deterministic, rngs=rngs)
@@ -62,13 +72,13 @@ def apply_model(model: nn.Module, params, batch: dict, keys: Sequence[str], rng=
 
 def lm_objective(model, params, batch, rng=None, deterministic=True):
     """Next-token cross-entropy (decoder-only; prefix-LM skips the prefix through weights)."""
-    logits = apply_model(model, params, batch, GPT_INPUTS, rng, deterministic)
+    logits = apply_model(model, params, batch, None, rng, deterministic)
     return token_metrics(logits, batch["targets"], batch.get("weights"))
 
 
 def mlm_objective(model, params, batch, rng=None, deterministic=True):
     """Masked-LM cross-entropy and accuracy on the chosen positions only (``weights``)."""
-    logits = apply_model(model, params, batch, BERT_INPUTS, rng, deterministic)
+    logits = apply_model(model, params, batch, None, rng, deterministic)
     return token_metrics(logits, batch["targets"], batch["weights"])
 
 
@@ -76,7 +86,7 @@ def seq2seq_objective(model, params, batch, rng=None, deterministic=True):
     """Teacher-forced target cross-entropy; ``sequence_accuracy`` is the share of rows whose
     every target token is the argmax, which equals greedy exact match (each greedy step then
     sees exactly the teacher-forced prefix)."""
-    logits = apply_model(model, params, batch, ENCDEC_INPUTS, rng, deterministic)
+    logits = apply_model(model, params, batch, None, rng, deterministic)
     loss, metrics = token_metrics(logits, batch["targets"], batch["weights"])
     metrics["sequence_accuracy"] = sequence_accuracy(logits, batch["targets"], batch["weights"])
     return loss, metrics
@@ -84,7 +94,7 @@ def seq2seq_objective(model, params, batch, rng=None, deterministic=True):
 
 def sequence_classification_objective(model, params, batch, rng=None, deterministic=True):
     """Cross-entropy of ``[B, L]`` logits against integer ``labels [B]``."""
-    logits_BL = apply_model(model, params, batch, BERT_INPUTS, rng, deterministic)
+    logits_BL = apply_model(model, params, batch, None, rng, deterministic)
     labels_B = batch["labels"]
     loss, accuracy = classification_loss(logits_BL, labels_B)
     return loss, {"loss": loss, "accuracy": accuracy}
@@ -92,17 +102,22 @@ def sequence_classification_objective(model, params, batch, rng=None, determinis
 
 def token_classification_objective(model, params, batch, rng=None, deterministic=True):
     """Per-token cross-entropy of ``[B, T, L]`` logits against ``targets``, ``weights``."""
-    logits = apply_model(model, params, batch, BERT_INPUTS, rng, deterministic)
+    logits = apply_model(model, params, batch, None, rng, deterministic)
     return token_metrics(logits, batch["targets"], batch.get("weights"))
 
 
 @dataclass(frozen=True)
 class Objective:
-    """A loss function and the model inputs it reads from a batch."""
+    """A loss function, and how the model it trains is built and started.
+
+    ``input_keys``: the model's keyword inputs from a batch, set when the objective is bound
+    to a family (``for_family``; ``objective_for`` and ``run_objective`` bind it). Left None
+    (a registry entry as it is), ``inputs`` picks any family's inputs the batch carries and
+    ``init_params`` asks the model; the loss always applies the model with its family's."""
 
     name: str
     loss: LossFn
-    input_keys: tuple[str, ...]
+    input_keys: tuple[str, ...] | None = None
     per_position: bool = False  # its loss is a mean over sequence positions (loss by position)
     # metrics that are means over rows (not tokens): pieces of a batch (devices,
     # micro-batches, row groups) add them weighted by their rows (train.step.weighted_sums)
@@ -111,8 +126,17 @@ class Objective:
     # encoder, on labelled examples (tjax train --train.objective=NAME --data PATH.jsonl)
     head: str | None = None
 
+    def for_family(self, family) -> Objective:
+        """This objective with ``family``'s model inputs (a ``models.Family``)."""
+        return dataclasses.replace(self, input_keys=family.input_keys)
+
     def inputs(self, batch: dict) -> dict:
-        return model_inputs(batch, self.input_keys)
+        """The keyword inputs of the model among ``batch``'s keys."""
+        keys = self.input_keys
+        if keys is None:  # unbound: whichever family's inputs the batch carries
+            keys = tuple(dict.fromkeys(k for name in FAMILIES.names()
+                                       for k in FAMILIES.get(name).input_keys))
+        return model_inputs(batch, keys)
 
     def check(self, config) -> None:
         """Refuse a model config this objective cannot train from the command line."""
@@ -148,30 +172,33 @@ class Objective:
 
     def init_params(self, model: nn.Module, rng: jax.Array, batch: dict) -> Any:
         """Fresh (unboxed) parameters for ``model``, shaped by an example batch."""
-        variables = model.init(rng, batch["inputs"], **self.inputs(batch))
+        keys = input_keys_of(model) if self.input_keys is None else self.input_keys
+        variables = model.init(rng, batch["inputs"], **model_inputs(batch, keys))
         return nn.meta.unbox(variables["params"])
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
 for _objective in (
-    Objective("lm", lm_objective, GPT_INPUTS, per_position=True),
-    Objective("mlm", mlm_objective, BERT_INPUTS),
-    Objective("seq2seq", seq2seq_objective, ENCDEC_INPUTS, row_metrics=("sequence_accuracy",)),
-    Objective("sequence_classification", sequence_classification_objective, BERT_INPUTS,
-              head="sequence"),
-    Objective("token_classification", token_classification_objective, BERT_INPUTS),
+    Objective("lm", lm_objective, per_position=True),
+    Objective("mlm", mlm_objective),
+    Objective("seq2seq", seq2seq_objective, row_metrics=("sequence_accuracy",)),
+    Objective("sequence_classification", sequence_classification_objective, head="sequence"),
+    Objective("token_classification", token_classification_objective),
 ):
     OBJECTIVES.add(_objective.name, _objective)
 
 
 def objective_for(family: str) -> Objective:
-    """The default objective of a model family (its registry entry names it)."""
-    return OBJECTIVES.get(FAMILIES.get(family).objective)
+    """The default objective of a model family (its registry entry names it), bound to it."""
+    entry = FAMILIES.get(family)
+    return OBJECTIVES.get(entry.objective).for_family(entry)
 
 
 def run_objective(config, name: str | None = None) -> Objective:
     """The objective of a run (``train.objective``; None: the family's own), checked against
-    the model config."""
-    objective = objective_for(config.family) if name is None else OBJECTIVES.get(name)
+    the model config and bound to its family (a head reads its encoder's inputs)."""
+    if name is None:
+        return objective_for(config.family)
+    objective = OBJECTIVES.get(name)
     objective.check(config)
-    return objective
+    return objective.for_family(family_of(config))

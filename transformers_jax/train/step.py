@@ -9,10 +9,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import struct
 
+from transformers_jax import backends
 from transformers_jax.train.losses import lm_loss
 from transformers_jax.train.objectives import OBJECTIVES
 
@@ -67,11 +67,13 @@ def make_train_step(
     groups: int = 1,
 ):
     """``train_step(state, batch) -> (state, metrics)`` for ``objective`` (default LM); pure,
-    ready for ``jax.jit``. ``groups > 1`` computes the batch as that many independent groups
-    of rows (``grouped_sums_and_grads``): the same update, in pieces a CPU runs side by side."""
+    ready for ``jax.jit`` on this host's default device (no mesh). ``groups > 1`` computes the
+    batch as that many independent groups of rows (``grouped_sums_and_grads``): the same update,
+    in pieces XLA:CPU runs side by side (the backend refuses them on other platforms)."""
     objective = _objective(objective)
     if groups < 1:
         raise ValueError(f"groups must be a positive integer, got {groups}")
+    backends.current().check_row_groups(groups)
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         rng, dropout_rng = jax.random.split(jax.random.wrap_key_data(state.rng))
@@ -171,34 +173,20 @@ def split_micro_batches(batch: dict, k: int) -> dict:
     return jax.tree.map(split, batch)
 
 
-def row_group(batch: dict, groups: int, index: int) -> dict:
-    """Rows ``index, index + groups, ...`` of every ``[B, ...]`` array of ``batch``: group
-    ``index`` of ``split_micro_batches`` (interleaved, so a batch sharded over devices in
-    contiguous blocks keeps every group local to its devices)."""
-    for x in jax.tree.leaves(batch):
-        if np.shape(x)[0] % groups:
-            raise ValueError(f"a batch of {np.shape(x)[0]} rows cannot be split into {groups} "
-                             f"equal row groups; use a batch size that is a multiple of {groups}")
-    return jax.tree.map(lambda x: x[index], split_micro_batches(batch, groups))
-
-
 def grouped_sums_and_grads(model: nn.Module, params: Any, batch: dict, rng: jax.Array | None,
                            groups: int = 1, *, objective: Any = None):
     """``(sums, weight, grad of sums["loss"])`` of ``batch`` (``weighted_sums``), computed as
     ``groups`` groups of rows whose forward and backward passes share nothing but the
-    parameters. XLA:CPU runs independent operations of a program side by side, so on a
-    CPU the groups keep both threads busy where one large batch leaves them waiting on each
-    other's small operations (BENCHMARKS.md, section 2q); accelerators gain nothing from it.
-    Group ``i`` > 0 draws its dropout from ``fold_in(rng, i)``."""
+    parameters, as the backend of the platform compiled for splits them
+    (``Backend.sum_row_groups``: XLA:CPU runs the groups side by side on its threads; other
+    platforms take one group only)."""
 
     def loss_sum(p):
-        total = None
-        for i in range(groups):
-            part = batch if groups == 1 else row_group(batch, groups, i)
-            key = rng if (i == 0 or rng is None) else jax.random.fold_in(rng, i)
-            piece = weighted_sums(model, p, part, deterministic=False, rng=key,
-                                  objective=objective)
-            total = piece if total is None else jax.tree.map(jnp.add, total, piece)
+        def sums_of(part: dict, key: jax.Array | None):
+            return weighted_sums(model, p, part, deterministic=False, rng=key,
+                                 objective=objective)
+
+        total = backends.current().sum_row_groups(sums_of, batch, rng, groups)
         return total[0]["loss"], total
 
     (_, (sums, weight)), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)

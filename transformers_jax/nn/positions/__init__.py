@@ -2,23 +2,10 @@
 
 Adding a scheme: a new file here with a ``PositionScheme`` subclass (its settings as dataclass
 fields, the hooks of ``base.py`` it needs) decorated with ``@POSITIONS.register("name")``, and
-one import line below. The property tests (``tests/test_positions_registry.py``) cover it as
-soon as it is registered.
+one import line in ``load_positions`` of ``transformers_jax/builtins.py``. The property tests
+(``tests/test_positions_new.py`` and the model tests) cover it as soon as it is registered.
 """
 
-from transformers_jax.nn.positions import (  # noqa: F401  (importing registers the schemes)
-    alibi,
-    fire,
-    kerple,
-    learned,
-    nope,
-    randomized,
-    rope,
-    rope_scaling,
-    sinusoidal,
-    t5,
-    xpos,
-)
 from transformers_jax.nn.positions.alibi import AlibiBias, alibi_slopes
 from transformers_jax.nn.positions.base import PositionScheme, distance_BQK
 from transformers_jax.nn.positions.fire import FireBias

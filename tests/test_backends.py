@@ -1,0 +1,148 @@
+"""``backends``: what a platform adds to the model's maths, chosen by the platform compiled for.
+
+On this host (XLA:CPU) the CPU backend's hooks act; traced for a TPU topology's devices (a mesh
+in context, as every step ``parallel.make_trainer`` builds is traced) the generic backend's
+plain maths do, and the row groups and decoding options of the CPU are refused or absent.
+The numbers of the CPU hooks are checked in ``test_matmul.py``, ``test_kvcache.py`` and
+``test_sample.py``; the whole TPU training step in ``test_plan.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformers_jax import backends
+from transformers_jax.backends.cpu import Cpu
+from transformers_jax.backends.generic import Backend
+from transformers_jax.config import ConfigError, ModelConfig
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu not installed (pip install -e '.[tpu]'): no TPU topology to compile for")
+
+
+@pytest.fixture(scope="module")
+def tpu_mesh():
+    from transformers_jax import plan as planning
+    from transformers_jax.parallel import make_mesh
+
+    return make_mesh("data=1", devices=planning.tpu_target("v5e:2x2").devices[:1])
+
+
+def _ops(fn, *args) -> set[str]:
+    """The primitives of ``fn``'s jaxpr, nested ones included."""
+    names = set()
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            names.add(eqn.primitive.name)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else (param,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return names
+
+
+def test_this_host_gets_the_cpu_backend_and_other_platforms_the_generic_one():
+    assert jax.default_backend() == "cpu"  # conftest: the suite runs on XLA:CPU
+    assert isinstance(backends.current(), Cpu)
+    assert backends.for_devices(jax.devices()[:2]) is backends.for_platform("cpu")
+    for platform, named in (("tpu", "tpu"), ("cuda", "gpu"), ("rocm", "gpu"), ("gpu", "gpu")):
+        backend = backends.for_devices([types.SimpleNamespace(platform=platform)])
+        assert type(backend) is Backend and backend.platform == named
+    assert backends.platform_of(types.SimpleNamespace(platform="cuda")) == "gpu"
+    with pytest.raises(ValueError, match=r"one platform expected, got \['cpu', 'tpu'\]"):
+        backends.for_devices([jax.devices()[0], types.SimpleNamespace(platform="tpu")])
+    # inside a shard_map over this host's devices: still the CPU
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices()[:2])
+    seen = []
+
+    def body(x):
+        seen.append(backends.current())
+        return x
+
+    jax.shard_map(body, mesh=mesh, in_specs=jax.P("data"), out_specs=jax.P("data"))(
+        jnp.zeros(4))
+    assert isinstance(seen[0], Cpu)
+
+
+@needs_libtpu
+def test_a_tpu_mesh_in_context_chooses_the_generic_backend(tpu_mesh):
+    with jax.set_mesh(tpu_mesh):
+        assert backends.current() is backends.for_platform("tpu")
+        assert type(backends.current()) is Backend
+        assert backends.platform_compiled_for() == "tpu"
+    with jax.sharding.use_abstract_mesh(tpu_mesh.abstract_mesh):  # what eval_shape traces use
+        assert backends.current() is backends.for_platform("tpu")
+    assert backends.for_devices(tpu_mesh.devices.flat) is backends.for_platform("tpu")
+    assert isinstance(backends.current(), Cpu)  # and back
+
+
+@needs_libtpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_neutral_calls_are_the_plain_maths_for_a_tpu_and_the_cpu_rules_here(tpu_mesh,
+                                                                                 dtype):
+    x = jnp.ones((8, 32), dtype)
+    w = jnp.ones((32, 16), dtype)  # in > out: the CPU computes the kernel gradient transposed
+
+    def grads(x, w):
+        loss = backends.matmul(x, w).sum() + backends.matmul_transposed(x, w.T).sum()
+        return loss + backends.materialised(w.T).sum()
+
+    here = _ops(jax.grad(grads, argnums=(0, 1)), x, w)
+    assert {"custom_vjp_call", "optimization_barrier"} <= here, here
+    with jax.set_mesh(tpu_mesh):
+        there = _ops(jax.grad(grads, argnums=(0, 1)), x, w)
+    assert not {"custom_vjp_call", "optimization_barrier"} & there, there
+    assert "dot_general" in there
+
+
+@needs_libtpu
+def test_the_cache_write_is_tied_to_the_read_on_the_cpu_only(tpu_mesh):
+    kv = (jnp.ones((1, 2, 1, 4)), jnp.full((1, 2, 1, 4), 2.0))
+    read = jnp.array([[jnp.nan, 1.0]])
+    tied = backends.ordered_after(kv, read)
+    for a, b in zip(tied, kv, strict=True):  # the same values, finite even after a NaN read
+        np.testing.assert_array_equal(a, b)
+    assert "is_finite" in _ops(lambda r: backends.ordered_after(kv, r), read)
+    with jax.set_mesh(tpu_mesh):
+        assert backends.ordered_after(kv, read) is kv
+
+
+@needs_libtpu
+def test_row_groups_are_refused_for_devices_other_than_a_cpu(tpu_mesh):
+    """``train.concurrent_groups`` is the CPU backend's: a trainer for TPU devices (``tjax
+    plan``'s) or a step built under a TPU mesh says so, rather than splitting for nothing."""
+    from transformers_jax.config import TrainConfig
+    from transformers_jax.models import build_model
+    from transformers_jax.parallel.strategies import make_trainer
+    from transformers_jax.train.optim import make_optimizer
+    from transformers_jax.train.step import make_train_step
+
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, max_len=16)
+    batch = {"inputs": np.zeros((4, 16), np.int32), "targets": np.zeros((4, 16), np.int32)}
+    optimizer = make_optimizer(TrainConfig(steps=2))
+    with pytest.raises(ConfigError, match=r"concurrent_groups=2: row groups .* XLA:CPU .* tpu"):
+        make_trainer("jit", build_model(cfg), optimizer, batch, mesh=tpu_mesh, groups=2)
+    with jax.set_mesh(tpu_mesh), pytest.raises(ConfigError, match="XLA:CPU setting"):
+        make_train_step(build_model(cfg), optimizer, groups=2)
+    make_trainer("jit", build_model(cfg), optimizer, batch, mesh=tpu_mesh, groups=1)
+
+
+def test_the_decoding_options_are_the_cpus_alone():
+    assert dict(backends.for_platform("cpu").decode_compiler_options) == {
+        "xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
+    for platform in ("tpu", "gpu", "some_new_platform"):
+        backend = backends.for_platform(platform)
+        assert type(backend) is Backend and backend.platform == platform
+        assert dict(backend.decode_compiler_options) == {}

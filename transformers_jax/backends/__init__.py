@@ -1,0 +1,80 @@
+"""What a platform adds to the programs compiled for it: the one seam between the model's maths
+and a compiler's needs.
+
+The model path (``nn/``, ``models/``) is written for any platform: a plain ``dot_general``,
+the attention formula. Where one platform's compiler runs the same computation faster written
+another way, the model calls a backend-neutral function here, and the backend of the platform
+being compiled for supplies it. Each call's plain form (``generic.py``) is what TPU and GPU
+programs get; what XLA:CPU gets instead is in ``cpu.py``:
+
+- ``matmul(x, w)``, ``matmul_transposed(x, w)`` (``Dense``, the tied output layer): a
+  ``dot_general`` with float32 sums. CPU: the same product with custom gradients (the kernel
+  gradient in its faster orientation; below float32, operands kept in the compute dtype).
+- ``materialised(x)`` (the chunked attention's k^T): ``x``. CPU: behind an optimization
+  barrier, so the transpose is not folded into the product that reads it.
+- ``ordered_after(kv, out)`` (a batch-1 decoding step's cache write): ``kv``. CPU: plus a zero
+  computed from ``out``, so the in-place write visibly follows the read.
+
+and around the model: the decoding loop's compile options (``Backend.decode_compiler_options``,
+read by ``sample.generate_tokens``), the training step's row groups (``train.concurrent_groups``:
+``Backend.sum_row_groups``; other platforms refuse more than one group), and the host's malloc
+setting (``prepare_host``, before JAX starts; ``cpu_malloc.py``).
+
+Named calls rather than a rewrite of the traced program from outside: a rewrite would find
+Dense's products by the shape of a ``dot_general`` (catching any 2-D product, and changing its
+bfloat16 rounding), re-interpret every nested program (scan, remat, custom_vjp, shard_map) at
+about twice the tracing cost, and still could not say where a cache write must follow a read
+or which transpose to keep: those are not substitutions of one primitive.
+
+The backend is chosen by one rule, ``platform_compiled_for``: the platform of the devices of the
+mesh the program is traced under (every step that ``parallel.make_trainer`` builds is traced
+under its mesh, so ``tjax plan`` for a TPU from a CPU host gets the TPU program), else JAX's
+default backend. A step whose shape depends on the backend (row groups, compile options) asks
+for it once when it is built (``for_devices``, ``current``); the neutral calls ask while the
+model is traced, under the same rule. TPU and GPU add nothing: their backend is the generic one.
+
+Names load on first use (PEP 562): ``prepare_host`` and ``cpu_malloc`` import no JAX, so an
+entry point re-executes itself with the malloc setting before it pays for JAX's start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Backend": "transformers_jax.backends.generic",
+    "varying_axes": "transformers_jax.backends.generic",
+    **{name: "transformers_jax.backends.choice" for name in (
+        "BACKENDS", "current", "for_devices", "for_platform", "matmul",
+        "matmul_transposed", "materialised", "ordered_after", "platform_compiled_for",
+        "platform_of")},
+}
+__all__ = sorted([*_EXPORTS, "prepare_host"])
+
+
+def prepare_host() -> str:
+    """Set this process up for the platform it computes on; call it first thing in a program's
+    entry point, never from library code: it may re-execute the process. Where XLA:CPU
+    computes (``JAX_PLATFORMS`` unset or naming ``cpu`` first), that is the CPU backend's
+    malloc setting (``cpu_malloc.relaunch_with_tunables``); returns what the process runs
+    with (``cpu_malloc.status``). ValueError for a ``TJAX_HOST_MALLOC`` it does not know."""
+    from transformers_jax.backends import cpu_malloc
+
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms and platforms.split(",")[0].strip().lower() != "cpu":
+        return f"system default (JAX_PLATFORMS={platforms})"
+    return cpu_malloc.relaunch_with_tunables()
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'transformers_jax.backends' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

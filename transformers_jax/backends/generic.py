@@ -1,0 +1,104 @@
+"""The backend every platform starts from: the plain maths, as JAX writes it.
+
+TPU and GPU programs are what plain JAX makes of the model, so their backend is this one as it
+is; a platform whose compiler needs something else overrides a hook (``cpu.py``). Each hook's
+default here is the definition the model means, so a reader of ``Dense`` or of an attention
+kernel can take the hook for what this file does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from transformers_jax.config import ConfigError
+
+ROWS_BY_IN = (((1,), (0,)), ((), ()))  # [R, I] x [I, O] -> [R, O]
+ROWS_BY_OUT = (((1,), (1,)), ((), ()))  # [R, I] x [O, I] -> [R, O]
+
+
+def product(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
+    """``x_RI @ w_IO`` ``[R, O]`` with float32 sums whatever the inputs' dtype."""
+    return lax.dot_general(x_RI, w_IO, ROWS_BY_IN, preferred_element_type=jnp.float32)
+
+
+def product_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
+    """``x_RI @ w_OI^T`` ``[R, O]`` with float32 sums (a tied output projection: the kernel is
+    the token table ``[V, C]``)."""
+    return lax.dot_general(x_RI, w_OI, ROWS_BY_OUT, preferred_element_type=jnp.float32)
+
+
+def varying_axes(*trees: Any) -> frozenset:
+    """The mesh axes any leaf of ``trees`` varies over inside ``shard_map`` (else none): what a
+    custom gradient or a loop carry must agree with under ``check_vma=True``."""
+    def axes(x) -> frozenset:  # ShapedArray.vma in older JAX, .mat.varying since 0.9
+        aval = jax.typeof(x)
+        return frozenset(getattr(getattr(aval, "mat", None), "varying", None)
+                         or getattr(aval, "vma", None) or ())
+
+    return frozenset().union(*(axes(x) for x in jax.tree.leaves(trees)))
+
+
+class Backend:
+    """What a platform contributes to the programs compiled for it; here, nothing: every hook
+    is the plain computation. One instance per platform (``backends.for_platform``), which
+    TPU and GPU take as it is."""
+
+    # Options for the compiler of the decoding loop (``sample.generate_tokens``).
+    decode_compiler_options: Mapping[str, str] = MappingProxyType({})
+
+    def __init__(self, platform: str):
+        self.platform = platform  # the JAX platform compiled for: cpu, tpu, gpu
+
+    def matmul(self, x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
+        """The product under every ``Dense``: ``x_RI @ w_IO`` in float32 (``product``), with
+        the gradients autodiff gives it."""
+        return product(x_RI, w_IO)
+
+    def matmul_transposed(self, x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
+        """``x_RI @ w_OI^T`` in float32 (``product_transposed``), the gradients autodiff's."""
+        return product_transposed(x_RI, w_OI)
+
+    def materialised(self, x: jax.Array) -> jax.Array:
+        """``x`` itself. A kernel hands over a transposed operand here: a backend whose
+        compiler runs the product faster from a copy in that layout than with the transpose
+        folded into it may keep the copy."""
+        return x
+
+    def ordered_after(self, values: Any, read: jax.Array) -> Any:
+        """``values`` (the keys and values a decoding step writes into its cache) as they are.
+        ``read`` is the attention output that read the old cache: a backend whose compiler
+        cannot see that the write must follow the read (and copies the cache to be safe) may
+        tie the written values to it."""
+        del read
+        return values
+
+    def check_row_groups(self, groups: int) -> None:
+        """Refuse ``train.concurrent_groups`` > 1, an XLA:CPU setting: it splits each batch into
+        groups of rows whose forward and backward passes are independent, so that XLA:CPU's
+        thread pool runs them side by side. An accelerator runs one large batch at least as
+        well, so the setting would only make the program longer: a clear error rather than a
+        silent no-op, since a config that asks for it was written for a CPU."""
+        if groups < 1:
+            raise ConfigError(f"train.concurrent_groups={groups}: must be a positive integer")
+        if groups > 1:
+            raise ConfigError(
+                f"train.concurrent_groups={groups}: row groups computed side by side are an "
+                f"XLA:CPU setting (its threads run the independent groups together); the "
+                f"devices compiled for are {self.platform} devices, which gain nothing from "
+                "them: leave train.concurrent_groups at 1 for them")
+
+    def sum_row_groups(self, sums_of: Callable[[Any, Any], Any], batch: dict, rng: Any,
+                       groups: int) -> Any:
+        """``sums_of(batch, rng)``: a pytree of sums over ``batch`` (a training step's weighted
+        loss sums), computed as ``groups`` groups of rows and added up. One group here."""
+        self.check_row_groups(groups)
+        return sums_of(batch, rng)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} backend for {self.platform}>"

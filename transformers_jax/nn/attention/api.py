@@ -1,0 +1,229 @@
+"""The attention API: ``dot_product_attention`` (any implementation, by name or entry),
+``attend_to_cache`` (a decoding step over the KV cache), the base of every implementation
+(``AttentionImpl``), the input checks, and the bias and mask layout the kernels share.
+
+Shape legend: B batch, Q query length, K key length, H query heads, N key/value heads,
+G = H // N query heads per key/value head, D head dimension, S cache slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from transformers_jax.config import ConfigError
+from transformers_jax.nn.masks import AttentionMask, as_dense
+from transformers_jax.registry import ATTENTION, Switch
+
+Mask = AttentionMask | jax.Array | None
+
+
+def dot_product_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    bias: jax.Array | None = None,
+    mask: Mask = None,
+    implementation: str | AttentionImpl = "reference",
+    scale: float | None = None,
+    logit_softcap: float | None = None,
+    chunk_size: int | None = None,
+) -> jax.Array:
+    """Attention of q over (k, v): ``[B, Q, H, D]``, ``[B, K, N, D]`` x 2 -> ``[B, Q, H, D]``.
+
+    Args:
+      bias: additive float scores broadcastable to ``[B, H, Q, K]``; differentiable.
+      mask: None, a boolean array broadcastable to ``[B, H, Q, K]`` (True = may attend), or an
+        ``AttentionMask`` (the chunked kernel then builds it one tile at a time).
+      implementation: an ``ATTENTION`` entry or its name (reference, xla, chunked, cudnn,
+        pallas).
+      scale: multiplies q.k; None means ``1 / sqrt(D)``. A Python number.
+      logit_softcap: if set, scores become ``cap * tanh(scores / cap)`` before the bias.
+      chunk_size: with a name, the tile length of the chunked kernel (others ignore it).
+
+    Returns the output in q's dtype.
+    """
+    impl = implementation
+    if isinstance(impl, str):
+        impl = ATTENTION.get(impl)()
+        if chunk_size is not None and hasattr(impl, "chunk_size"):
+            impl = dataclasses.replace(impl, chunk_size=chunk_size)
+    check_inputs(q, k, v, bias, mask, logit_softcap)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return impl.attend(q, k, v, bias=bias, mask=mask, scale=scale, logit_softcap=logit_softcap)
+
+
+def attend_to_cache(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    k_new: jax.Array | None = None,
+    v_new: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    mask: Mask = None,
+    scale: float | None = None,
+    logit_softcap: float | None = None,
+) -> jax.Array:
+    """A decoding step: one query per row over a heads-first cache, ``[B, 1, H, D]`` and
+    ``[B, N, S, D]`` x 2 -> ``[B, 1, H, D]``, plus optionally the step's own key and value
+    ``[B, N, 1, D]`` as key number S; bias and mask broadcast to ``[B, H, 1, S (+1)]``.
+
+    Every implementation does the same maths for a single query, and this is the one that
+    reads the cache where it lies: (batch, head) lead both matmuls, so nothing is transposed
+    or copied per layer and token. The same formula as the reference.
+    """
+    b, q_len, h, d = q.shape
+    kb, n, k_len, kd = k.shape
+    new_ok = (k_new is None and v_new is None) or (
+        k_new is not None and v_new is not None and k_new.shape == v_new.shape == (b, n, 1, d))
+    if q_len != 1 or k.shape != v.shape or (kb, kd) != (b, d) or h % n or not new_ok:
+        raise ValueError(
+            f"attend_to_cache wants q [B, 1, H, D], k, v [B, N, S, D] and k_new, v_new "
+            f"[B, N, 1, D] or None; got q {q.shape}, k {k.shape}, v {v.shape}, k_new "
+            f"{getattr(k_new, 'shape', None)}, v_new {getattr(v_new, 'shape', None)}")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q = q.reshape(b, n, h // n, d)  # [B, N, G, D]
+    s = jnp.einsum("bngd,bnsd->bngs", q, k, preferred_element_type=jnp.float32)
+    if k_new is not None:
+        s_new = jnp.einsum("bngd,bnsd->bngs", q, k_new, preferred_element_type=jnp.float32)
+        s = jnp.concatenate([s, s_new], axis=-1)
+    s = s * scale
+    if logit_softcap is not None:
+        s = logit_softcap * jnp.tanh(s / logit_softcap)
+    if bias is not None:
+        s = s + group_heads(bias, n)[:, :, :, 0].astype(jnp.float32)  # [B|1, N|1, G|1, S|1]
+    mask = as_dense(mask)
+    if mask is not None:
+        s = jnp.where(group_heads(mask, n)[:, :, :, 0], s, -jnp.inf)
+    m = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    p = (e / jnp.where(total > 0, total, 1.0)).astype(v.dtype)  # sees no key: all zero
+    out = jnp.einsum("bngs,bnsd->bngd", p[..., :k_len], v, preferred_element_type=jnp.float32)
+    if v_new is not None:
+        out = out + jnp.einsum("bngs,bnsd->bngd", p[..., k_len:], v_new,
+                               preferred_element_type=jnp.float32)
+    return out.reshape(b, 1, h, d).astype(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks and the bias/mask layout shared by the implementations
+
+
+def check_inputs(q, k, v, bias, mask, logit_softcap) -> None:
+    """Raise a ValueError (a TypeError for a non-boolean mask) unless q, k, v, the bias and the
+    mask are what ``dot_product_attention`` takes."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"attention wants q [B, Q, H, D] and k, v [B, K, N, D]; got q {q.shape}, "
+            f"k {k.shape}, v {v.shape}"
+        )
+    b, q_len, h, d = q.shape
+    kb, k_len, n, kd = k.shape
+    if k.shape != v.shape or kb != b or kd != d:
+        raise ValueError(
+            f"k and v must both be [B, K, N, D] with q's batch and head dim; got q {q.shape}, "
+            f"k {k.shape}, v {v.shape}"
+        )
+    if h % n:
+        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({n})")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    target = (b, h, q_len, k_len)
+    if bias is not None:
+        _check_broadcastable(bias, target, "bias")
+    if isinstance(mask, AttentionMask):
+        if mask.q_positions.shape[0] not in (1, b) or (mask.q_len, mask.kv_len) != (q_len, k_len):
+            raise ValueError(
+                f"AttentionMask covers batch {mask.q_positions.shape[0]}, {mask.q_len} queries "
+                f"and {mask.kv_len} keys; attention has batch {b}, {q_len} queries, {k_len} keys"
+            )
+    elif mask is not None:
+        if mask.dtype != jnp.bool_:
+            raise TypeError(
+                f"mask must be boolean (True = may attend), got {mask.dtype}; "
+                "pass additive scores as bias instead"
+            )
+        _check_broadcastable(mask, target, "mask")
+    if logit_softcap is not None and not logit_softcap > 0:
+        raise ValueError(f"logit_softcap must be positive or None, got {logit_softcap}")
+
+
+def _check_broadcastable(x, target, name) -> None:
+    shape = (1,) * (4 - x.ndim) + x.shape
+    if x.ndim > 4 or any(s not in (1, t) for s, t in zip(shape, target, strict=True)):
+        raise ValueError(
+            f"{name} of shape {tuple(x.shape)} does not broadcast to [B, H, Q, K] = {target}"
+        )
+
+
+def as_4d(x: jax.Array) -> jax.Array:
+    """Prepend unit axes: ``[Q, K]`` or ``[H, Q, K]`` -> ``[1.., H|1, Q|1, K|1]``."""
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def group_heads(x: jax.Array, num_kv_heads: int) -> jax.Array:
+    """A bias or mask ``[B|1, H|1, Q|1, K|1]`` -> ``[B|1, N|1, G|1, Q|1, K|1]``."""
+    b, h, q_len, k_len = as_4d(x).shape
+    if h == 1:
+        return x.reshape(b, 1, 1, q_len, k_len)
+    return x.reshape(b, num_kv_heads, h // num_kv_heads, q_len, k_len)
+
+
+def refuse_softcap(implementation: str, logit_softcap) -> None:
+    """A ValueError when a kernel that cannot soft-cap its logits is asked to."""
+    if logit_softcap is not None:
+        raise ValueError(
+            f"attention implementation {implementation!r} cannot apply logit_softcap; "
+            "use 'chunked' or 'reference'"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The attention switch of the config: each entry says what it supports and how it attends.
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionImpl(Switch):
+    """Base of every ``registry.ATTENTION`` entry: its ``kernel`` (the function of its file that
+    attends) and what it supports. ``softcap``: can apply ``attn_logit_softcap``. ``dense_masks``:
+    takes any boolean mask (otherwise only causal and segment masks: no window, no prefix-LM).
+    ``backends``: the JAX platforms it runs on. ``typed_under_shard_map``: its outputs carry
+    the varying-axis types ``shard_map(check_vma=True)`` needs (the shard_map strategy turns
+    the check off for a kernel without them). ``oracle``: the plain definition the others are
+    checked against (every score materialised, every feature): for tests, never a candidate in
+    a speed comparison. Settings of the kernel are dataclass fields (passed on by
+    ``kernel_options``)."""
+
+    kernel: ClassVar[Any] = None
+    oracle: ClassVar[bool] = False
+    softcap: ClassVar[bool] = True
+    dense_masks: ClassVar[bool] = True
+    backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
+    typed_under_shard_map: ClassVar[bool] = True
+
+    def kernel_options(self) -> dict:
+        return {}
+
+    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap) -> jax.Array:
+        return type(self).kernel(q, k, v, bias=bias, mask=mask, scale=scale,
+                                 logit_softcap=logit_softcap, **self.kernel_options())
+
+    def check(self, config: Any) -> None:
+        if config.attn_logit_softcap is not None and not self.softcap:
+            raise ConfigError(
+                f"attention={self.name!r}: the {self.name} kernel cannot soft-cap attention "
+                "logits; use attention=reference or attention=chunked with attn_logit_softcap")
+        window = getattr(config.mask, "window", None)
+        if not self.dense_masks and (window is not None or config.mask.needs_prefix_len):
+            raise ConfigError(
+                f"attention={self.name!r}: supports causal and segment masks only, not "
+                f"mask={config.mask.name}; use attention=chunked")
+

@@ -1,0 +1,173 @@
+"""``pallas``: the Pallas flash-attention kernels that ship with JAX (TPU; NVIDIA GPU via
+Triton)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from transformers_jax.nn.attention.api import AttentionImpl, as_4d, refuse_softcap
+from transformers_jax.nn.attention.platform import platform_compiled_for, varying_axes
+from transformers_jax.nn.masks import AttentionMask
+from transformers_jax.registry import ATTENTION
+
+
+def _pallas_mask_parts(mask, q_len: int, k_len: int, implementation: str):
+    """(causal, segment ids or None) for a Pallas kernel, or a ValueError naming what it cannot
+    express. The kernels take causality by array index and masks by segment-id equality."""
+    if mask is None:
+        return False, None
+    if not isinstance(mask, AttentionMask):
+        raise ValueError(
+            f"attention implementation {implementation!r} takes an AttentionMask (causal and/or "
+            "segments), not a dense boolean mask; use chunked, xla or reference"
+        )
+    if mask.window is not None or mask.prefix_len is not None:
+        raise ValueError(
+            f"attention implementation {implementation!r} supports causal and segment masks "
+            "only (no sliding window, no prefix-LM); use chunked"
+        )
+    if mask.causal and q_len != k_len:
+        raise ValueError(
+            f"attention implementation {implementation!r} applies causality by index, which "
+            f"needs as many queries as keys (got {q_len} and {k_len}: a KV cache); decode "
+            "with chunked or xla"
+        )
+    q_seg, kv_seg = mask.q_segments, mask.kv_segments
+    if mask.kv_valid is not None:  # padding: give padded keys a segment no query has
+        q_seg = jnp.zeros(mask.q_positions.shape, jnp.int32) if q_seg is None else q_seg
+        kv_seg = jnp.zeros(mask.kv_positions.shape, jnp.int32) if kv_seg is None else kv_seg
+        kv_seg = jnp.where(mask.kv_valid, kv_seg, -1)
+    if q_seg is None:
+        return mask.causal, None
+    b = max(q_seg.shape[0], kv_seg.shape[0])
+    return mask.causal, (jnp.broadcast_to(q_seg, (b, q_len)).astype(jnp.int32),
+                         jnp.broadcast_to(kv_seg, (b, k_len)).astype(jnp.int32))
+
+
+def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128):
+    """Pallas flash attention: ``jax.experimental.pallas.ops.tpu.flash_attention`` on TPU, the
+    Triton kernel ``jax.experimental.pallas.ops.gpu.attention.mha`` on NVIDIA GPUs.
+
+    Causal and packed-segment masks (and key padding, as a segment) only, causality by index
+    (queries and keys aligned, no KV cache); bias on TPU only; grouped k/v heads are repeated to
+    the query heads. The path follows the devices compiled for (``platform_compiled_for``), and the
+    kernel runs per shard inside ``shard_map`` over the batch and head mesh axes of the logical
+    rules in context (XLA cannot partition a Mosaic/Triton call itself), so it works under
+    the single and jit strategies with any data/FSDP/tensor mesh, and under pmap. Inside a
+    ``shard_map`` the kernel runs on the local shard as it is, but only with
+    ``check_vma=False``: JAX's kernels give their outputs no varying-axis types (a clear error
+    says so); the shard_map strategy turns the check off for it (``typed_under_shard_map``).
+    ``tjax plan`` compiles it for TPU; CI has no TPU or GPU to run it on (on a TPU VM, ``tjax
+    bench --model.attention=pallas`` runs it).
+    """
+    del chunk_size
+    refuse_softcap("pallas", logit_softcap)
+    platform = platform_compiled_for()
+    if platform not in ("tpu", "gpu"):
+        raise RuntimeError(
+            f"attention implementation 'pallas' needs a TPU (Pallas flash attention) or an "
+            f"NVIDIA GPU (Pallas Triton flash attention); jax backend is {platform!r}: use "
+            "chunked (the same blockwise algorithm in plain JAX, any backend), xla or reference"
+        )
+    b, q_len, h, d = q.shape
+    n = k.shape[2]
+    if n != h:  # the kernels want one k/v head per query head
+        k, v = jnp.repeat(k, h // n, axis=2), jnp.repeat(v, h // n, axis=2)
+    k_len = k.shape[1]
+    causal, segments = _pallas_mask_parts(mask, q_len, k_len, "pallas")
+    for name, length in (("query", q_len), ("key", k_len)):  # the kernels' 128-wide blocks
+        if length % min(128, length) or (platform == "tpu" and length % 128):
+            raise ValueError(
+                f"attention implementation 'pallas' needs {name} lengths that are a multiple "
+                f"of 128{' (or below 128 on GPU)' if platform == 'gpu' else ''}; got {length}: "
+                "pad the sequence or use chunked"
+            )
+    if platform == "tpu":
+        from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
+        ab = None
+        if bias is not None:
+            ab = jnp.broadcast_to(as_4d(bias), (b, h, q_len, k_len)).astype(jnp.float32)
+
+        def kernel(q, k, v, ab, segments):  # [B, T, H, D] in and out, per shard
+            out = tpu_flash.flash_attention(
+                q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                ab=ab, segment_ids=None if segments is None else tpu_flash.SegmentIds(*segments),
+                causal=causal, sm_scale=scale,
+            )
+            return out.transpose(0, 2, 1, 3)
+
+        return _per_shard(kernel, q, k, v, ab, segments).astype(q.dtype)
+    if bias is not None:
+        raise ValueError(
+            "attention implementation 'pallas' takes no bias on GPU (the Triton kernel has "
+            "none); use cudnn, chunked or xla for ALiBi/T5/FIRE"
+        )
+    from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+
+    if segments is not None and (mask.kv_valid is not None or mask.q_segments is not
+                                 mask.kv_segments):
+        raise ValueError(
+            "the Pallas GPU kernel takes one segment-id array for queries and keys (packed "
+            "self-attention); key padding or distinct key segments need cudnn or chunked"
+        )
+
+    def gpu_kernel(q, k, v, ab, segments):
+        del ab
+        return gpu_attention.mha(q, k, v, segment_ids=None if segments is None else segments[0],
+                                 sm_scale=scale, causal=causal)
+
+    return _per_shard(gpu_kernel, q, k, v, None, segments).astype(q.dtype)
+
+
+def _per_shard(kernel, q, k, v, ab, segments):
+    """``kernel(q, k, v, ab, segments)`` on each device's rows and heads: inside ``shard_map``
+    over the mesh axes that the logical rules in context give ``batch`` and ``heads`` (flax's
+    ``nn.logical_axis_rules``, set by the jit and single strategies). With no mesh or no rules
+    (pmap, or already inside the shard_map strategy), or where nothing is split, it is called
+    directly. An axis that does not divide its dimension (a small eval batch) is left whole."""
+    if varying_axes(q, k, v, ab, segments):
+        raise ValueError(
+            "attention implementation 'pallas' cannot run inside shard_map(check_vma=True): "
+            "JAX's Pallas kernels declare their outputs without the varying-axis types the "
+            "check needs; pass check_vma=False to your shard_map (train.strategy=shard_map "
+            "does), use train.strategy=jit, or attention=chunked")
+    mesh = jax.sharding.get_abstract_mesh()
+    rules = nn.get_logical_axis_rules()
+    if mesh.empty or not rules:
+        return kernel(q, k, v, ab, segments)
+    free = {name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+            if kind != jax.sharding.AxisType.Manual}
+
+    def axes(logical: str, size: int):
+        names = nn.logical_to_mesh_axes((logical,), rules)[0]
+        names = () if names is None else ((names,) if isinstance(names, str) else tuple(names))
+        names = tuple(a for a in names if a in free and mesh.shape[a] > 1)
+        ways = math.prod(mesh.shape[a] for a in names)
+        return names if names and size % ways == 0 else None
+
+    batch, heads = axes("batch", q.shape[0]), axes("heads", q.shape[2])
+    if batch is None and heads is None:
+        return kernel(q, k, v, ab, segments)
+    qkv = P(batch, None, heads, None)
+    specs = (qkv, qkv, qkv, None if ab is None else P(batch, heads, None, None),
+             None if segments is None else (P(batch, None), P(batch, None)))
+    return jax.shard_map(kernel, in_specs=specs, out_specs=qkv, check_vma=False)(
+        q, k, v, ab, segments)
+
+
+@ATTENTION.register("pallas")
+@dataclasses.dataclass(frozen=True)
+class Pallas(AttentionImpl):
+    kernel = staticmethod(pallas_attention)
+    softcap: ClassVar[bool] = False
+    dense_masks: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("gpu", "tpu")
+    typed_under_shard_map: ClassVar[bool] = False  # pallas_call outputs have no vma
