@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import subcommand_parsers
+from test_cli_journeys import run_cli
 from transcripts import line_matches
 
 from transformers_jax import ModelConfig, cli
@@ -81,15 +82,10 @@ def test_every_readme_command_parses(argv, monkeypatch):
 
 @pytest.mark.parametrize("argv, printed", ERRORS, ids=[" ".join(a)[:60] for a, _ in ERRORS])
 def test_every_error_the_readme_quotes_is_printed_today(argv, printed):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = cli.main(argv)
-        except SystemExit as stop:
-            code = stop.code
+    code, err = run_cli(argv)
     assert code == 2
-    assert any(line_matches(printed, line) for line in err.getvalue().splitlines()), (
-        f"README quotes:\n{printed}\ntjax {' '.join(argv)} prints today:\n{err.getvalue()}")
+    assert any(line_matches(printed, line) for line in err.splitlines()), (
+        f"README quotes:\n{printed}\ntjax {' '.join(argv)} prints today:\n{err}")
 
 
 def test_the_readme_switch_table_is_the_registries():

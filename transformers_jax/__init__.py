@@ -8,9 +8,8 @@ here where their built-in entries are (``builtins.py``), and load them when firs
 
 from __future__ import annotations
 
-import importlib
-
 from transformers_jax import builtins  # noqa: F401  (gives each registry its built-in entries)
+from transformers_jax.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -25,13 +24,5 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'transformers_jax' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__, __dir__ = lazy_exports("transformers_jax", _EXPORTS, globals())
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))

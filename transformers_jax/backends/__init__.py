@@ -39,8 +39,9 @@ entry point re-executes itself with the malloc setting before it pays for JAX's 
 
 from __future__ import annotations
 
-import importlib
 import os
+
+from transformers_jax.lazy import lazy_exports
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -68,13 +69,5 @@ def prepare_host() -> str:
     return cpu_malloc.relaunch_with_tunables()
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'transformers_jax.backends' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__, __dir__ = lazy_exports("transformers_jax.backends", _EXPORTS, globals())
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))

@@ -19,7 +19,7 @@ The names below load on first use, so that ``runs.layout`` or ``runs.lock`` cost
 
 from __future__ import annotations
 
-import importlib
+from transformers_jax.lazy import lazy_exports
 
 _EXPORTS = {
     "Run": "transformers_jax.runs.load",
@@ -32,13 +32,5 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'transformers_jax.runs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports("transformers_jax.runs", _EXPORTS, globals())
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
