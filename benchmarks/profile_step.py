@@ -33,7 +33,7 @@ import re
 import sys
 import tempfile
 
-from transformers_jax.host_memory import relaunch_with_tunables
+from transformers_jax.backends import prepare_host
 
 # Not ops of the program: the executor, Python frames ("$..."), waits.
 _NOT_OPS = re.compile(r"^\$|ThunkExecutor|PjitFunction|Await|^end: ")
@@ -197,7 +197,7 @@ def profile_compile(step, state, batch, top: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    relaunch_with_tunables()  # the malloc setting tjax runs with (transformers_jax/host_memory.py)
+    prepare_host()  # the process set up as tjax's (on a CPU host: its malloc setting)
     import flax.linen as nn
     import jax
     import jax.numpy as jnp

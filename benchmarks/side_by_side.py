@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.set_num_threads in the torch workers (default: torch's own)")
     parser.add_argument("--torch-tjax-malloc", action="store_true",
                         help="give the torch workers the malloc setting tjax uses for itself "
-                        "(transformers_jax/host_memory.py; default: the system's)")
+                        "(transformers_jax/backends/cpu_malloc.py; default: the system's)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check", action="store_true",
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                            for n, r in first.items()}
     result["threads"] = {n: r["threads"] for n, r in first.items()}
     result["pinned_cores"] = {n: specs[n][1] for n in names}  # None: the whole machine
-    # glibc malloc of each worker: ours as tjax runs (transformers_jax/host_memory.py)
+    # glibc malloc of each worker: ours as tjax runs (transformers_jax/backends/cpu_malloc.py)
     result["host_malloc"] = {n: r.get("host_malloc") for n, r in first.items()}
     result["versions"] = {n: r["versions"] for n, r in first.items()}
     result["worker_thread_environment"] = {n: r["process_start"]["thread_environment"]

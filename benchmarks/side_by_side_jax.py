@@ -41,7 +41,7 @@ from side_by_side_shared import (
     time_decoding,
 )
 
-from transformers_jax import host_memory
+from transformers_jax.backends import cpu_malloc as host_memory
 from transformers_jax.config import TrainConfig
 
 
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="train.concurrent_groups: the batch as this many independent row groups")
     r.add_argument("--host-malloc", choices=("default", "reuse"), default="default",
                    help="reuse: run as under TJAX_HOST_MALLOC=reuse (transformers_jax/"
-                        "host_memory.py)")
+                        "backends/cpu_malloc.py)")
     add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "run":  # as every tjax command runs
