@@ -51,20 +51,16 @@ def train_parser() -> CommandParser:
 
 
 def model_of_run(run_dir: str | None) -> dict | None:
-    """The model config saved with a trained or converted run's latest checkpoint (None for
-    no run)."""
+    """The model config saved with a trained or converted run's newest intact checkpoint, the
+    one fine-tuning loads (None for no run)."""
     if run_dir is None or run_dir.lower() in ("none", "null"):
         return None
-    from transformers_jax.runs.checkpoint import Checkpointer  # orbax: only when asked
+    from transformers_jax.runs.meta import read_run_meta  # orbax: only when asked
 
     try:
-        ckpt = Checkpointer(run_dir, create=False)
+        return read_run_meta(run_dir)["model"]
     except FileNotFoundError as err:
         raise FileNotFoundError(f"--train.init_from={run_dir}: {err}") from None
-    try:
-        return ckpt.read_meta()["model"]
-    finally:
-        ckpt.close()
 
 
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:

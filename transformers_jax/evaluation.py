@@ -74,11 +74,15 @@ def _check_length(config, length: int) -> None:
             f"lengths up to {limit}, or train a model whose positions extrapolate (rope, alibi)")
 
 
+def mean_metrics(rows: Sequence[dict]) -> dict[str, float]:
+    """Each metric's mean over ``rows`` (host values, one dict per step or batch)."""
+    return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]}
+
+
 def held_out_metrics(eval_step: Callable, params, batches: Sequence[dict]) -> dict[str, float]:
     """Mean metrics over a fixed list of held-out batches (``eval_step(params, batch) ->
     metrics``, e.g. ``train.step.make_eval_step``'s or a parallel trainer's)."""
-    rows = jax.device_get([eval_step(params, batch) for batch in batches])
-    return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]}
+    return mean_metrics(jax.device_get([eval_step(params, batch) for batch in batches]))
 
 
 def _per_position(model, objective):

@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -160,10 +160,13 @@ class Checkpointer:
         if damage:
             raise CheckpointDamagedError(f"{damage}; {self._instead(step)}", step)
 
+    def intact_steps(self) -> Iterator[int]:
+        """The steps whose files are intact, newest first (each checked as it is reached)."""
+        return (s for s in sorted(self.all_steps(), reverse=True) if not self.verify(s))
+
     def _instead(self, step: int) -> str:
         """What to load instead of a damaged ``step``, as the CLI spells it."""
-        intact = [s for s in sorted(self.all_steps(), reverse=True)
-                  if s != step and not self.verify(s)]
+        intact = [s for s in self.intact_steps() if s != step]
         if not intact:
             return ("no intact checkpoint is left: copy the run directory again if it was "
                     "copied, or train afresh with a new --run-dir")

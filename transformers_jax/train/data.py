@@ -163,7 +163,7 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                    data_fingerprint(cfg))
 
 
-def _labelled(cfg: TrainConfig, tokenizer: Tokenizer, labels: Sequence[str] | None):
+def _labelled(cfg: TrainConfig, labels: Sequence[str] | None):
     """``(source, class names, row count)`` of the labelled file ``cfg.data``."""
     if not cfg.data:
         raise ValueError("classification trains on labelled examples: pass --data PATH.jsonl "
@@ -183,7 +183,7 @@ def labelled_run_data(cfg: TrainConfig, tokenizer: Tokenizer,
     ``RUN_DIR/labels.json``; every label of the data must be among them); None: named from
     the data (``data.labelled.label_names``), returned in ``RunData.labels`` for the run to
     save."""
-    source, names, count = _labelled(cfg, tokenizer, labels)
+    source, names, count = _labelled(cfg, labels)
     train_rows, held_rows = labelled.split_rows(count, cfg.val_fraction, cfg.seed)
     train = labelled.LabelledBatches(source, train_rows, cfg.batch_size, cfg.seq_len, cfg.seed,
                                      tokenizer)
@@ -201,7 +201,7 @@ def labelled_eval_batches(cfg: TrainConfig, tokenizer: Tokenizer, labels: Sequen
     its training evaluated (the same split), or with ``whole`` every row of the file, as at
     most ``cfg.eval_batches`` batches; ``examples``: the distinct rows they hold (the last
     batch is filled by repeating rows)."""
-    source, _, count = _labelled(cfg, tokenizer, labels)
+    source, _, count = _labelled(cfg, labels)
     rows = (np.arange(count) if whole
             else labelled.split_rows(count, cfg.val_fraction, cfg.seed)[1])
     batches = labelled.held_out_batches(source, rows, cfg.batch_size, cfg.seq_len,

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
-from transformers_jax.evaluation import held_out_metrics
+from transformers_jax.evaluation import held_out_metrics, mean_metrics
 from transformers_jax.models import family_of
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel import multihost
@@ -62,14 +62,10 @@ SAMPLE_PROMPT_TOKENS = 32  # the held-out text that the evaluation samples conti
 SAMPLE_NEW_TOKENS = 48
 
 
-def _mean_metrics(rows: list[dict]) -> dict[str, float]:
-    return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]}
-
-
 def _window_metrics(rows: list[dict]) -> dict[str, float]:
     """Means over the window's applied (finite) steps, plus the count of skipped ones."""
     good = [r for r in rows if not int(r.get("nonfinite", 0))] or rows
-    values = _mean_metrics([{k: v for k, v in r.items() if k != "nonfinite"} for r in good])
+    values = mean_metrics([{k: v for k, v in r.items() if k != "nonfinite"} for r in good])
     skipped = sum(int(r.get("nonfinite", 0)) for r in rows)
     return {**values, "skipped": skipped} if skipped else values
 
@@ -173,8 +169,7 @@ def _plan_segment(cfg: TrainConfig) -> SegmentPlan:
         return fresh
     ckpt = Checkpointer(cfg.run_dir, create=False)
     try:  # the step _resume will take: the newest intact one (none: _resume says so)
-        good = next((s for s in sorted(ckpt.all_steps(), reverse=True) if not ckpt.verify(s)),
-                    None)
+        good = next(ckpt.intact_steps(), None)
         meta = None if good is None else ckpt.read_meta(good)
     finally:
         ckpt.close()
