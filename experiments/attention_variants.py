@@ -89,8 +89,8 @@ SCALES = {
 
 
 class _Text:
-    """The seed-drawn split of the corpus (``experiments.splits``), its held-out tokens and
-    baselines (unigram, Kneser-Ney n-grams), made once per process."""
+    """The seed-drawn split of the corpus (``transformers_jax.sweep.splits``), its held-out
+    tokens and baselines (unigram, Kneser-Ney n-grams), made once per process."""
 
     def __init__(self, n_eval: int, data: str | None = None, shuffle_rows: int | None = None):
         self.split, self.tokens, self.baselines = heldout_split(data, n_eval)

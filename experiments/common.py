@@ -27,6 +27,13 @@ from transformers_jax.data.sources import open_documents
 from transformers_jax.loop import train
 from transformers_jax.registry import POSITIONS
 from transformers_jax.runs import load_run
+from transformers_jax.sweep.workers import (
+    own_cores,
+    parse_shard,
+    pinned,
+    without_option,
+    worker_cores,
+)
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
 FRESH = os.environ.get("TJAX_FRESH", "") not in ("", "0")  # ignore cached runs
@@ -84,19 +91,6 @@ def command_line() -> str:
     return f"python -m {module} {args}".strip()
 
 
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    """``"i/n"`` (``--shard``: this process computes runs i, i + n, i + 2n, ...) as ``(i, n)``."""
-    if text is None:
-        return None
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        index, count = -1, 0
-    if not 0 <= index < count:
-        raise ValueError(f"--shard {text!r}: expected i/n with 0 <= i < n, e.g. 0/2")
-    return index, count
-
-
 def in_shard(k: int, shard: tuple[int, int] | None) -> bool:
     """Whether run number ``k`` belongs to ``shard`` (every run when there is none)."""
     return shard is None or k % shard[1] == shard[0]
@@ -124,46 +118,6 @@ def rows_line(shuffle_rows: int) -> str:
         return f"training rows shuffled in windows of {shuffle_rows} (--shuffle-rows)"
     return ("training rows unshuffled: a batch held mostly one document's neighbouring windows "
             "(--shuffle-rows 0)")
-
-
-def without_option(argv: Sequence[str], option: str) -> list[str]:
-    """``argv`` without ``option`` and its value (``--opt V`` or ``--opt=V``)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == option:
-            skip = True
-        elif not arg.startswith(option + "="):
-            out.append(arg)
-    return out
-
-
-def own_cores() -> list[int]:
-    """The cores this process may run on (empty where the platform cannot say)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-
-
-def worker_cores(workers: int) -> list[list[int]]:
-    """This process's cores split into ``workers`` contiguous groups, one per worker (its XLA
-    then sizes its thread pool to them); none pinned (empty groups) with fewer cores than
-    workers. Two workers each on one of 2 cores trained 1.22x faster than two sharing both
-    (``git show 896af77:BENCHMARKS.md``, section 2d): their thread pools stop handing work
-    across cores."""
-    cores = own_cores()
-    if len(cores) < workers:
-        return [[] for _ in range(workers)]
-    return [group.tolist() for group in np.array_split(cores, workers)]
-
-
-def pinned(command: list[str], cores: list[int]) -> list[str]:
-    """``command`` run on ``cores`` only: a fresh Python (no threads yet, unlike this process,
-    where a fork's ``preexec_fn`` could deadlock) sets its affinity and execs ``command``."""
-    if not cores:
-        return command
-    start = ("import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); "
-             "os.execv(sys.argv[2], sys.argv[2:])")
-    return [sys.executable, "-c", start, ",".join(map(str, cores)), *command]
 
 
 def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
@@ -383,7 +337,7 @@ def write_results(name: str, payload: dict, table: str, figure=None,
     os.makedirs(RESULTS, exist_ok=True)
     paths = {"json": os.path.join(RESULTS, f"{name}.json"),
              "md": os.path.join(RESULTS, f"{name}.md")}
-    from experiments.splits import environment
+    from transformers_jax.sweep.splits import environment
 
     # time since the process started (a resumed run reads shorter; with several result files
     # per process, as attention_variants' parts, each counts everything before it too)
@@ -463,7 +417,7 @@ def stream(tokenizer, texts: Sequence[bytes], max_tokens: int | None = None) -> 
 def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, float]:
     """Unigram (add-one) and Kneser-Ney 2-5-gram held-out losses (nats/token), fitted on the
     split's training text and scored on ``eval_tokens`` (cached like a run)."""
-    from experiments.ngram import KneserNey
+    from transformers_jax.sweep.ngram import KneserNey
 
     vocab = tokenizer.vocab_size
     key = cache_key(data=split.sha256, split=split.seed, unit=split.unit, vocab=vocab,
@@ -482,10 +436,10 @@ def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, floa
 
 def heldout_split(data: str | None, n_eval: int, split_seed: int = 0):
     """``(split, held-out byte tokens [n_eval], baselines)``: the seed-drawn split of ``data``
-    (``experiments.splits``; train on ``split.train_data``), its held-out stream, and the
+    (``transformers_jax.sweep.splits``; train on ``split.train_data``), its held-out stream, and the
     n-gram baselines on that stream. The experiments use TrainConfig's byte tokenizer."""
-    from experiments.splits import make_split
     from transformers_jax.data.tokenizers import ByteTokenizer
+    from transformers_jax.sweep.splits import make_split
 
     split = make_split(data, seed=split_seed, heldout_bytes=n_eval)
     tokenizer = ByteTokenizer()

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transformers_jax.sweep.stats import block_means  # noqa: F401  (the experiments' import)
+
 AS_PUBLISHED, UNLIKE, INCONCLUSIVE = "as published", "unlike the paper", "inconclusive"
 
 
@@ -107,17 +109,3 @@ def verdict(interval: Interval, published_sign: int) -> str:
     if math.isnan(interval.mean) or not interval.excludes_zero():
         return INCONCLUSIVE
     return AS_PUBLISHED if (interval.mean > 0) == (published_sign > 0) else UNLIKE
-
-
-def block_means(losses_N, block: int) -> np.ndarray:
-    """Mean of the scored (non-NaN) per-position losses in each block of ``block`` positions
-    (the held-out chunks); NaN for a block with nothing scored. The last partial block is
-    dropped so every chunk weighs the same."""
-    x = np.asarray(losses_N, np.float64)
-    n = x.size // block
-    if n == 0:
-        raise ValueError(f"{x.size} positions is less than one chunk of {block}")
-    x = x[: n * block].reshape(n, block)
-    scored = (~np.isnan(x)).sum(axis=1)
-    with np.errstate(invalid="ignore"):
-        return np.where(scored > 0, np.nansum(x, axis=1) / np.maximum(scored, 1), np.nan)

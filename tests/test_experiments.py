@@ -228,7 +228,7 @@ def test_length_extrapolation_bos_per_row_and_shuffled_rows(results_dir, split_c
 
 
 def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
-    from experiments.splits import make_split
+    from transformers_jax.sweep.splits import make_split
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -14,7 +14,7 @@ from test_cli import subcommand_parsers
 from test_cli_journeys import run_cli
 from transcripts import line_matches
 
-from transformers_jax import ModelConfig, cli
+from transformers_jax import ModelConfig, cli, train_options
 from transformers_jax.bench import bench_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_every_readme_command_parses(argv, monkeypatch):
     if command == "train" and "--config" not in rest:
         # a run the README trains before starting from it (--train.init_from) is not here:
         # a bert model's config stands in for the one saved with it
-        monkeypatch.setattr(cli, "model_of_run", lambda run: run and ModelConfig(
+        monkeypatch.setattr(train_options, "model_of_run", lambda run: run and ModelConfig(
             family="bert", mask="bidirectional").to_dict())
         cli.build_configs(rest)  # validates every value, as tjax train does before it starts
     elif command == "bench":

@@ -15,82 +15,17 @@ import sys
 
 from transformers_jax.backends import prepare_host
 from transformers_jax.compile_cache import use_compile_cache
-from transformers_jax.config import (
-    NAMED_FIELDS,
-    ConfigError,
-    ModelConfig,
-    TrainConfig,
-    apply_overrides,
-    check_family,
-    from_dict,
-)
-from transformers_jax.overrides import (
-    ALIASES,
-    CommandParser,
-    Once,
-    closest,
-    describe_default,
-    field_help,
-    int_list,
-    print_json,
-    read_config_file,
-)
+from transformers_jax.config import ConfigError
+from transformers_jax.overrides import CommandParser, closest, int_list, print_json
 from transformers_jax.registry import FAMILIES, UnknownNameError
 from transformers_jax.train.errors import RunFailedError
-
-
-def train_parser() -> CommandParser:
-    parser = CommandParser(
-        "tjax train", "Train a model. Every field of the model and training configs is an "
-        "option, --model.FIELD=VALUE or --train.FIELD=VALUE (listed below with its default); "
-        "--config FILE.json loads both sections first.", overrides=True, epilog=option_help())
-    parser.add_argument("--preset", metavar="NAME", action=Once,
-                        help="start from a named model ('tjax presets' lists them); "
-                        "the --model.* options apply on top of it")
-    return parser
-
-
-def model_of_run(run_dir: str | None) -> dict | None:
-    """The model config saved with a trained or converted run's newest intact checkpoint, the
-    one fine-tuning loads (None for no run)."""
-    if run_dir is None or run_dir.lower() in ("none", "null"):
-        return None
-    from transformers_jax.runs.meta import read_run_meta  # orbax: only when asked
-
-    try:
-        return read_run_meta(run_dir)["model"]
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"--train.init_from={run_dir}: {err}") from None
-
-
-def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
-    args, overrides, config_file = train_parser().parse(argv)
-    preset = args.preset
-    base = read_config_file(config_file) if config_file else {}
-    if preset is not None and base.get("model"):
-        raise ConfigError(f"--preset {preset} and a model section in {config_file}: "
-                          "give the model one way (drop one of them)")
-    # --train.init_from=RUN and no model given: RUN's model, the --model.* options on top
-    run_model = None if preset is not None or base.get("model") else model_of_run(
-        overrides.get("train.init_from", (base.get("train") or {}).get("init_from")))
-    model_cfg = (ModelConfig.preset(preset) if preset is not None
-                 else from_dict(ModelConfig, run_model or base.get("model", {})))
-    train_cfg = from_dict(TrainConfig, base.get("train", {}))
-    sections = {"model": {}, "train": {}}
-    for key, value in overrides.items():
-        section, _, rest = key.partition(".")
-        sections[section][rest] = value
-    check_family(sections["model"].get("family", model_cfg.family))
-    family = FAMILIES.get(sections["model"].get("family", model_cfg.family))
-    # The family's own mask (bert: bidirectional) unless one is given; a preset's mask (e.g.
-    # Mistral's sliding window) stays unless the family changes.
-    mask_given = "mask" in sections["model"] or "mask" in base.get("model", {})
-    if not mask_given and (preset is None and run_model is None
-                           or "family" in sections["model"]):
-        sections["model"]["mask"] = family.default_mask
-    model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
-    train_cfg = apply_overrides(train_cfg, sections["train"], "train.")
-    return model_cfg, train_cfg
+from transformers_jax.train_options import (  # noqa: F401  (tests and plan read them here)
+    build_configs,
+    follows_tokenizer,
+    model_of_run,
+    option_help,
+    train_parser,
+)
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -99,9 +34,7 @@ def cmd_train(argv: list[str]) -> int:
     use_compile_cache()  # every seed and resume of a run compiles the same step
     from transformers_jax.train.loop import train  # imports JAX: after the configs are valid
 
-    # The vocabulary follows the tokenizer unless given explicitly (a published preset's is).
-    explicit = model_cfg.vocab_size != ModelConfig().vocab_size
-    final = train(model_cfg, train_cfg, auto_vocab=not explicit, preset=preset,
+    final = train(model_cfg, train_cfg, auto_vocab=follows_tokenizer(model_cfg), preset=preset,
                   command=shlex.join(["tjax", "train", *argv]))
     if train_cfg.json:
         print(json.dumps({k: v for k, v in final.items() if k != "history"}, indent=None))
@@ -322,6 +255,13 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def cmd_sweep(argv: list[str]) -> int:
+    from transformers_jax.sweep.command import main as sweep_main
+
+    use_compile_cache()  # every seed of a cell compiles the same step
+    return sweep_main(argv)
+
+
 def cmd_plan(argv: list[str]) -> int:
     from transformers_jax.plan import main as plan_main
 
@@ -331,7 +271,7 @@ def cmd_plan(argv: list[str]) -> int:
 
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
             "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets,
-            "plan": cmd_plan}
+            "plan": cmd_plan, "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,36 +300,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tjax {command}: error: {err}", file=sys.stderr)
         return 1
-
-
-def option_help() -> str:
-    """Every config option with its default and its help line, and each switch's entries with
-    the settings they take."""
-    import dataclasses
-
-    lines = []
-    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
-        lines += ["", f"{section} options (--{section}.FIELD=VALUE, default shown):"]
-        helps = field_help(cls)
-        for f in dataclasses.fields(cls):
-            if not f.init:
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            option = f"--{section}.{f.name}={describe_default(default)}"
-            text = helps.get(f.name, "")
-            if f.name in NAMED_FIELDS:  # the names as registered, never a stale list
-                text += f" (one of: {', '.join(NAMED_FIELDS[f.name].selectable())})"
-            lines.append(f"  {option:<34} {text}".rstrip())
-            registry = f.metadata.get("registry")
-            if registry is None:
-                continue
-            for name, entry in registry.items():  # a switch: its entries and their settings
-                own = " ".join(f"--{section}.{f.name}.{g.name}={describe_default(g.default)}"
-                               for g in dataclasses.fields(entry) if g.init and g.name != "name")
-                lines.append(f"      {f.name}={name}" + (f": {own}" if own else ""))
-    lines += ["", "aliases: " + ", ".join(f"{a} ({t})" for a, t in ALIASES.items())
-              + ", --json, --no-progress, --config FILE.json"]
-    return "\n".join(lines)
 
 
 def entry() -> int:

@@ -24,6 +24,7 @@ scored against a synthetic task's targets is ``seq2seq_exact_match``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -338,3 +339,48 @@ def seq2seq_exact_match(model, params, task: str, sizes: Sequence[int], n_per_si
         ]
         results[int(size)] = float(np.mean(correct))
     return results
+
+
+@functools.lru_cache(maxsize=16)
+def _window_losses(model):
+    """A jitted ``(params, windows [B, L+1]) -> next-token losses [B, L]``, one per model
+    (equal configs make equal modules, so every seed of a cell reuses one compile)."""
+
+    @jax.jit
+    def losses(params, windows_BT):
+        batch = {"inputs": windows_BT[:, :-1]}
+        logits_BTV = apply_model(model, params, batch).astype(jnp.float32)
+        return token_losses(logits_BTV, windows_BT[:, 1:])
+
+    return losses
+
+
+def stream_losses(model, params, tokens_N: np.ndarray, length: int, stride: int | None = None,
+                  batch_size: int = 8) -> np.ndarray:
+    """The next-token loss of every position of a token stream ``[N]`` scored in windows of
+    ``length`` (``[i]``: the loss of predicting ``tokens[i]``; NaN where no window scores it),
+    so that runs and lengths scored on one stream pair position by position.
+
+    ``stride=None``: windows side by side, every position scored once (the first ones of a
+    window with little context). ``stride=S``: a window starts every S tokens and scores only
+    its last S positions (the first window all of its), so each has ``length - S`` tokens of
+    context or more (sliding-window evaluation).
+    """
+    step = stride or length
+    if stride is not None and not 0 < stride <= length:
+        raise ValueError(f"stride={stride}: must be in [1, length={length}]")
+    starts = list(range(0, len(tokens_N) - length, step))
+    if not starts:
+        raise ValueError(f"a held-out stream of {len(tokens_N)} tokens is too short for windows "
+                         f"of {length}: hold out more text")
+    losses_fn = _window_losses(model)
+    out = np.full(len(tokens_N), np.nan)
+    for i in range(0, len(starts), batch_size):
+        chunk = starts[i : i + batch_size]
+        padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one shape: one compile
+        windows = np.stack([tokens_N[s : s + length + 1] for s in padded]).astype(np.int32)
+        loss_BT = np.asarray(losses_fn(params, windows))
+        for row, s in enumerate(chunk):
+            keep = length if stride is None or s == 0 else stride
+            out[s + length + 1 - keep : s + length + 1] = loss_BT[row, length - keep:]
+    return out

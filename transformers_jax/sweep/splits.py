@@ -92,8 +92,9 @@ def write_documents(folder: str, texts) -> None:
 
 
 def make_split(spec: str | None, seed: int = 0, heldout_bytes: int = 200_000,
-               max_fraction: float = 0.25) -> Split:
-    """The split of ``spec`` for ``seed`` (built once, then read from ``cache_root()``)."""
+               max_fraction: float = 0.25, root: str | None = None) -> Split:
+    """The split of ``spec`` for ``seed``: its training text is written once under ``root``
+    (default ``cache_root()``), then read from there."""
     if not 0 < max_fraction < 1:
         raise ValueError(f"max_fraction={max_fraction}: must be in (0, 1)")
     parsed = parse_spec(spec)
@@ -139,7 +140,8 @@ def make_split(spec: str | None, seed: int = 0, heldout_bytes: int = 200_000,
         raise ValueError(f"{name!r} is too small to hold out text and still train")
     held_idx = sorted(np.flatnonzero(held_mask))
     heldout = tuple(records[pieces[i][0]][pieces[i][1] : pieces[i][2]] for i in held_idx)
-    folder = os.path.join(cache_root(), f"{sha[:16]}-{unit}-seed{seed}-held{int(budget)}")
+    folder = os.path.join(root or cache_root(),
+                          f"{sha[:16]}-{unit}-seed{seed}-held{int(budget)}")
     files = _train_files(records, pieces, held_mask)
     write_documents(folder, files)
     return Split(name, sha, seed, unit, folder, heldout, len(files), sum(map(len, files)))
@@ -162,3 +164,28 @@ def _train_files(records, pieces, held_mask) -> list[bytes]:
     if current:
         files.append(b"".join(current))
     return [f for f in files if f.strip()]
+
+
+def overlap(train_texts, heldout_texts, width: int = 50) -> dict:
+    """How much held-out text also occurs in the training text: the share of the held-out
+    ``width``-byte windows found among the training ones (a hash of each; a hash collision
+    can only overstate it). Repeated boilerplate shows here, a leaked document as a share near
+    one."""
+    def hashes(texts) -> np.ndarray:
+        powers = np.uint64(1_000_003) ** np.arange(width - 1, -1, -1, dtype=np.uint64)
+        out = []
+        for text in texts:
+            b = np.frombuffer(text, np.uint8)
+            if b.size < width:
+                continue
+            for start in range(0, b.size - width + 1, 1 << 20):  # a MiB of windows at a time
+                part = b[start : start + (1 << 20) + width - 1]
+                windows = np.lib.stride_tricks.sliding_window_view(part, width)
+                out.append(windows.astype(np.uint64) @ powers)
+        return np.concatenate(out) if out else np.zeros(0, np.uint64)
+
+    with np.errstate(over="ignore"):
+        held, train = hashes(heldout_texts), np.unique(hashes(train_texts))
+    found = int(np.isin(held, train).sum()) if held.size else 0
+    return {"window_bytes": width, "heldout_windows": int(held.size), "found_in_training": found,
+            "share": found / held.size if held.size else 0.0}

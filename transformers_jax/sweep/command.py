@@ -1,0 +1,179 @@
+"""``tjax sweep SPEC.toml --out DIR``: train every cell of a spec for every seed, score them on
+one held-out text, and write the report (``report.py``). ``--dry-run`` prints the cells, their
+budgets and the time they should take here; ``--workers N`` trains N cells at once on this
+host; ``--shard i/n`` trains every n-th cell, for machines sharing one output folder."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from transformers_jax.overrides import CommandParser
+from transformers_jax.sweep import provenance
+from transformers_jax.sweep.plan import PlannedCell, SweepPlan, make_plan
+from transformers_jax.sweep.report import baselines, write_report
+from transformers_jax.sweep.runner import CELL_FILE, cell_dir, run_cell
+from transformers_jax.sweep.spec import SpecError, read_spec
+from transformers_jax.sweep.workers import parse_shard, pinned, without_option, worker_cores
+
+
+def sweep_parser() -> CommandParser:
+    parser = CommandParser(
+        "tjax sweep", "Run an ablation from a TOML spec: each cell of its axes trained for "
+        "each seed (every run an ordinary run directory), scored on held-out text no cell "
+        "trains on, against n-gram baselines, with every comparison the spec declares, "
+        "Holm-corrected. Started again, it trains only what is missing. The spec's keys: "
+        "docs/experiments.md.")
+    parser.add_argument("spec", help="the spec, a TOML file")
+    parser.add_argument("--out", required=True, help="the sweep's folder (cells, report)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the cells, their budgets and estimated time; train nothing")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="cells trained at once on this host, each in its own process")
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="train only cells I, I+N, I+2N, ... (several machines, one --out)")
+    parser.add_argument("--allow-code-change", action="store_true",
+                        help="train with uncommitted changes, or beside cells trained by "
+                        "other code (recorded in results.json)")
+    return parser
+
+
+def _step_seconds(planned: PlannedCell, tokenizer) -> float:
+    """The median time of a training step of this cell's shape on this machine."""
+    import jax
+
+    from transformers_jax.bench import training_setup
+
+    model = planned.model
+    if planned.auto_vocab:
+        model = model.replace(vocab_size=tokenizer.vocab_size)
+    step, state, batch = training_setup(model, planned.train)
+    state, _ = step(state, batch)  # compile
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def dry_run(plan: SweepPlan) -> None:
+    spec = plan.spec
+    data = plan.data_record()
+    print(f"{len(plan.cells)} cells x {len(spec.seeds)} seeds = "
+          f"{len(plan.cells) * len(spec.seeds)} runs; {len(plan.pairs)} comparisons declared")
+    more = "" if data["training_tokens_complete"] else "the first "
+    print(f"data {data['corpus']}: {more}{data['training_tokens']:,} training tokens, "
+          f"{data['heldout_tokens']:,} held out ({data['overlap']['share']:.2%} of held-out "
+          f"{data['overlap']['window_bytes']}-byte windows also in training)")
+    shapes: dict[str, float] = {}
+    total = 0.0
+    print(f"{'cell':<40} {'steps':>7} {'batch':>5} {'seq':>5} {'tokens':>12} {'epochs':>6} "
+          f"{'s/step':>7} {'est. min':>8}")
+    for planned in plan.cells:
+        key = repr((planned.model, planned.train.batch_size, planned.train.seq_len))
+        if key not in shapes:
+            shapes[key] = _step_seconds(planned, plan.tokenizer)
+        seconds = shapes[key] * planned.train.steps * len(spec.seeds)
+        total += seconds
+        print(f"{planned.cell.name:<40} {planned.train.steps:>7} {planned.train.batch_size:>5} "
+              f"{planned.train.seq_len:>5} {planned.tokens:>12,} "
+              f"{planned.tokens / data['training_tokens']:>6.2f} {shapes[key]:>7.3f} "
+              f"{seconds / 60:>8.1f}")
+    print(f"estimated training time here: {total / 60:.1f} min for all seeds (measured step "
+          "times; scoring and compiles add to it)")
+    for pair in plan.pairs:
+        print(f"compare {pair.index}: {pair.title}" + (f"  ({pair.claim})" if pair.claim else ""))
+
+
+def _workers(argv: list[str], workers: int) -> None:
+    """``workers`` processes of this command, each with ``--shard i/workers``; returns when
+    all have finished (stopping the rest if one fails)."""
+    rest = without_option(argv, "--workers")
+    start = "from transformers_jax.cli import main; raise SystemExit(main())"
+    procs = [subprocess.Popen(pinned([sys.executable, "-c", start, "sweep", *rest,
+                                      f"--shard={i}/{workers}"], cores))
+             for i, cores in enumerate(worker_cores(workers))]
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+    failed = [f"{i}/{workers} (exit {c})" for i, c in enumerate(codes) if c]
+    if failed:
+        raise SpecError(f"worker {', '.join(failed)} failed (its output is above); finished "
+                        "runs are kept, so the same command resumes")
+
+
+def _other_code(plan: SweepPlan, out: str, code: dict) -> list[dict]:
+    import json
+
+    seen = []
+    for planned in plan.cells:
+        path = os.path.join(cell_dir(out, planned), CELL_FILE)
+        if os.path.exists(path):
+            with open(path) as f:
+                for c in json.load(f).get("code", []):
+                    if not provenance.same_code(c, code) and c not in seen:
+                        seen.append(c)
+    return seen
+
+
+def main(argv: list[str]) -> int:
+    args, _, _ = sweep_parser().parse(argv)
+    if args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: must be at least 1")
+    shard = parse_shard(args.shard)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    spec = read_spec(args.spec)
+    if args.dry_run:  # the split is made, but in a folder that goes away
+        with tempfile.TemporaryDirectory() as tmp:
+            dry_run(make_plan(spec, tmp))
+        return 0
+    code = provenance.code_state()
+    if code["dirty"] and not args.allow_code_change:
+        raise SpecError(f"the checkout at {os.path.dirname(provenance.PACKAGE_DIR)} has "
+                        "uncommitted changes to the package: results must come from committed "
+                        "code; commit them, or pass --allow-code-change (recorded)")
+    plan = make_plan(spec, os.path.join(args.out, "data"))
+    os.makedirs(args.out, exist_ok=True)
+    command = shlex.join(["tjax", "sweep", *argv])
+    record = {"code": code, "allow_code_change": args.allow_code_change,
+              "versions": provenance.versions(), "host": provenance.host(),
+              "data": plan.data_record(), "spec_file": spec.path, "spec": spec.text,
+              "started": started}
+    base = baselines(plan)
+
+    def report() -> None:
+        write_report(plan, args.out, {**record, "other_code": _other_code(plan, args.out, code),
+                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S")},
+                     command, base)
+
+    if args.workers > 1 and shard is None:
+        _workers(argv, args.workers)
+    else:
+        skipped = []
+        for k, planned in enumerate(plan.cells):
+            if shard is not None and k % shard[1] != shard[0]:
+                continue
+            if run_cell(plan, planned, args.out, code, args.allow_code_change, _log):
+                report()
+            else:
+                skipped.append(planned.cell.name)
+        if skipped:
+            _log(f"{len(skipped)} cell(s) were in use by another process and are not in this "
+                 "report yet: run the command again when it has finished")
+    report()
+    _log(f"wrote {os.path.join(args.out, 'report.md')} and results.json")
+    return 0
+
+
+def _log(text: str) -> None:
+    print(f"tjax sweep: {text}", file=sys.stderr, flush=True)

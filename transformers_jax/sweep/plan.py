@@ -1,0 +1,170 @@
+"""A sweep made concrete before anything trains: each cell's resolved configs and token budget,
+the held-out split every cell is scored on (and its overlap with the training text), the
+tokenizer, the held-out and training token streams, and the declared comparisons as pairs of
+cells. Every error a spec can cause is raised here, before the first run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from transformers_jax.config import ModelConfig, TrainConfig
+from transformers_jax.data.sources import open_documents
+from transformers_jax.registry import FAMILIES
+from transformers_jax.runs.tokenizer import source_tokenizer, training_tokenizer
+from transformers_jax.sweep.cells import Cell, Pair, expand, pairs
+from transformers_jax.sweep.spec import Spec, SpecError
+from transformers_jax.sweep.splits import Split, make_split, overlap
+from transformers_jax.train_options import build_configs, follows_tokenizer
+
+READ_CAP = 20_000_000  # training tokens read for the epoch check and the baselines
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedCell:
+    cell: Cell
+    model: ModelConfig
+    train: TrainConfig  # trains on the split's training text; steps and batch set
+    auto_vocab: bool
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens of one seed's run."""
+        return self.train.steps * self.train.batch_size * self.train.seq_len
+
+    def lengths(self, spec: Spec) -> list[int]:
+        return [x.resolve(self.train.seq_len) for x in spec.lengths]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    spec: Spec
+    cells: list[PlannedCell]
+    pairs: list[Pair]
+    split: Split
+    overlap: dict
+    tokenizer: object
+    heldout_N: np.ndarray  # the held-out text as one token stream (documents joined by eos)
+    train_N: np.ndarray  # the training text the cells read, likewise (up to READ_CAP)
+    train_complete: bool  # whether train_N holds all of it
+
+    def data_record(self) -> dict:
+        return {**self.split.meta(), "overlap": self.overlap,
+                "heldout_tokens": int(self.heldout_N.size),
+                "training_tokens": int(self.train_N.size),
+                "training_tokens_complete": self.train_complete, "tokenizer": self.tokenizer.name}
+
+    def seen_N(self) -> np.ndarray:
+        """The training tokens as many as the largest cell trains on: what the n-gram
+        baselines fit (the same amount of text as the cells see)."""
+        return self.train_N[: max(c.tokens for c in self.cells)]
+
+
+def resolve_cell(spec: Spec, cell: Cell) -> PlannedCell:
+    """The cell's configs, as ``tjax train`` with its options would build them, with the
+    spec's budget (``tokens``, ``tokens_per_step``) applied."""
+    try:
+        model, cfg = build_configs(list(cell.args))
+    except (ValueError, LookupError) as err:  # ConfigError, UnknownNameError
+        raise SpecError(f"cell {cell.name}: {err}") from None
+    where = f"cell {cell.name}"
+    if cfg.task:
+        raise SpecError(f"{where}: trains on --task {cfg.task}; a sweep scores held-out text "
+                        "(--data PATH, tfds:NAME or the default corpus); score task runs with "
+                        "tjax eval")
+    family = FAMILIES.get(model.family)
+    if family.objective != "lm" or cfg.objective is not None or not model.mask.decodes:
+        raise SpecError(f"{where}: family={model.family} mask={model.mask.name} does not "
+                        "predict each next token from the ones before it, which the sweep's "
+                        "held-out losses (loss@L) score; sweep a causal LM (family gpt or "
+                        "lstm with a causal mask)")
+    batch = cfg.batch_size
+    if spec.tokens_per_step is not None:
+        batch, rest = divmod(spec.tokens_per_step, cfg.seq_len)
+        if rest or batch == 0:
+            raise SpecError(f"{where}: [base] tokens_per_step = {spec.tokens_per_step} is not a "
+                            f"multiple of seq_len {cfg.seq_len}; choose one every seq_len "
+                            "divides")
+    steps = cfg.steps
+    if spec.tokens is not None:
+        steps = math.ceil(spec.tokens / (batch * cfg.seq_len))
+    try:
+        cfg = cfg.replace(batch_size=batch, steps=steps, progress=False, json=False)
+    except ValueError as err:
+        raise SpecError(f"{where}: {err}") from None
+    return PlannedCell(cell, model, cfg, follows_tokenizer(model))
+
+
+def _stream(tokenizer, texts, max_tokens: int | None = None) -> np.ndarray:
+    parts, total = [], 0
+    eos = np.array([tokenizer.eos_id], np.int32)
+    for text in texts:
+        ids = np.asarray(tokenizer.encode(text.decode("utf-8", errors="replace")
+                                          if isinstance(text, bytes) else text), np.int32)
+        parts += [ids, eos]
+        total += ids.size + 1
+        if max_tokens is not None and total >= max_tokens:
+            break
+    out = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    return out if max_tokens is None else out[:max_tokens]
+
+
+def _same(cells: list[PlannedCell], fields: tuple[str, ...], what: str) -> None:
+    first = cells[0]
+    for c in cells[1:]:
+        for name in fields:
+            if getattr(c.train, name) != getattr(first.train, name):
+                raise SpecError(
+                    f"cells {first.cell.name} and {c.cell.name} differ in train.{name} "
+                    f"({getattr(first.train, name)!r} vs {getattr(c.train, name)!r}); every "
+                    f"cell is scored on one held-out text, so they must share {what}")
+
+
+def make_plan(spec: Spec, data_root: str) -> SweepPlan:
+    """``data_root``: where the split's training text is written (the sweep's own folder, so
+    its runs can resume after the machine's temporary files are gone)."""
+    cells = [resolve_cell(spec, c) for c in expand(spec)]
+    _same(cells, ("data", "data_dir", "text_key"), "their data")
+    _same(cells, ("tokenizer", "tokenizer_vocab"), "their tokenizer")
+    compared = pairs(spec, [c.cell for c in cells])
+    first = cells[0].train
+    split = make_split(first.data, seed=spec.heldout_seed, heldout_bytes=spec.heldout_bytes,
+                       root=data_root)
+    cells = [dataclasses.replace(c, train=c.train.replace(data=split.train_data))
+             for c in cells]
+    train_cfg = cells[0].train
+    tokenizer = source_tokenizer(train_cfg) or training_tokenizer(train_cfg.replace(
+        run_dir=None))
+    docs = open_documents(train_cfg.data, "train", val_fraction=train_cfg.val_fraction,
+                          data_dir=train_cfg.data_dir, text_key=train_cfg.text_key)
+    # All of the training text, up to READ_CAP tokens (a catalog dataset may be far larger)
+    # or as far as the largest budget needs: enough to tell one epoch from more.
+    needed = math.ceil(max(c.tokens for c in cells) / spec.max_epochs) + 1
+    train_texts: list[bytes] = []  # those read, for the overlap
+
+    def read():
+        for i in range(len(docs)):
+            train_texts.append(docs[i].text)
+            yield train_texts[-1]
+
+    train_N = _stream(tokenizer, read(), max(needed, READ_CAP))
+    heldout_N = _stream(tokenizer, split.heldout, spec.eval_max_tokens)
+    over = [c for c in cells if c.tokens > spec.max_epochs * train_N.size]
+    if over:
+        worst = max(over, key=lambda c: c.tokens)
+        raise SpecError(
+            f"cell {worst.cell.name} trains on {worst.tokens:,} tokens, "
+            f"{worst.tokens / train_N.size:.2f} epochs of the {train_N.size:,} training tokens "
+            f"({len(over)} cell(s) above [base] max_epochs = {spec.max_epochs:g}): a model that "
+            "sees its text twice scores memorisation; lower the budget, use more data, or "
+            "raise max_epochs knowingly")
+    longest = max(max(c.lengths(spec)) for c in cells)
+    if heldout_N.size < longest + 1 + spec.chunk_tokens:
+        raise SpecError(f"the held-out stream has {heldout_N.size:,} tokens, too few for "
+                        f"windows of {longest} and chunks of {spec.chunk_tokens}; raise "
+                        "[heldout] bytes")
+    complete = len(train_texts) == len(docs) and train_N.size < max(needed, READ_CAP)
+    return SweepPlan(spec, cells, compared, split, overlap(train_texts, split.heldout),
+                     tokenizer, heldout_N, train_N, complete)

@@ -1,0 +1,263 @@
+"""A sweep's report, rewritten after every finished cell and at the end:
+
+- ``OUT/report.md``: the command that regenerates it, every cell's mean and spread over seeds
+  at each evaluation length, the n-gram baselines on the same held-out tokens, and every
+  declared comparison with its paired interval, Holm-adjusted p-value and verdict (pending
+  while a cell of it is unfinished);
+- ``OUT/results.json``: the same figures, the per-chunk scores behind them, and ``provenance``
+  (code, data, library versions, host, times, the spec);
+- ``OUT/loss_by_length.png`` and ``OUT/loss_by_position.png`` (with matplotlib);
+- ``OUT/hparams/``: TensorBoard's hparams view of the cells.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+
+import numpy as np
+
+from transformers_jax.sweep import stats
+from transformers_jax.sweep.plan import PlannedCell, SweepPlan
+from transformers_jax.sweep.runner import read_scores, write_json
+from transformers_jax.sweep.spec import Metric
+
+
+def metric_chunks(scores: dict, metric: Metric) -> np.ndarray:
+    """One seed's per-chunk values of ``metric`` (a difference: chunk by chunk)."""
+    values = [np.asarray(scores[kind][length.text]["chunks"], np.float64)
+              for kind, length in metric.terms]
+    return values[0] if len(values) == 1 else values[0] - values[1]
+
+
+def metric_mean(scores: dict, metric: Metric) -> float:
+    values = [scores[kind][length.text]["mean"] for kind, length in metric.terms]
+    return values[0] if len(values) == 1 else values[0] - values[1]
+
+
+def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
+    """Every declared comparison: its paired differences over seeds x chunks, Holm-corrected
+    over the family of those that could be scored (pending ones wait for their cells)."""
+    seeds = plan.spec.seeds
+    rows, tests = [], []
+    for pair in plan.pairs:
+        row = {"compare": pair.index, "claim": pair.claim, "a": pair.a.name, "b": pair.b.name,
+               "metric": pair.metric.text, "better": pair.better}
+        a, b = scored.get(pair.a.name, {}), scored.get(pair.b.name, {})
+        if not all(s in a and s in b for s in seeds):
+            rows.append({**row, "verdict": "pending"})
+            continue
+        d_SC = np.stack([metric_chunks(a[s], pair.metric) - metric_chunks(b[s], pair.metric)
+                         for s in seeds])
+        result = stats.paired(d_SC)
+        row.update(mean=result.mean, per_seed=result.per_seed.tolist(),
+                   p=result.p_value(), chunks=int(result.d_SC.shape[1]))
+        rows.append(row)
+        tests.append((row, result))
+    adjusted, levels = stats.holm([row["p"] for row, _ in tests])
+    for (row, result), p_holm, level in zip(tests, adjusted, levels, strict=True):
+        low, high = result.interval(level) if not math.isnan(level) else (math.nan, math.nan)
+        a_label, b_label = row["a"], row["b"]
+        row.update(p_holm=p_holm, level=1 - level if not math.isnan(level) else math.nan,
+                   low=low, high=high,
+                   verdict=stats.verdict(low, high, a_label, b_label, row["better"]))
+    return rows
+
+
+def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict]) -> dict:
+    spec = plan.spec
+    out: dict = {"name": planned.cell.name, "values": planned.cell.values,
+                 "command": shlex.join(["tjax", "train", *planned.cell.args]),
+                 "seq_len": planned.train.seq_len, "batch_size": planned.train.batch_size,
+                 "steps": planned.train.steps, "tokens": planned.tokens,
+                 "seeds_scored": sorted(scores), "by_length": []}
+    for kind in ("loss", "sliding"):
+        if kind == "sliding" and not spec.sliding:
+            continue
+        for length_spec, length in zip(spec.lengths, planned.lengths(spec), strict=True):
+            means = [scores[s][kind][length_spec.text]["mean"] for s in sorted(scores)]
+            out["by_length"].append({
+                "kind": kind, "length": length_spec.text, "tokens": length,
+                "per_seed": means, "mean": float(np.mean(means)) if means else math.nan,
+                "std": float(np.std(means, ddof=1)) if len(means) > 1 else math.nan})
+    if spec.by_position and scores:
+        out["by_position"] = {
+            x.text: np.mean([scores[s]["by_position"][x.text] for s in scores], 0).tolist()
+            for x in spec.lengths}
+    return out
+
+
+def baselines(plan: SweepPlan) -> dict:
+    """Unigram (add-one) and Kneser-Ney n-gram losses on the held-out stream, fitted on as
+    many training tokens as the largest cell trains on."""
+    from transformers_jax.sweep.ngram import KneserNey
+
+    vocab = plan.tokenizer.vocab_size
+    train_N = plan.seen_N()
+    counts = np.bincount(train_N, minlength=vocab).astype(np.float64) + 1.0
+    out = {"unigram": float(-np.log(counts / counts.sum())[plan.heldout_N].mean())}
+    for k in plan.spec.ngram_orders:
+        if k > 1:
+            out[f"{k}-gram"] = KneserNey(k, vocab).fit(train_N).loss(plan.heldout_N)
+    return out
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+def markdown(plan: SweepPlan, results: dict) -> str:
+    spec = plan.spec
+    prov = results["provenance"]
+    lines = [f"# {spec.title or 'Sweep ' + os.path.basename(spec.path)}", "",
+             f"Command: `{results['command']}`", "",
+             f"Code {prov['code']['commit'] or 'not a git checkout'}"
+             + (" (uncommitted changes)" if prov["code"]["dirty"] else "")
+             + (f"; also trained by {len(prov['other_code'])} other code state(s) "
+                "(--allow-code-change)" if prov["other_code"] else "")
+             + f". Data {prov['data']['corpus']} (sha256 {prov['data']['sha256'][:12]}), "
+             f"{prov['data']['heldout_tokens']:,} held-out tokens drawn by seed "
+             f"{spec.heldout_seed}; {prov['data']['overlap']['share']:.2%} of the held-out "
+             f"{prov['data']['overlap']['window_bytes']}-byte windows also occur in training. "
+             f"Seeds {list(spec.seeds)}.", ""]
+    done = [c for c in results["cells"] if c["seeds_scored"] == sorted(spec.seeds)]
+    lines += [f"{len(done)} of {len(results['cells'])} cells finished.", "", "## Cells", ""]
+    kinds = [("loss", "non-overlapping windows")] + ([("sliding", "sliding windows")]
+                                                     if spec.sliding else [])
+    header = ["cell", "steps", "tokens"] + [f"{k}@{x.text}" for k, _ in kinds
+                                           for x in spec.lengths]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in results["cells"]:
+        by = {(e["kind"], e["length"]): e for e in c["by_length"]}
+        cells = []
+        for k, _ in kinds:
+            for x in spec.lengths:
+                e = by.get((k, x.text))
+                cells.append("pending" if not e or not e["per_seed"] else
+                             f"{_fmt(e['mean'])} ± {_fmt(e['std'])}")
+        lines.append(f"| {c['name']} | {c['steps']} | {c['tokens']:,} | " + " | ".join(cells)
+                     + " |")
+    lines += ["", "Mean ± standard deviation over seeds of the held-out loss (nats per token); "
+              "loss@L: windows of L tokens side by side; sliding@L: windows of L sliding by "
+              f"{spec.stride.text} of seq_len, each token scored with that much context or more."]
+    base = results["baselines"]
+    if base:
+        best = min(base, key=base.get)
+        lines += ["", "Baselines on the same held-out tokens, fitted on the training text: "
+                  + ", ".join(f"{k} {_fmt(v)}" for k, v in base.items()) + "."]
+        short = [c["name"] for c in done
+                 if c["by_length"] and c["by_length"][0]["mean"] >= base[best]]
+        if short:
+            lines += ["", f"**Not past the {best} ({_fmt(base[best])}) at "
+                      f"{spec.lengths[0].text}:** {', '.join(short)}. A comparison involving "
+                      "them says little about the switch: train longer or on more data."]
+    lines += ["", "## Comparisons", "",
+              f"All {len(results['comparisons'])} declared before the runs, each a paired "
+              "difference a - b over seeds x held-out chunks of "
+              f"{spec.chunk_tokens} tokens. The interval is drawn at the level Holm's "
+              "procedure tests it at (family-wise 95% over the scored ones); \"inconclusive\" "
+              "when it holds zero.", "",
+              "| # | claim | a | b | metric | a - b | interval | p (Holm) | verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["comparisons"]:
+        if r["verdict"] == "pending":
+            lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b']} | "
+                         f"{r['metric']} | | | | pending |")
+            continue
+        lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b']} | {r['metric']} "
+                     f"| {r['mean']:+.4f} | [{r['low']:+.4f}, {r['high']:+.4f}] "
+                     f"({_fmt(100 * r['level'], 2)}%) | {_fmt(r['p_holm'], 4)} | "
+                     f"{r['verdict']} |")
+    for name in ("loss_by_length.png", "loss_by_position.png"):
+        if name in results.get("plots", []):
+            lines += ["", f"![{name}]({name})"]
+    return "\n".join(lines) + "\n"
+
+
+def plots(plan: SweepPlan, results: dict, out: str) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in results["cells"]:
+        rows = [e for e in c["by_length"] if e["kind"] == "loss" and e["per_seed"]]
+        if not rows:
+            continue
+        x = [e["tokens"] for e in rows]
+        y_SX = np.array([e["per_seed"] for e in rows]).T
+        (line,) = ax.plot(x, y_SX.mean(0), marker="o", markersize=3, label=c["name"])
+        if y_SX.shape[0] > 1:
+            ax.fill_between(x, y_SX.min(0), y_SX.max(0), color=line.get_color(), alpha=0.2,
+                            linewidth=0)
+    if ax.lines:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_ylabel("held-out loss (nats/token)")
+        ax.set_title("mean over seeds; band: min to max")
+        for name, value in results["baselines"].items():
+            ax.axhline(value, color="grey", linestyle=":", linewidth=0.8)
+            ax.annotate(name, (0.01, value), xycoords=("axes fraction", "data"), fontsize=7)
+        ax.legend(fontsize=7)
+        fig.savefig(os.path.join(out, "loss_by_length.png"), dpi=110, bbox_inches="tight")
+        written.append("loss_by_length.png")
+    plt.close(fig)
+    longest = plan.spec.lengths[-1].text
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in results["cells"]:
+        curve = c.get("by_position", {}).get(longest)
+        if curve:
+            ax.plot(np.arange(1, len(curve) + 1), curve, linewidth=0.8, label=c["name"])
+    if ax.lines:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"position in a window of {longest}")
+        ax.set_ylabel("held-out loss (nats/token), mean over seeds")
+        ax.legend(fontsize=7)
+        fig.savefig(os.path.join(out, "loss_by_position.png"), dpi=110, bbox_inches="tight")
+        written.append("loss_by_position.png")
+    plt.close(fig)
+    return written
+
+
+def hparams(results: dict, out: str) -> None:
+    """One TensorBoard hparams entry per finished cell (its axis values, its mean losses)."""
+    from tensorboardX import SummaryWriter
+
+    for c in results["cells"]:
+        rows = [e for e in c["by_length"] if e["per_seed"]]
+        if not rows or not c["values"]:
+            continue
+        folder = os.path.join(out, "hparams", c["name"].replace("/", "_"))
+        if os.path.isdir(folder):
+            continue  # written when the cell finished; its numbers do not change
+        with SummaryWriter(folder) as writer:
+            writer.add_hparams(dict(c["values"]),
+                               {f"{e['kind']}@{e['length']}": e["mean"] for e in rows},
+                               name=".")
+
+
+def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: str,
+                 baseline_losses: dict) -> dict:
+    scored = {p.cell.name: read_scores(plan, p, out) for p in plan.cells}
+    results = {
+        "command": command,
+        "provenance": provenance_record,
+        "baselines": baseline_losses,
+        "cells": [cell_summary(plan, p, scored[p.cell.name]) for p in plan.cells],
+        "comparisons": compare(plan, scored),
+    }
+    results["plots"] = plots(plan, results, out)
+    write_json(os.path.join(out, "results.json"), results)
+    tmp = os.path.join(out, f"report.md.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(markdown(plan, results))
+    os.replace(tmp, os.path.join(out, "report.md"))
+    hparams(results, out)
+    return results

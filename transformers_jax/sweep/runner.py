@@ -1,0 +1,231 @@
+"""Training and scoring a sweep's cells, resumably.
+
+The output folder holds one folder per cell and one ordinary run directory per seed in it:
+
+    OUT/cells/<cell>/cell.json        the cell's options, resolved configs, data digest, and
+                                      the code that trained it
+    OUT/cells/<cell>/seed<k>/         a run directory (tjax sample / eval / TensorBoard)
+    OUT/cells/<cell>/seed<k>/sweep_done.json     written once the run reached its steps
+    OUT/cells/<cell>/seed<k>/sweep_scores.json   its held-out scores, keyed by what decides them
+
+A cell is claimed with a lock for as long as a process trains or scores it, so two workers
+(or two machines writing to one folder) never train the same one. A sweep started again skips
+what is done, resumes a run killed mid-way from its last checkpoint, and refuses a cell whose
+recorded config or code differs from the one it would train now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shlex
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from transformers_jax.runs.lock import RunDirLockedError, RunLock
+from transformers_jax.sweep import provenance
+from transformers_jax.sweep.plan import PlannedCell, SweepPlan
+from transformers_jax.sweep.spec import SpecError
+from transformers_jax.sweep.stats import block_means
+from transformers_jax.train.errors import RunFailedError
+
+CELL_FILE, DONE_FILE, SCORES_FILE = "cell.json", "sweep_done.json", "sweep_scores.json"
+
+
+class SweepStopped(RunFailedError):
+    """A run stopped by a signal (Ctrl-C, a preemption): the sweep stops with it."""
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cell_dir(out: str, planned: PlannedCell) -> str:
+    return os.path.join(out, "cells", planned.cell.folder)
+
+
+def seed_dir(out: str, planned: PlannedCell, seed: int) -> str:
+    return os.path.join(cell_dir(out, planned), f"seed{seed}")
+
+
+def cell_record(plan: SweepPlan, planned: PlannedCell) -> dict:
+    """What decides a cell's runs: its configs and its data (the key); and its code."""
+    decided = {"model": dataclasses.asdict(planned.model),
+               "train": dataclasses.asdict(planned.train), "data_sha256": plan.split.sha256,
+               "heldout": [plan.spec.heldout_seed, plan.spec.heldout_bytes]}
+    return {"name": planned.cell.name, "values": planned.cell.values,
+            "command": shlex.join(["tjax", "train", *train_args(planned)]),
+            "key": digest(decided), **decided}
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def write_json(path: str, obj) -> None:
+    """Written under a temporary name, then renamed: a reader never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=float)
+    os.replace(tmp, path)
+
+
+def check_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
+               allow_code_change: bool) -> dict:
+    """The cell's record, written on first use; a recorded config or code that differs from
+    now is refused (a code change only with ``allow_code_change``, then recorded)."""
+    path = os.path.join(cell_dir(out, planned), CELL_FILE)
+    record = cell_record(plan, planned)
+    old = _read_json(path)
+    if old is None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json(path, {**record, "code": [code]})
+        return record
+    if old["key"] != record["key"]:
+        from transformers_jax.runs.checkpoint import config_differences
+
+        changed = config_differences({k: old.get(k) for k in ("model", "train")},
+                                     {k: record[k] for k in ("model", "train")})
+        changed += [] if old.get("data_sha256") == record["data_sha256"] else ["the data"]
+        raise SpecError(
+            f"cell {planned.cell.name} in {out} was trained with another config ("
+            f"{'; '.join(changed[:4]) or 'the held-out split'}); a sweep never mixes runs: "
+            f"use another --out, or delete {os.path.dirname(path)} to train it again")
+    codes = old.get("code", [])
+    if not any(provenance.same_code(c, code) for c in codes):
+        if not allow_code_change:
+            raise SpecError(
+                f"cell {planned.cell.name} in {out} was trained by code "
+                f"{provenance.describe(codes[-1]) if codes else 'unknown'}, and this is "
+                f"{provenance.describe(code)}: a sweep never mixes code silently; check out "
+                "that commit, use another --out, or pass --allow-code-change (recorded)")
+        write_json(path, {**old, "code": [*codes, code]})
+    return record
+
+
+def train_args(planned: PlannedCell) -> list[str]:
+    """The ``tjax train`` options that train one of the cell's runs alone: the cell's, with
+    the data replaced by the split's training text and the budget the spec set."""
+    args, skip = [], False
+    for arg in planned.cell.args:
+        if skip:
+            skip = False
+        elif arg in ("--data", "--train.data", "--steps", "--train.steps",
+                     "--train.batch_size"):
+            skip = True
+        elif not arg.startswith(("--data=", "--train.data=", "--steps=", "--train.steps=",
+                                 "--train.batch_size=")):
+            args.append(arg)
+    return [*args, f"--train.data={planned.train.data}", f"--steps={planned.train.steps}",
+            f"--train.batch_size={planned.train.batch_size}"]
+
+
+def finished(run_dir: str, steps: int) -> bool:
+    done = _read_json(os.path.join(run_dir, DONE_FILE))
+    return done is not None and done.get("steps") == steps
+
+
+def train_seed(planned: PlannedCell, seed: int, run_dir: str,
+               log: Callable[[str], None]) -> dict:
+    """Train (or resume) one seed's run to its steps; returns its final metrics."""
+    from transformers_jax.train.loop import train  # JAX: only when a run trains
+
+    cfg = planned.train.replace(run_dir=run_dir, seed=seed)
+    command = shlex.join(["tjax", "train", *train_args(planned), f"--train.seed={seed}",
+                          f"--run-dir={run_dir}"])
+    start = time.monotonic()
+    final = train(planned.model, cfg, auto_vocab=planned.auto_vocab, command=command)
+    if final.get("stopped_by"):
+        raise SweepStopped(f"{run_dir} stopped at step {final.get('steps')} "
+                           f"({final['stopped_by']}); run the same tjax sweep command again "
+                           "to resume it")
+    summary = {"steps": cfg.steps, "seed": seed, "seconds": round(time.monotonic() - start, 1),
+               **{k: v for k, v in final.items() if isinstance(v, (int, float, str))}}
+    write_json(os.path.join(run_dir, DONE_FILE), summary)
+    return summary
+
+
+def score_key(plan: SweepPlan, planned: PlannedCell) -> str:
+    return digest({"eval": plan.spec.eval_settings(), "heldout": plan.split.sha256,
+                   "steps": planned.train.steps, "tokens": int(plan.heldout_N.sum()),
+                   "n": int(plan.heldout_N.size)})
+
+
+def score_seed(plan: SweepPlan, planned: PlannedCell, run_dir: str) -> dict:
+    """Held-out scores of one seed's run at each evaluation length: the mean loss, its means
+    over the held-out chunks (which pair cells), and the loss by position."""
+    from transformers_jax.evaluation import stream_losses
+    from transformers_jax.runs.load import load_run
+
+    spec = plan.spec
+    model, params, _, _ = load_run(run_dir)
+    tokens_N = plan.heldout_N
+    out: dict = {"key": score_key(plan, planned), "loss": {}, "sliding": {},
+                 "by_position": {}}
+    for length_spec, length in zip(spec.lengths, planned.lengths(spec), strict=True):
+        losses_N = stream_losses(model, params, tokens_N, length, None, spec.eval_batch_size)
+        out["loss"][length_spec.text] = _summary(losses_N, length, spec.chunk_tokens)
+        if spec.by_position:
+            scored = np.flatnonzero(~np.isnan(losses_N))
+            within = (scored - 1) % length
+            total = np.bincount(within, losses_N[scored], minlength=length)
+            count = np.bincount(within, minlength=length)
+            out["by_position"][length_spec.text] = (total / np.maximum(count, 1)).tolist()
+        if spec.sliding:
+            stride = min(spec.stride.resolve(planned.train.seq_len), length)
+            losses_N = stream_losses(model, params, tokens_N, length, stride,
+                                     spec.eval_batch_size)
+            out["sliding"][length_spec.text] = {**_summary(losses_N, length, spec.chunk_tokens),
+                                                "stride": stride}
+    return out
+
+
+def _summary(losses_N: np.ndarray, length: int, chunk: int) -> dict:
+    return {"tokens": length, "mean": float(np.nanmean(losses_N)),
+            "chunks": block_means(losses_N, chunk).tolist()}
+
+
+def run_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
+             allow_code_change: bool, log: Callable[[str], None]) -> bool:
+    """Train and score whatever the cell lacks; False when another process holds it."""
+    check_cell(plan, planned, out, code, allow_code_change)
+    try:
+        lock = RunLock(cell_dir(out, planned), log).acquire()
+    except RunDirLockedError as err:
+        log(f"skipping cell {planned.cell.name}: {err}")
+        return False
+    try:
+        key = score_key(plan, planned)
+        for seed in plan.spec.seeds:
+            run_dir = seed_dir(out, planned, seed)
+            if not finished(run_dir, planned.train.steps):
+                log(f"cell {planned.cell.name}, seed {seed}: training {planned.train.steps} "
+                    f"steps ({planned.tokens:,} tokens) in {run_dir}")
+                done = train_seed(planned, seed, run_dir, log)
+                log(f"cell {planned.cell.name}, seed {seed}: trained in {done['seconds']} s")
+            scores_path = os.path.join(run_dir, SCORES_FILE)
+            old = _read_json(scores_path)
+            if old is None or old.get("key") != key:
+                write_json(scores_path, score_seed(plan, planned, run_dir))
+    finally:
+        lock.release()
+    return True
+
+
+def read_scores(plan: SweepPlan, planned: PlannedCell, out: str) -> dict[int, dict]:
+    """The seeds of a cell scored under this plan's evaluation (others are left out)."""
+    key = score_key(plan, planned)
+    found = {}
+    for seed in plan.spec.seeds:
+        scores = _read_json(os.path.join(seed_dir(out, planned, seed), SCORES_FILE))
+        if scores is not None and scores.get("key") == key:
+            found[seed] = scores
+    return found

@@ -1,0 +1,417 @@
+"""A sweep's spec: one TOML file that says what to train, how to score it and which
+comparisons to make, all before any run. ``read_spec(path)`` checks every key and names the
+fix for a bad one; nothing here imports JAX.
+
+    title = "RoPE against ALiBi, trained at 64, scored to 4x"
+    seeds = 3                                   # or a list: [0, 1, 2]
+
+    [base]                                      # what every cell shares
+    args = "--preset tiny --data corpus.txt"    # any tjax train options
+    tokens = 2_000_000                          # training tokens per run (or --steps in args)
+    tokens_per_step = 1024                      # optional: batch_size = this / seq_len
+
+    [axes]                                      # the cells are the product of the axes
+    "model.position" = ["rope", "alibi", {name = "t5", num_buckets = 32}]
+    "train.seq_len" = [64, 128]
+
+    [heldout]                                   # text no cell trains on, drawn by a seed
+    bytes = 200_000
+
+    [eval]
+    lengths = ["1x", "2x", "4x"]                # multiples of a cell's seq_len, or tokens
+    sliding = true                              # also windows sliding by stride
+    by_position = true
+
+    [[compare]]                                 # declared now, all reported
+    a = {position = "alibi"}
+    b = {position = "rope"}
+    metric = "loss@4x - loss@1x"
+    claim = "ALiBi degrades less than RoPE from L to 4L"
+
+``[[cell]]`` tables list cells by hand (each ``name`` and its options) instead of, or beside,
+the product. A comparison's ``a`` and ``b`` select cells by axis values (or a cell's name);
+cells that differ in other axes are paired value by value, each pair one comparison of the
+family. ``against = {position = "rope"}`` compares every other value of that axis with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from typing import Any
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+from transformers_jax.config import ConfigError
+from transformers_jax.overrides import closest
+
+SECTIONS = {"title", "seeds", "base", "axes", "cell", "heldout", "eval", "baselines",
+            "compare"}
+BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
+HELDOUT_KEYS = {"bytes", "seed"}
+EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "batch_size",
+             "max_tokens"}
+BASELINE_KEYS = {"ngram"}
+COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better"}
+METRIC = re.compile(r"^(loss|sliding)@(\d+(?:\.\d+)?x|\d+)$")
+
+
+class SpecError(ConfigError):
+    """A spec that cannot run: the message names the key and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    key: str  # "model.position"
+    values: tuple[Any, ...]  # scalars, or dicts for a switch with settings
+
+    @property
+    def short(self) -> str:
+        return self.key.rpartition(".")[2]
+
+    def label(self, value: Any) -> str:
+        """How a value is named in cell names and comparisons: a switch with settings by its
+        ``label`` if given, its name if no other value of the axis shares it, else
+        ``name(k=v,...)``."""
+        if not isinstance(value, dict):
+            return toml_text(value)
+        if "label" in value:
+            return str(value["label"])
+        name = str(value.get("name", ""))
+        same = [v for v in self.values
+                if (v.get("name") if isinstance(v, dict) else v) == name]
+        if len(same) == 1:
+            return name
+        settings = ",".join(f"{k}={toml_text(v)}" for k, v in value.items() if k != "name")
+        return f"{name}({settings})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Length:
+    """An evaluation length: ``times`` x the cell's seq_len, or ``tokens``."""
+
+    text: str
+    times: float | None = None
+    tokens: int | None = None
+
+    def resolve(self, seq_len: int) -> int:
+        if self.tokens is not None:
+            return self.tokens
+        n = self.times * seq_len
+        if n != int(n) or n < 2:
+            raise SpecError(f"eval length {self.text} of seq_len {seq_len} is {n} tokens: "
+                            "choose a multiple that gives a whole number of at least 2")
+        return int(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """``loss@4x``, ``sliding@256``, or a difference ``loss@4x - loss@1x``."""
+
+    text: str
+    terms: tuple[tuple[str, Length], ...]  # (kind, length); a difference has two
+
+    @property
+    def better(self) -> str:
+        return "lower"
+
+
+@dataclasses.dataclass(frozen=True)
+class Compare:
+    a: dict[str, str] | str | None
+    b: dict[str, str] | str | None
+    against: dict[str, str] | None
+    metric: Metric
+    claim: str
+    better: str
+    index: int  # its place in the spec, from 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    path: str
+    text: str  # the file as read (recorded with the results)
+    title: str
+    seeds: tuple[int, ...]
+    base_args: tuple[str, ...]
+    tokens: int | None
+    tokens_per_step: int | None
+    max_epochs: float
+    axes: tuple[Axis, ...]
+    cells: tuple[dict[str, Any], ...]  # explicit cells: name and options
+    heldout_bytes: int
+    heldout_seed: int
+    lengths: tuple[Length, ...]
+    sliding: bool
+    stride: Length
+    chunk_tokens: int
+    by_position: bool
+    eval_batch_size: int
+    eval_max_tokens: int | None
+    ngram_orders: tuple[int, ...]
+    compares: tuple[Compare, ...]
+
+    def eval_settings(self) -> dict:
+        """What decides a cell's scores besides its run (part of the score's key)."""
+        return {"lengths": [x.text for x in self.lengths], "sliding": self.sliding,
+                "stride": self.stride.text, "chunk_tokens": self.chunk_tokens,
+                "by_position": self.by_position, "max_tokens": self.eval_max_tokens,
+                "heldout_bytes": self.heldout_bytes, "heldout_seed": self.heldout_seed}
+
+
+def toml_text(value: Any) -> str:
+    """A value as an option takes it (booleans in lower case)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value == int(value) and abs(value) < 1e16:
+        return repr(value)
+    return str(value)
+
+
+def _unknown(keys, known: set[str], where: str) -> None:
+    for key in keys:
+        if key not in known:
+            near = closest(key, known)
+            hint = f"did you mean {near!r}? " if near else ""
+            raise SpecError(f"{where}: unknown key {key!r}; {hint}valid keys: "
+                            f"{', '.join(sorted(known))}")
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(f"{where} = {value!r}: must be a positive integer")
+    return value
+
+
+def parse_length(text: Any, where: str) -> Length:
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 2:
+            raise SpecError(f"{where} = {text}: a length is at least 2 tokens")
+        return Length(str(text), tokens=text)
+    if isinstance(text, str) and re.fullmatch(r"\d+(\.\d+)?x", text):
+        times = float(text[:-1])
+        if times <= 0:
+            raise SpecError(f"{where} = {text!r}: the multiple must be positive")
+        return Length(text, times=times)
+    raise SpecError(f"{where} = {text!r}: give tokens (256) or a multiple of the cell's "
+                    "seq_len as a string (\"2x\", \"0.25x\")")
+
+
+def parse_metric(text: Any, where: str) -> Metric:
+    if not isinstance(text, str):
+        raise SpecError(f"{where} = {text!r}: a metric is a string such as \"loss@1x\"")
+    parts = [p.strip() for p in text.split(" - ")]
+    if len(parts) > 2 or not all(parts):
+        raise SpecError(f"{where} = {text!r}: a metric is one term (\"loss@2x\") or the "
+                        "difference of two (\"loss@4x - loss@1x\")")
+    terms = []
+    for part in parts:
+        m = METRIC.match(part)
+        if not m:
+            raise SpecError(f"{where}: {part!r} is not a metric; use loss@L (non-overlapping "
+                            "windows of L) or sliding@L (sliding windows), L tokens or a "
+                            "multiple of seq_len such as 2x")
+        terms.append((m.group(1), parse_length(_length_value(m.group(2)), where)))
+    return Metric(text, tuple(terms))
+
+
+def _length_value(text: str) -> Any:
+    return text if text.endswith("x") else int(text)
+
+
+def _selector(value: Any, where: str) -> dict[str, str] | str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value  # a cell's name
+    if isinstance(value, dict) and value:
+        return {str(k): toml_text(v) if not isinstance(v, dict) else v for k, v in value.items()}
+    raise SpecError(f"{where} = {value!r}: select cells by axis values ({{position = "
+                    "\"rope\"}}) or by a cell's name (\"my-cell\")")
+
+
+def parse_spec(text: str, path: str = "<spec>") -> Spec:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path}: not valid TOML: {err}") from None
+    return spec_from_dict(raw, text, path)
+
+
+def _table(raw: dict, key: str) -> dict:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise SpecError(f"[{key}] must be a table of keys, not {type(value).__name__}")
+    return value
+
+
+def _tables(raw: dict, key: str) -> list:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise SpecError(f"[[{key}]] must be tables, each under its own [[{key}]] line")
+    return value
+
+
+def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
+    """The checks of ``parse_spec`` on a spec already read into Python values."""
+    _unknown(raw, SECTIONS, path)
+
+    seeds_raw = raw.get("seeds", 3)
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+        seeds = tuple(range(_positive_int(seeds_raw, "seeds")))
+    elif isinstance(seeds_raw, list) and seeds_raw and all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds_raw):
+        seeds = tuple(seeds_raw)
+        if len(set(seeds)) != len(seeds):
+            raise SpecError(f"seeds = {seeds_raw}: a seed is listed twice")
+    else:
+        raise SpecError(f"seeds = {seeds_raw!r}: give a count (3) or a list of distinct "
+                        "non-negative integers ([0, 1, 2])")
+
+    base = _table(raw, "base")
+    _unknown(base, BASE_KEYS, "[base]")
+    args = base.get("args", [])
+    if isinstance(args, str):
+        args = shlex.split(args)
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise SpecError("[base] args: a string of tjax train options, or a list of strings")
+    for forbidden in ("--run-dir", "--train.run_dir", "--seed", "--train.seed",
+                      "--train.resume"):
+        if any(a == forbidden or a.startswith(forbidden + "=") for a in args):
+            raise SpecError(f"[base] args: {forbidden} is the sweep's to set (each cell and "
+                            "seed is its own run directory under --out); drop it")
+    tokens = base.get("tokens")
+    if tokens is not None:
+        tokens = _positive_int(tokens, "[base] tokens")
+        if any(a in ("--steps", "--train.steps") or a.startswith(("--steps=", "--train.steps="))
+               for a in args):
+            raise SpecError("[base] gives both tokens and --steps: give the budget one way")
+    per_step = base.get("tokens_per_step")
+    if per_step is not None:
+        per_step = _positive_int(per_step, "[base] tokens_per_step")
+    max_epochs = base.get("max_epochs", 1.0)
+    if not isinstance(max_epochs, (int, float)) or max_epochs <= 0:
+        raise SpecError(f"[base] max_epochs = {max_epochs!r}: must be positive (1: each "
+                        "training token seen at most once)")
+
+    axes = []
+    for key, values in _table(raw, "axes").items():
+        where = f"[axes] {key!r}"
+        if not re.fullmatch(r"(model|train)\.[a-z_][a-z0-9_.]*", key):
+            raise SpecError(f"{where}: an axis is a config field, model.FIELD or train.FIELD "
+                            "(as in --model.position); seeds go in the top-level seeds key")
+        if key in ("train.seed", "train.run_dir", "train.data"):
+            raise SpecError(f"{where}: {key} is the sweep's to set (seeds: the top-level "
+                            "seeds key; data: [base] args --data)")
+        if not isinstance(values, list):
+            raise SpecError(f"{where}: give a list of values")
+        if not values:
+            raise SpecError(f"{where} is empty: the product of the axes would have no cell")
+        for v in values:
+            if isinstance(v, dict) and "name" not in v:
+                raise SpecError(f"{where}: {v!r} gives settings without the switch's name "
+                                "({name = \"t5\", num_buckets = 32})")
+            if isinstance(v, list):
+                raise SpecError(f"{where}: {v!r} is a list; an axis value is one value")
+        axis = Axis(key, tuple(values))
+        labels = [axis.label(v) for v in values]
+        if len(set(labels)) != len(labels):
+            raise SpecError(f"{where}: two values have the same label ({labels}); give the "
+                            "switch values a label = \"...\"")
+        axes.append(axis)
+    if len({a.short for a in axes}) != len(axes):
+        raise SpecError(f"[axes]: two axes end in the same field name ({[a.key for a in axes]});"
+                        " selectors use the last part, so it must be unique")
+
+    cells = []
+    for i, cell in enumerate(_tables(raw, "cell"), 1):
+        if not isinstance(cell.get("name"), str):
+            raise SpecError(f"[[cell]] {i}: give each cell a name = \"...\" and its options")
+        if not re.fullmatch(r"[A-Za-z0-9_.=,()+-]+", cell["name"]):
+            raise SpecError(f"[[cell]] {i}: name {cell['name']!r} becomes a folder name; use "
+                            "letters, digits and _ . = , ( ) + -")
+        for key in cell:
+            if key != "name" and not re.fullmatch(r"(model|train)\.[a-z_][a-z0-9_.]*", key):
+                raise SpecError(f"[[cell]] {cell['name']}: {key!r} is not model.FIELD or "
+                                "train.FIELD")
+        cells.append(dict(cell))
+
+    held = _table(raw, "heldout")
+    _unknown(held, HELDOUT_KEYS, "[heldout]")
+    heldout_bytes = _positive_int(held.get("bytes", 200_000), "[heldout] bytes")
+    heldout_seed = held.get("seed", 0)
+    if isinstance(heldout_seed, bool) or not isinstance(heldout_seed, int) or heldout_seed < 0:
+        raise SpecError(f"[heldout] seed = {heldout_seed!r}: a non-negative integer")
+
+    ev = _table(raw, "eval")
+    _unknown(ev, EVAL_KEYS, "[eval]")
+    lengths_raw = ev.get("lengths", ["1x"])
+    if not isinstance(lengths_raw, list) or not lengths_raw:
+        raise SpecError("[eval] lengths: a non-empty list such as [\"1x\", \"2x\"] or [64, 128]")
+    lengths = tuple(parse_length(x, "[eval] lengths") for x in lengths_raw)
+    stride = parse_length(ev.get("stride", "0.25x"), "[eval] stride")
+    chunk = _positive_int(ev.get("chunk_tokens", 1000), "[eval] chunk_tokens")
+    max_tokens = ev.get("max_tokens")
+    if max_tokens is not None:
+        max_tokens = _positive_int(max_tokens, "[eval] max_tokens")
+
+    base_lines = _table(raw, "baselines")
+    _unknown(base_lines, BASELINE_KEYS, "[baselines]")
+    orders = base_lines.get("ngram", [2, 3, 4, 5])
+    if not isinstance(orders, list) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 8 for k in orders):
+        raise SpecError(f"[baselines] ngram = {orders!r}: a list of orders in 1-8 ([] for none)")
+
+    compares = []
+    for i, c in enumerate(_tables(raw, "compare"), 1):
+        where = f"[[compare]] {i}"
+        _unknown(c, COMPARE_KEYS, where)
+        if "metric" not in c:
+            raise SpecError(f"{where}: give the metric it compares (\"loss@1x\")")
+        metric = parse_metric(c["metric"], f"{where} metric")
+        has_pair = "a" in c or "b" in c
+        if has_pair == ("against" in c):
+            raise SpecError(f"{where}: give a and b (two selections of cells), or against "
+                            "(every other value of an axis against one), not both")
+        if has_pair and not ("a" in c and "b" in c):
+            raise SpecError(f"{where}: give both a and b")
+        against = _selector(c.get("against"), f"{where} against")
+        if against is not None and (not isinstance(against, dict) or len(against) != 1):
+            raise SpecError(f"{where} against: one axis and its value ({{position = \"rope\"}})")
+        better = c.get("better", metric.better)
+        if better not in ("lower", "higher"):
+            raise SpecError(f"{where} better = {better!r}: \"lower\" or \"higher\"")
+        for kind, length in metric.terms:
+            if kind == "sliding" and not ev.get("sliding", False):
+                raise SpecError(f"{where}: {metric.text!r} needs sliding windows; set "
+                                "[eval] sliding = true")
+            if not any(length.text == x.text for x in lengths):
+                raise SpecError(f"{where}: {metric.text!r} needs length {length.text}, which "
+                                f"[eval] lengths ({[x.text for x in lengths]}) does not score; "
+                                "add it there")
+        compares.append(Compare(_selector(c.get("a"), f"{where} a"),
+                                _selector(c.get("b"), f"{where} b"), against, metric,
+                                str(c.get("claim", "")), better, i))
+
+    title = raw.get("title", "")
+    if not isinstance(title, str):
+        raise SpecError("title: a string")
+    return Spec(path, text, title, seeds, tuple(args), tokens, per_step, float(max_epochs),
+                tuple(axes), tuple(cells), heldout_bytes, heldout_seed, lengths,
+                bool(ev.get("sliding", False)), stride, chunk, bool(ev.get("by_position", True)),
+                _positive_int(ev.get("batch_size", 8), "[eval] batch_size"), max_tokens,
+                tuple(orders), tuple(compares))
+
+
+def read_spec(path: str) -> Spec:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such spec file") from None
+    return parse_spec(text, path)
+
