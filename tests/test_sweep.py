@@ -219,7 +219,7 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert results["provenance"]["code"] == code
     assert results["provenance"]["data"]["overlap"]["heldout_windows"] > 0
     assert results["provenance"]["spec"] == TINY
-    assert set(results["baselines"]) == {"unigram", "2-gram", "3-gram"}
+    assert set(results["baselines"]["1536"]) == {"unigram", "2-gram", "3-gram"}
     rows = results["comparisons"]
     assert [(r["compare"], r["a"], r["b"]) for r in rows] == [
         (1, "position=alibi", "position=rope"), (2, "position=alibi", "position=rope")]
@@ -376,3 +376,20 @@ def test_workers_train_the_cells_in_processes_of_their_own(sweep_env, monkeypatc
     results = json.loads((out / "results.json").read_text())
     assert [c["seeds_scored"] for c in results["cells"]] == [[0], [0]]
     assert all(r["verdict"] != "pending" for r in results["comparisons"])
+
+
+def test_settings_given_as_multiples_of_seq_len_follow_each_cell(sweep_env):
+    from transformers_jax.sweep.plan import resolve_cell
+
+    spec = parse_spec(TINY.replace(
+        '"model.position" = ["rope", "alibi"]',
+        '"model.position" = [{name = "t5", num_buckets = 8, max_distance = "2x"}]\n'
+        '"train.seq_len" = [32, 64]').split("[[compare]]")[0])
+    found = [resolve_cell(spec, c) for c in expand(spec)]
+    assert [p.model.position.max_distance for p in found] == [64, 128]
+    assert "--model.position.max_distance=128" in found[1].cell.args
+    bad = parse_spec(TINY.replace('"model.position" = ["rope", "alibi"]',
+                                  '"model.position" = [{name = "t5", max_distance = "0.3x"}]'
+                                  ).split("[[compare]]")[0])
+    with pytest.raises(SpecError, match="9.6 tokens at seq_len 32"):
+        resolve_cell(bad, expand(bad)[0])

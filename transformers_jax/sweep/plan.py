@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from transformers_jax.sweep.splits import Split, make_split, overlap
 from transformers_jax.train_options import build_configs, follows_tokenizer
 
 READ_CAP = 20_000_000  # training tokens read for the epoch check and the baselines
+# (a cell whose budget is larger trains past what its baselines were fitted on: refused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,19 +58,45 @@ class SweepPlan:
                 "training_tokens": int(self.train_N.size),
                 "training_tokens_complete": self.train_complete, "tokenizer": self.tokenizer.name}
 
-    def seen_N(self) -> np.ndarray:
-        """The training tokens as many as the largest cell trains on: what the n-gram
-        baselines fit (the same amount of text as the cells see)."""
-        return self.train_N[: max(c.tokens for c in self.cells)]
+
+
+MULTIPLE = re.compile(r"^(--[a-z_.]+)=(\d+(?:\.\d+)?)x$")
+
+
+def _built(cell: Cell, args: list[str]) -> tuple[ModelConfig, TrainConfig]:
+    try:
+        return build_configs(args)
+    except (ValueError, LookupError) as err:  # ConfigError, UnknownNameError
+        raise SpecError(f"cell {cell.name}: {err}") from None
+
+
+def in_tokens(cell: Cell) -> Cell:
+    """The cell with each option given as a multiple of its training length (``--model.
+    position.max_distance=2x``: a setting that should follow ``train.seq_len`` across an axis
+    of lengths) turned into tokens."""
+    relative = [MULTIPLE.match(a) for a in cell.args]
+    if not any(relative):
+        return cell
+    _, cfg = _built(cell, [a for a, m in zip(cell.args, relative, strict=True) if not m])
+    args = []
+    for arg, match in zip(cell.args, relative, strict=True):
+        if match:
+            tokens = float(match.group(2)) * cfg.seq_len
+            if match.group(1) in ("--train.seq_len", "--train.batch_size") or tokens != int(
+                    tokens):
+                raise SpecError(f"cell {cell.name}: {arg} is {tokens} tokens at seq_len "
+                                f"{cfg.seq_len}; give a whole number of tokens")
+            arg = f"{match.group(1)}={int(tokens)}"
+        args.append(arg)
+    return dataclasses.replace(cell, args=tuple(args))
 
 
 def resolve_cell(spec: Spec, cell: Cell) -> PlannedCell:
-    """The cell's configs, as ``tjax train`` with its options would build them, with the
-    spec's budget (``tokens``, ``tokens_per_step``) applied."""
-    try:
-        model, cfg = build_configs(list(cell.args))
-    except (ValueError, LookupError) as err:  # ConfigError, UnknownNameError
-        raise SpecError(f"cell {cell.name}: {err}") from None
+    """The cell's configs, as ``tjax train`` with its options would build them, with options
+    given as multiples of seq_len turned into tokens and the spec's budget (``tokens``,
+    ``tokens_per_step``) applied."""
+    cell = in_tokens(cell)
+    model, cfg = _built(cell, list(cell.args))
     where = f"cell {cell.name}"
     if cfg.task:
         raise SpecError(f"{where}: trains on --task {cfg.task}; a sweep scores held-out text "

@@ -88,18 +88,22 @@ def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict])
     return out
 
 
-def baselines(plan: SweepPlan) -> dict:
-    """Unigram (add-one) and Kneser-Ney n-gram losses on the held-out stream, fitted on as
-    many training tokens as the largest cell trains on."""
+def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
+    """For each cell's token budget: unigram (add-one) and Kneser-Ney n-gram losses on the
+    held-out stream, fitted on that many training tokens (the amount of text the cell trains
+    on; within one epoch, the tokens themselves)."""
     from transformers_jax.sweep.ngram import KneserNey
 
     vocab = plan.tokenizer.vocab_size
-    train_N = plan.seen_N()
-    counts = np.bincount(train_N, minlength=vocab).astype(np.float64) + 1.0
-    out = {"unigram": float(-np.log(counts / counts.sum())[plan.heldout_N].mean())}
-    for k in plan.spec.ngram_orders:
-        if k > 1:
-            out[f"{k}-gram"] = KneserNey(k, vocab).fit(train_N).loss(plan.heldout_N)
+    out = {}
+    for budget in sorted({c.tokens for c in plan.cells}):
+        train_N = plan.train_N[:budget]
+        counts = np.bincount(train_N, minlength=vocab).astype(np.float64) + 1.0
+        losses = {"unigram": float(-np.log(counts / counts.sum())[plan.heldout_N].mean())}
+        for k in plan.spec.ngram_orders:
+            if k > 1:
+                losses[f"{k}-gram"] = KneserNey(k, vocab).fit(train_N).loss(plan.heldout_N)
+        out[budget] = losses
     return out
 
 
@@ -143,13 +147,13 @@ def markdown(plan: SweepPlan, results: dict) -> str:
     lines += ["", "Mean ± standard deviation over seeds of the held-out loss (nats per token); "
               "loss@L: windows of L tokens side by side; sliding@L: windows of L sliding by "
               f"{spec.stride.text} of seq_len, each token scored with that much context or more."]
-    base = results["baselines"]
-    if base:
-        best = min(base, key=base.get)
-        lines += ["", "Baselines on the same held-out tokens, fitted on the training text: "
+    for budget, base in results["baselines"].items():
+        lines += ["", f"Baselines on the same held-out tokens, fitted on {int(budget):,} "
+                  "training tokens (what a cell of that budget trains on): "
                   + ", ".join(f"{k} {_fmt(v)}" for k, v in base.items()) + "."]
-        short = [c["name"] for c in done
-                 if c["by_length"] and c["by_length"][0]["mean"] >= base[best]]
+        best = min(base, key=base.get)
+        short = [c["name"] for c in done if c["tokens"] == int(budget) and c["by_length"]
+                 and c["by_length"][0]["mean"] >= base[best]]
         if short:
             lines += ["", f"**Not past the {best} ({_fmt(base[best])}) at "
                       f"{spec.lengths[0].text}:** {', '.join(short)}. A comparison involving "
@@ -202,7 +206,9 @@ def plots(plan: SweepPlan, results: dict, out: str) -> list[str]:
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_ylabel("held-out loss (nats/token)")
         ax.set_title("mean over seeds; band: min to max")
-        for name, value in results["baselines"].items():
+        by_budget = results["baselines"]
+        largest = by_budget[max(by_budget, key=int)] if by_budget else {}
+        for name, value in largest.items():  # the largest budget's: the strongest
             ax.axhline(value, color="grey", linestyle=":", linewidth=0.8)
             ax.annotate(name, (0.01, value), xycoords=("axes fraction", "data"), fontsize=7)
         ax.legend(fontsize=7)
