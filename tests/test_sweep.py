@@ -393,3 +393,25 @@ def test_settings_given_as_multiples_of_seq_len_follow_each_cell(sweep_env):
                                   ).split("[[compare]]")[0])
     with pytest.raises(SpecError, match="9.6 tokens at seq_len 32"):
         resolve_cell(bad, expand(bad)[0])
+
+
+@pytest.mark.slow
+def test_passkey_retrieval_is_scored_and_compared_trial_by_trial(sweep_env, capsys):
+    tmp_path, spec, _ = sweep_env
+    text = TINY.replace("seeds = 2", "seeds = 1").replace(
+        "chunk_tokens = 250", 'chunk_tokens = 250\npasskey = {lengths = ["4x"], trials = 2, '
+        "depths = [0.5]}").split("[[compare]]")[0]
+    spec.write_text(text + '[[compare]]\na = {position = "alibi"}\nb = {position = "rope"}\n'
+                    'metric = "passkey@4x"\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    scores = json.loads((out / "cells/position=alibi/seed0" / runner.SCORES_FILE).read_text())
+    assert scores["passkey"]["4x"]["tokens"] == 128
+    assert len(scores["passkey"]["4x"]["chunks"]) == 2
+    assert set(scores["passkey"]["4x"]["chunks"]) <= {0.0, 1.0}
+    (row,) = json.loads((out / "results.json").read_text())["comparisons"]
+    assert row["better"] == "higher" and row["verdict"] != "pending"
+    assert "passkey@4x" in (out / "report.md").read_text()
+    spec.write_text(text.replace('lengths = ["4x"]', 'lengths = ["1x"]'))
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out2"), "--dry-run"]) == 2
+    assert "a passkey prompt needs more than 32 tokens" in capsys.readouterr().err

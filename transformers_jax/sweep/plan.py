@@ -150,6 +150,27 @@ def _same(cells: list[PlannedCell], fields: tuple[str, ...], what: str) -> None:
                     f"cell is scored on one held-out text, so they must share {what}")
 
 
+def _check_passkey(spec: Spec, cells: list[PlannedCell], tokenizer) -> None:
+    """Every cell can decode, and every length holds a passkey prompt and its answer."""
+    from transformers_jax.evaluation import passkey_prompt
+
+    digits = spec.passkey["digits"]
+    answer = len(tokenizer.encode(" " + "9" * digits)) + 2
+    for c in cells:
+        if not FAMILIES.get(c.model.family).generates:
+            raise SpecError(f"cell {c.cell.name}: family {c.model.family} does not generate; "
+                            "drop [eval] passkey")
+        for length in (x.resolve(c.train.seq_len) for x in spec.passkey["lengths"]):
+            try:
+                passkey_prompt(tokenizer, "9" * digits, length - answer, 0.0)
+            except ValueError:
+                raise SpecError(
+                    f"cell {c.cell.name}: a passkey prompt needs more than {length} tokens "
+                    f"with the {tokenizer.name} tokenizer (key sentence, question and "
+                    f"{digits}-digit answer); give [eval] passkey lengths that are longer"
+                ) from None
+
+
 def make_plan(spec: Spec, data_root: str) -> SweepPlan:
     """``data_root``: where the split's training text is written (the sweep's own folder, so
     its runs can resume after the machine's temporary files are gone)."""
@@ -188,6 +209,8 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
             f"({len(over)} cell(s) above [base] max_epochs = {spec.max_epochs:g}): a model that "
             "sees its text twice scores memorisation; lower the budget, use more data, or "
             "raise max_epochs knowingly")
+    if spec.passkey:
+        _check_passkey(spec, cells, tokenizer)
     longest = max(max(c.lengths(spec)) for c in cells)
     if heldout_N.size < longest + 1 + spec.chunk_tokens:
         raise SpecError(f"the held-out stream has {heldout_N.size:,} tokens, too few for "

@@ -20,7 +20,7 @@ import numpy as np
 
 from transformers_jax.sweep import stats
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
-from transformers_jax.sweep.runner import read_scores, write_json
+from transformers_jax.sweep.runner import read_scores, train_args, write_json
 from transformers_jax.sweep.spec import Metric
 
 
@@ -68,19 +68,17 @@ def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
 def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict]) -> dict:
     spec = plan.spec
     out: dict = {"name": planned.cell.name, "values": planned.cell.values,
-                 "command": shlex.join(["tjax", "train", *planned.cell.args]),
+                 "command": shlex.join(["tjax", "train", *train_args(planned)]),
                  "seq_len": planned.train.seq_len, "batch_size": planned.train.batch_size,
                  "steps": planned.train.steps, "tokens": planned.tokens,
                  "seeds_scored": sorted(scores), "by_length": []}
-    for kind in ("loss", "sliding"):
-        if kind == "sliding" and not spec.sliding:
-            continue
-        for length_spec, length in zip(spec.lengths, planned.lengths(spec), strict=True):
-            means = [scores[s][kind][length_spec.text]["mean"] for s in sorted(scores)]
-            out["by_length"].append({
-                "kind": kind, "length": length_spec.text, "tokens": length,
-                "per_seed": means, "mean": float(np.mean(means)) if means else math.nan,
-                "std": float(np.std(means, ddof=1)) if len(means) > 1 else math.nan})
+    for kind, length_spec in spec.scored():
+        means = [scores[s][kind][length_spec.text]["mean"] for s in sorted(scores)]
+        out["by_length"].append({
+            "kind": kind, "length": length_spec.text,
+            "tokens": length_spec.resolve(planned.train.seq_len),
+            "per_seed": means, "mean": float(np.mean(means)) if means else math.nan,
+            "std": float(np.std(means, ddof=1)) if len(means) > 1 else math.nan})
     if spec.by_position and scores:
         out["by_position"] = {
             x.text: np.mean([scores[s]["by_position"][x.text] for s in scores], 0).tolist()
@@ -129,24 +127,23 @@ def markdown(plan: SweepPlan, results: dict) -> str:
              f"Seeds {list(spec.seeds)}.", ""]
     done = [c for c in results["cells"] if c["seeds_scored"] == sorted(spec.seeds)]
     lines += [f"{len(done)} of {len(results['cells'])} cells finished.", "", "## Cells", ""]
-    kinds = [("loss", "non-overlapping windows")] + ([("sliding", "sliding windows")]
-                                                     if spec.sliding else [])
-    header = ["cell", "steps", "tokens"] + [f"{k}@{x.text}" for k, _ in kinds
-                                           for x in spec.lengths]
+    header = ["cell", "steps", "tokens"] + [f"{k}@{x.text}" for k, x in spec.scored()]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in results["cells"]:
         by = {(e["kind"], e["length"]): e for e in c["by_length"]}
         cells = []
-        for k, _ in kinds:
-            for x in spec.lengths:
-                e = by.get((k, x.text))
-                cells.append("pending" if not e or not e["per_seed"] else
-                             f"{_fmt(e['mean'])} ± {_fmt(e['std'])}")
+        for k, x in spec.scored():
+            e = by.get((k, x.text))
+            cells.append("pending" if not e or not e["per_seed"] else
+                         f"{_fmt(e['mean'])} ± {_fmt(e['std'])}")
         lines.append(f"| {c['name']} | {c['steps']} | {c['tokens']:,} | " + " | ".join(cells)
                      + " |")
     lines += ["", "Mean ± standard deviation over seeds of the held-out loss (nats per token); "
               "loss@L: windows of L tokens side by side; sliding@L: windows of L sliding by "
-              f"{spec.stride.text} of seq_len, each token scored with that much context or more."]
+              f"{spec.stride.text} of seq_len, each token scored with that much context or more"
+              + ("; passkey@L: whole-key accuracy of passkey retrieval in prompts of L tokens, "
+                 f"{spec.passkey['trials']} keys at each depth in {spec.passkey['depths']}, "
+                 "decoded greedily." if spec.passkey else ".")]
     for budget, base in results["baselines"].items():
         lines += ["", f"Baselines on the same held-out tokens, fitted on {int(budget):,} "
                   "training tokens (what a cell of that budget trains on): "

@@ -162,14 +162,14 @@ def score_key(plan: SweepPlan, planned: PlannedCell) -> str:
 def score_seed(plan: SweepPlan, planned: PlannedCell, run_dir: str) -> dict:
     """Held-out scores of one seed's run at each evaluation length: the mean loss, its means
     over the held-out chunks (which pair cells), and the loss by position."""
-    from transformers_jax.evaluation import stream_losses
+    from transformers_jax.evaluation import passkey_accuracy, stream_losses
     from transformers_jax.runs.load import load_run
 
     spec = plan.spec
-    model, params, _, _ = load_run(run_dir)
+    model, params, tokenizer, _ = load_run(run_dir)
     tokens_N = plan.heldout_N
     out: dict = {"key": score_key(plan, planned), "loss": {}, "sliding": {},
-                 "by_position": {}}
+                 "by_position": {}, "passkey": {}}
     for length_spec, length in zip(spec.lengths, planned.lengths(spec), strict=True):
         losses_N = stream_losses(model, params, tokens_N, length, None, spec.eval_batch_size)
         out["loss"][length_spec.text] = _summary(losses_N, length, spec.chunk_tokens)
@@ -185,6 +185,14 @@ def score_seed(plan: SweepPlan, planned: PlannedCell, run_dir: str) -> dict:
                                      spec.eval_batch_size)
             out["sliding"][length_spec.text] = {**_summary(losses_N, length, spec.chunk_tokens),
                                                 "stride": stride}
+    for length_spec in spec.passkey["lengths"] if spec.passkey else ():
+        length = length_spec.resolve(planned.train.seq_len)
+        # the same keys for every cell and seed, so the trials pair
+        found = passkey_accuracy(model, params, tokenizer, [length], spec.passkey["depths"],
+                                 spec.passkey["trials"], spec.passkey["digits"], seed=0)
+        correct = [float(t["correct"]) for c in found["cells"] for t in c["trials"]]
+        out["passkey"][length_spec.text] = {"tokens": length, "mean": float(np.mean(correct)),
+                                            "chunks": correct}
     return out
 
 

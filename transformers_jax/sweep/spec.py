@@ -53,11 +53,12 @@ SECTIONS = {"title", "seeds", "base", "axes", "cell", "heldout", "eval", "baseli
             "compare"}
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
 HELDOUT_KEYS = {"bytes", "seed"}
-EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "batch_size",
+EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "passkey", "batch_size",
              "max_tokens"}
 BASELINE_KEYS = {"ngram"}
 COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better"}
-METRIC = re.compile(r"^(loss|sliding)@(\d+(?:\.\d+)?x|\d+)$")
+PASSKEY_KEYS = {"lengths", "trials", "depths", "digits"}
+METRIC = re.compile(r"^(loss|sliding|passkey)@(\d+(?:\.\d+)?x|\d+)$")
 
 
 class SpecError(ConfigError):
@@ -117,7 +118,7 @@ class Metric:
 
     @property
     def better(self) -> str:
-        return "lower"
+        return "higher" if self.terms[0][0] == "passkey" else "lower"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,16 +151,26 @@ class Spec:
     stride: Length
     chunk_tokens: int
     by_position: bool
+    passkey: dict | None  # lengths, trials, depths, digits; None: no passkey retrieval
     eval_batch_size: int
     eval_max_tokens: int | None
     ngram_orders: tuple[int, ...]
     compares: tuple[Compare, ...]
 
+    def scored(self) -> list[tuple[str, Length]]:
+        """Every (kind, length) a cell's runs are scored at, in the report's order."""
+        out = [("loss", x) for x in self.lengths]
+        out += [("sliding", x) for x in self.lengths] if self.sliding else []
+        return out + [("passkey", x) for x in self.passkey["lengths"]] if self.passkey else out
+
     def eval_settings(self) -> dict:
         """What decides a cell's scores besides its run (part of the score's key)."""
         return {"lengths": [x.text for x in self.lengths], "sliding": self.sliding,
                 "stride": self.stride.text, "chunk_tokens": self.chunk_tokens,
-                "by_position": self.by_position, "max_tokens": self.eval_max_tokens,
+                "by_position": self.by_position,
+                "passkey": self.passkey and {**self.passkey, "lengths": [
+                    x.text for x in self.passkey["lengths"]]},
+                "max_tokens": self.eval_max_tokens,
                 "heldout_bytes": self.heldout_bytes, "heldout_seed": self.heldout_seed}
 
 
@@ -213,8 +224,8 @@ def parse_metric(text: Any, where: str) -> Metric:
         m = METRIC.match(part)
         if not m:
             raise SpecError(f"{where}: {part!r} is not a metric; use loss@L (non-overlapping "
-                            "windows of L) or sliding@L (sliding windows), L tokens or a "
-                            "multiple of seq_len such as 2x")
+                            "windows of L), sliding@L (sliding windows) or passkey@L (passkey "
+                            "retrieval), L tokens or a multiple of seq_len such as 2x")
         terms.append((m.group(1), parse_length(_length_value(m.group(2)), where)))
     return Metric(text, tuple(terms))
 
@@ -355,6 +366,27 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     lengths = tuple(parse_length(x, "[eval] lengths") for x in lengths_raw)
     stride = parse_length(ev.get("stride", "0.25x"), "[eval] stride")
     chunk = _positive_int(ev.get("chunk_tokens", 1000), "[eval] chunk_tokens")
+    passkey = ev.get("passkey")
+    if passkey is not None:
+        if passkey is True:
+            passkey = {}
+        if not isinstance(passkey, dict):
+            raise SpecError("[eval] passkey: true, or a table {trials = 8, depths = [0.0, 0.5, "
+                            "1.0], digits = 5}")
+        _unknown(passkey, PASSKEY_KEYS, "[eval] passkey")
+        depths = passkey.get("depths", [0.0, 0.5, 1.0])
+        if not isinstance(depths, list) or not depths or not all(
+                isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1
+                for d in depths):
+            raise SpecError(f"[eval] passkey depths = {depths!r}: a list of fractions in [0, 1]")
+        lengths_pk = passkey.get("lengths", lengths_raw)
+        if not isinstance(lengths_pk, list) or not lengths_pk:
+            raise SpecError("[eval] passkey lengths: a non-empty list (default: [eval] lengths)")
+        passkey = {"lengths": tuple(parse_length(x, "[eval] passkey lengths")
+                                    for x in lengths_pk),
+                   "trials": _positive_int(passkey.get("trials", 8), "[eval] passkey trials"),
+                   "depths": [float(d) for d in depths],
+                   "digits": _positive_int(passkey.get("digits", 5), "[eval] passkey digits")}
     max_tokens = ev.get("max_tokens")
     if max_tokens is not None:
         max_tokens = _positive_int(max_tokens, "[eval] max_tokens")
@@ -385,14 +417,22 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         better = c.get("better", metric.better)
         if better not in ("lower", "higher"):
             raise SpecError(f"{where} better = {better!r}: \"lower\" or \"higher\"")
+        if len({kind == "passkey" for kind, _ in metric.terms}) > 1:
+            raise SpecError(f"{where}: {metric.text!r} subtracts a loss from an accuracy; "
+                            "compare like with like")
         for kind, length in metric.terms:
             if kind == "sliding" and not ev.get("sliding", False):
                 raise SpecError(f"{where}: {metric.text!r} needs sliding windows; set "
                                 "[eval] sliding = true")
-            if not any(length.text == x.text for x in lengths):
+            if kind == "passkey" and passkey is None:
+                raise SpecError(f"{where}: {metric.text!r} needs passkey retrieval; set "
+                                "[eval] passkey = true (or a table of its settings)")
+            scored = passkey["lengths"] if kind == "passkey" else lengths
+            if not any(length.text == x.text for x in scored):
+                table = "[eval] passkey lengths" if kind == "passkey" else "[eval] lengths"
                 raise SpecError(f"{where}: {metric.text!r} needs length {length.text}, which "
-                                f"[eval] lengths ({[x.text for x in lengths]}) does not score; "
-                                "add it there")
+                                f"{table} ({[x.text for x in scored]}) does not score; add it "
+                                "there")
         compares.append(Compare(_selector(c.get("a"), f"{where} a"),
                                 _selector(c.get("b"), f"{where} b"), against, metric,
                                 str(c.get("claim", "")), better, i))
@@ -403,6 +443,7 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     return Spec(path, text, title, seeds, tuple(args), tokens, per_step, float(max_epochs),
                 tuple(axes), tuple(cells), heldout_bytes, heldout_seed, lengths,
                 bool(ev.get("sliding", False)), stride, chunk, bool(ev.get("by_position", True)),
+                passkey,
                 _positive_int(ev.get("batch_size", 8), "[eval] batch_size"), max_tokens,
                 tuple(orders), tuple(compares))
 
