@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from model_helpers import mask_settings
 
 from transformers_jax import ModelConfig
-from transformers_jax.nn import masks
+from transformers_jax.nn import mask_kinds, masks
 from transformers_jax.nn.attention import (
     ATTENTION,
     attend_to_cache,
@@ -189,7 +189,7 @@ def _self_attention_mask(kind):
     if kind == "prefix":
         return masks.build_mask("prefix", pos, pos, prefix_len=jnp.array([4, 7]))
     if kind == "window":
-        return masks.build_mask(masks.SlidingWindow(window=3), pos, pos)
+        return masks.build_mask(mask_kinds.SlidingWindow(window=3), pos, pos)
     if kind == "segments":
         return masks.build_mask("bidirectional", seg_pos, seg_pos, q_segments=seg, kv_segments=seg)
     if kind == "causal_segments_padding":

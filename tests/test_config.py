@@ -1,8 +1,10 @@
 """Config validation: every bad value fails at construction with a message that helps."""
 
+import inspect
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -35,13 +37,76 @@ def test_a_train_config_is_built_and_validated_without_jax():
     assert out.splitlines()[-1] == "[]"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not yet: a ModelConfig resolves its switches to registry entries, and the entries' "
-    "modules import JAX/Flax at the top because they define, beside each entry's settings and "
-    "checks, the Flax modules it builds (T5RelativeBias, FireBias, ...), the kernels "
-    "(chunked's custom_vjp), AttentionMask and the families' Linen modules; see config.py"))
+# Configs that name every kind of switch with settings, and bad values each switch's check
+# refuses: built in a fresh interpreter without JAX, and here, where JAX is loaded.
+SWITCHED = [
+    {},
+    {"family": "encdec", "position": {"name": "t5", "num_buckets": 32},
+     "mask": {"name": "sliding_window", "window": 16}, "attention": "chunked",
+     "norm": {"name": "rmsnorm", "eps": 1e-6}, "norm_position": "post", "mlp": "swiglu"},
+    {"family": "bert", "mask": "bidirectional", "position": "learned", "mlp": "gelu_exact"},
+    {"family": "lstm", "position": "sinusoidal", "mlp": "relu"},
+    {"position": {"name": "rope", "scaling": {"name": "yarn", "factor": 4.0}}, "mlp": "geglu",
+     "attention": "reference", "mask": "prefix"},
+    {"position": {"name": "randomized", "base": "xpos", "max_position": 512},
+     "dtype": "bfloat16"},
+    {"position": "alibi", "attention": "pallas"}, {"position": "fire"}, {"position": "kerple"},
+    {"position": "none", "attention": "cudnn"},
+]
+REFUSED = [
+    {"position": {"name": "t5", "num_buckets": 2}},
+    {"mask": "sliding_window"},
+    {"attention": {"name": "chunked", "chunk_size": 0}},
+    {"family": "encdec", "mask": "bidirectional"},
+    {"attn_logit_softcap": 50.0, "attention": "xla"},
+    {"mask": {"name": "sliding_window", "window": 4}, "attention": "pallas"},
+    {"d_model": 12, "n_heads": 4, "position": "rope"},
+    {"position": {"name": "rope", "scaling": {"name": "yarn", "factor": 1.0}}},
+    {"position": {"name": "randomized", "base": "alibi"}},
+    {"position": {"name": "randomized", "base": "learned", "max_position": 512}},
+    {"position": {"name": "xpos", "gamma": 0.0}},
+    {"position": {"name": "sinusoidal", "form": "fancy"}},
+    {"norm": {"name": "layernorm", "eps": -1.0}},
+    {"mlp": "swishy"},
+    {"family": "gpt2"},
+]
+
+
+def built_and_refused(switched: list[dict], refused: list[dict]) -> list[str]:
+    """What building ``switched`` (their sizes, round trip, length checks) and ``refused``
+    (their errors) gives, one line each. Run here and, from its source, in a fresh
+    interpreter."""
+    lines = []
+    for changes in switched:
+        cfg = ModelConfig(**changes)
+        assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            check_lengths(cfg, 64)
+        lines.append(f"{cfg.ff_dim} {cfg.position.max_length(cfg)} {cfg.mask.cache_slots(99)} "
+                     f"{[str(w.message) for w in warned]}")
+    for changes in refused:
+        try:
+            ModelConfig(**changes)
+        except ValueError as err:
+            lines.append(f"{type(err).__name__}: {err}")
+    return lines
+
+
 def test_a_model_config_is_built_and_validated_without_jax():
-    assert jax_and_flax_after("from transformers_jax import ModelConfig\nModelConfig()") == "[]"
+    """``ModelConfig()``, configs naming each switch with settings, their JSON round trip and
+    length checks, and the refusals of bad values import neither JAX nor Flax (an entry's
+    hooks import the maths they call), and say what they say with JAX loaded."""
+    out = jax_and_flax_after(
+        "import json, warnings\n"
+        "from transformers_jax import ModelConfig, TrainConfig\n"
+        "from transformers_jax.config import check_lengths\n"
+        + inspect.getsource(built_and_refused)
+        + f"TrainConfig()\nprint(json.dumps(built_and_refused({SWITCHED!r}, {REFUSED!r})))")
+    without_jax, jax_and_flax = out.splitlines()[-2:]
+    assert jax_and_flax == "[]"
+    assert json.loads(without_jax) == built_and_refused(SWITCHED, REFUSED)
+    assert len(json.loads(without_jax)) == len(SWITCHED) + len(REFUSED)  # each one refused
 
 
 def test_defaults_are_valid_and_frozen():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from model_helpers import mask_settings
 
-from transformers_jax.nn.masks import AttentionMask, SlidingWindow, build_mask
+from transformers_jax.nn.mask_kinds import SlidingWindow
+from transformers_jax.nn.masks import AttentionMask, build_mask
 
 
 def positions(n, batch=1):

@@ -148,7 +148,7 @@ def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
     assert max_diff(got_params, state.params) < 1e-5
 
 
-TRANSFORMERS = [name for name, family in FAMILIES.items() if family.module.__name__ != "LSTMLM"]
+TRANSFORMERS = [name for name, family in FAMILIES.items() if not family.recurrent]
 
 
 @pytest.mark.parametrize("family", TRANSFORMERS)

@@ -15,7 +15,7 @@ from model_helpers import POSITIONS, init, tiny
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.config import ConfigError, apply_overrides
 from transformers_jax.nn.positions import apply_rope
-from transformers_jax.nn.positions.kerple import KerpleLogBias
+from transformers_jax.nn.positions.kerple_bias import KerpleLogBias
 from transformers_jax.nn.positions.randomized import sample_positions
 from transformers_jax.nn.positions.xpos import XPos, xpos_zeta
 from transformers_jax.registry import POSITIONS as POSITION_REGISTRY

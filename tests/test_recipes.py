@@ -58,7 +58,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from transformers_jax.nn.attention.api import AttentionImpl
+from transformers_jax.nn.attention.implementations import AttentionImpl
 from transformers_jax.nn.attention.reference import reference_attention
 from transformers_jax.registry import ATTENTION
 
@@ -73,7 +73,8 @@ def toy_attention(q, k, v, *, bias, mask, scale, logit_softcap) -> jax.Array:
 @ATTENTION.register("toy_attention")
 @dataclasses.dataclass(frozen=True)
 class ToyAttention(AttentionImpl):
-    kernel = staticmethod(toy_attention)
+    def attend(self, q, k, v, **options) -> jax.Array:
+        return toy_attention(q, k, v, **options)
 '''
 
 TOY_FAMILY = '''

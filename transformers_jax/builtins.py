@@ -4,10 +4,12 @@ models/ and nn/, which hold the entries (``pyproject.toml``'s layers contract).
 
 Each registry gets the function below that imports its entries' modules and calls it the first
 time it is read (``Registry.fill_from``): importing the package, the command line or
-``config.py`` loads no model code, and no JAX, until a config names a switch; a
-``TrainConfig`` loads only the tokenizers. The imports are plain statements, so the import
-contracts (``lint-imports``) see each edge from here down to the entries, and
-``tests/test_layout.py`` checks that every module registering a built-in entry is listed.
+``config.py`` loads no model code until a config names a switch; a ``TrainConfig`` loads only
+the tokenizers. The entries' modules import no JAX (their hooks import the maths they call
+when the model is built), so neither does building or checking a config. The imports are
+plain statements, so the import contracts (``lint-imports``) see each edge from here down to
+the entries, and ``tests/test_layout.py`` checks that every module registering a built-in
+entry is listed.
 
 The package's ``__init__`` imports this module, so the registries know where their entries
 are whichever module of the package is imported first. Adding an entry: its module, and one
@@ -49,16 +51,11 @@ def load_rope_scalings() -> None:
 
 
 def load_masks() -> None:
-    from transformers_jax.nn import masks  # noqa: F401
+    from transformers_jax.nn import mask_kinds  # noqa: F401
 
 
 def load_attention() -> None:
-    from transformers_jax.nn.attention import (  # noqa: F401
-        chunked,
-        jax_nn,
-        pallas,
-        reference,
-    )
+    from transformers_jax.nn.attention import implementations  # noqa: F401
 
 
 def load_norms() -> None:  # the norms and where they sit
@@ -70,7 +67,7 @@ def load_mlps() -> None:
 
 
 def load_families() -> None:
-    from transformers_jax.models import bert, encdec, gpt, lstm  # noqa: F401
+    from transformers_jax.models import family  # noqa: F401
 
 
 def load_tokenizers() -> None:

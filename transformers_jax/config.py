@@ -4,9 +4,9 @@ Every switch (attention implementation, mask, position, norm and where it sits, 
 registered entry with its settings; family and tokenizer are registry names. Validation happens
 at construction and errors name the field, the bad value and the fix.
 
-This module imports no JAX, and neither does ``TrainConfig()``. ``ModelConfig()`` does: its
-switches resolve to registry entries, whose modules (``builtins.py`` lists them) define the
-Flax modules and kernels they build beside their settings and checks.
+Building and checking a ``ModelConfig`` or a ``TrainConfig`` imports no JAX: the switches
+resolve to registry entries whose modules (``builtins.py`` lists them) hold their settings,
+checks and hooks, and a hook imports the maths it calls when the model is built.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class ModelConfig:
     # registry.py): given as a name ("alibi"), a JSON dict ({"name": "t5", "num_buckets": 16})
     # or an instance; stored as the instance.
     attention: Switch = switch_field(ATTENTION, "xla")  # how scores are computed (nn/attention/)
-    mask: Switch = switch_field(MASKS, "causal")  # who attends to whom (nn/masks.py)
+    mask: Switch = switch_field(MASKS, "causal")  # who attends to whom (nn/mask_kinds.py)
     position: Switch = switch_field(POSITIONS, "rope")  # positional scheme (nn/positions/)
     norm: Switch = switch_field(NORMS, "layernorm")  # the norm layer and its eps (nn/norms.py)
     norm_position: Switch = switch_field(NORM_PLACEMENTS, "pre")  # norms before/after branches

@@ -5,7 +5,8 @@ scaling, a norm and where it sits, an MLP, a model family) is one registered obj
 carries its own settings and the hooks the model calls; code outside it never tests its name.
 Adding one is one class decorated with ``@REGISTRY.register("name")``, in its own file, and
 one import line in ``builtins.py``; looking up an unknown name raises an error that lists the
-valid ones.
+valid ones. The built-in entries' modules import no JAX, so that a config is built and checked
+without it: a hook imports the maths it calls (JAX, Flax, a kernel's module) when it runs.
 
 This module is the machinery only: it imports nothing of the project and no JAX, and loads no
 module by name. The registries of the config's switches are declared at the bottom, empty;

@@ -4,10 +4,13 @@ and one import line in ``load_families`` of ``transformers_jax/builtins.py``."""
 
 from __future__ import annotations
 
-import flax.linen as nn
+from typing import TYPE_CHECKING
 
 from transformers_jax.models.family import Family
 from transformers_jax.registry import FAMILIES
+
+if TYPE_CHECKING:
+    import flax.linen as nn
 
 
 def family_of(config) -> Family:

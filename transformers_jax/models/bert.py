@@ -12,7 +12,7 @@ a norm. Pre-norm: no embedding norm, a final norm after the last block.
 ``BERT`` adds the masked-LM head: ``dense -> activation -> norm -> projection to the vocabulary
 (the input embedding, transposed, when ``tie_embeddings``) + an output bias``. The parameter
 tree is ``{"encoder": ..., "mlm_head": ...}``, so fine-tuning heads (``models/heads.py``) reuse
-``params["encoder"]`` as it is.
+``params["encoder"]`` as it is. The family's entry is ``bert`` in ``family.py``.
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.models.family import Family
 from transformers_jax.models.gpt import check_length, default_positions
 from transformers_jax.nn.layers import Dense, Embedder, dtype_of, make_embed, softcap, tied_logits
 from transformers_jax.nn.masks import build_mask
 from transformers_jax.nn.stack import LayerStack, encoding_positions
-from transformers_jax.registry import FAMILIES
 
 
 def check_mlm_mask(config: ModelConfig) -> None:
@@ -221,12 +219,3 @@ def fill_mask(
             for i in best
         ])
     return results
-
-
-# The keyword inputs ``BertEncoder`` reads from a batch (besides the tokens); the
-# classification heads (``heads.py``) read the same.
-BERT_INPUTS = ("token_types", "positions", "segment_ids", "prefix_len")
-
-FAMILIES.add("bert", Family(BERT, objective="mlm", input_keys=BERT_INPUTS,
-                            default_mask="bidirectional", tasks=None, masked_lm=True,
-                            fills_masks=True, head_transform=True))

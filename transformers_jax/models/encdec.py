@@ -23,12 +23,11 @@ V vocabulary, H heads.
 for teacher-forced training; ``init_cache``/``prefill``/``decode_step`` are the decoding API
 every generating family shares (``sample.py``). Parameters:
 ``{"embed", "encoder": {"relative_bias"?, "layer_i", "final_norm"?}, "decoder": {...},
-"lm_head"?}``.
+"lm_head"?}``. The family's entry is ``encdec`` in ``family.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import flax.linen as nn
@@ -36,13 +35,11 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.models.family import Family, check_decoder_mask
 from transformers_jax.models.gpt import check_length, default_positions
 from transformers_jax.nn.kvcache import KVCache, init_cache, plan_step
 from transformers_jax.nn.layers import Embedder, LMHead
 from transformers_jax.nn.masks import AttentionMask, build_mask
 from transformers_jax.nn.stack import LayerStack, encoding_positions
-from transformers_jax.registry import FAMILIES
 
 
 def cross_attention_mask(
@@ -241,27 +238,6 @@ class EncoderDecoder(nn.Module):
             cross_cache=cache.cross, write=step.write)
         return self.head(x_BTC, self.embed), cache.replace(**step.meta, layers=layers,
                                                              cross=cross)
-
-
-@dataclasses.dataclass(frozen=True)
-class EncDecFamily(Family):
-    def check(self, config: ModelConfig) -> None:
-        check_decoder_mask(config)
-
-    def inputs_for(self, config: ModelConfig, tokens_BT):
-        return {**super().inputs_for(config, tokens_BT), "encoder_inputs": tokens_BT}
-
-
-# The keyword inputs ``EncoderDecoder.__call__`` reads from a batch (besides the decoder's
-# tokens): the source and its positions and segments, the target's.
-ENCDEC_INPUTS = (
-    "encoder_inputs", "positions", "segment_ids", "encoder_positions", "encoder_segment_ids",
-    "prefix_len",
-)
-
-FAMILIES.add("encdec", EncDecFamily(EncoderDecoder, objective="seq2seq", input_keys=ENCDEC_INPUTS,
-                                    generates="seq2seq", tasks="encdec", needs_task=True,
-                                    cross_attention=True))
 
 
 # Greedy decoding (no cache: the decoder reruns over the whole buffer each step) -------------

@@ -1,31 +1,37 @@
-"""What a model family is: its module and what the rest of the library needs to know of it.
+"""What a model family is: its module and what the rest of the library needs to know of it;
+and the built-in families (``registry.FAMILIES``), whose modules are ``gpt.py``, ``bert.py``,
+``encdec.py`` and ``lstm.py``. Training, data, sampling, benchmarks and conversion ask the
+entry, never the family's name.
 
-Each family registers one ``Family`` in ``registry.FAMILIES`` beside its module (``gpt.py``,
-``bert.py``, ``encdec.py``, ``lstm.py``). Training, data, sampling, benchmarks and conversion
-ask the entry, never the family's name.
+A config names and checks a family without JAX, so this file imports none at the top: a
+built-in family's ``module`` imports its Linen module when a model is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Any
 
 from transformers_jax.config import ConfigError, ModelConfig
+from transformers_jax.registry import FAMILIES
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import flax.linen as nn
+    import jax
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
     """A model family.
 
-    ``module``: the Linen module, built as ``module(config)``. ``objective``: the name of its
-    default training objective (an ``OBJECTIVES`` entry, ``train/objectives.py``).
-    ``input_keys``: the keyword inputs its module reads from a batch besides the tokens
-    (``batch["inputs"]``); every objective applies the model with these, so a new family
-    declares them here and nowhere else. ``default_mask``: the mask it uses
+    ``module``: what builds its Linen module, as ``module(config)``: the module's class, or a
+    function that imports the class and builds it (the built-in families, below).
+    ``objective``: the name of its default training objective (an ``OBJECTIVES`` entry,
+    ``train/objectives.py``). ``input_keys``: the keyword inputs its module reads from a batch
+    besides the tokens (``batch["inputs"]``); every objective applies the model with these, so
+    a new family declares them here and nowhere else. ``default_mask``: the mask it uses
     unless asked otherwise. ``generates``: how it decodes with a KV cache: ``"self"`` (the
     decoder continues its own tokens), ``"seq2seq"`` (an encoder reads the prompt, a decoder
     writes from ``bos``) or None. ``tasks``: the synthetic-task layout it trains on
@@ -35,7 +41,7 @@ class Family:
     through a recurrent state, not attention (no attention, mask or position switch applies).
     """
 
-    module: type[nn.Module]
+    module: type[nn.Module] | Callable[[ModelConfig], nn.Module]
     objective: str
     input_keys: tuple[str, ...]
     default_mask: str = "causal"
@@ -63,6 +69,8 @@ class Family:
         """The keyword inputs besides the tokens that running the model on ``tokens_BT``
         needs (an encoder-decoder reads them as its source too; a prefix-LM mask gets a
         one-token prefix)."""
+        import jax.numpy as jnp
+
         kwargs: dict[str, Any] = {}
         if config.mask.needs_prefix_len:
             kwargs["prefix_len"] = jnp.ones((tokens_BT.shape[0],), jnp.int32)
@@ -70,6 +78,8 @@ class Family:
 
     def example_inputs(self, config: ModelConfig, length: int = 8) -> tuple[jax.Array, dict]:
         """``(tokens [1, length], keyword inputs)`` for ``init``/``apply`` on a dummy batch."""
+        import jax.numpy as jnp
+
         tokens = jnp.zeros((1, length), jnp.int32)
         return tokens, self.inputs_for(config, tokens)
 
@@ -101,3 +111,77 @@ def check_decoder_mask(config: ModelConfig) -> None:
         raise ConfigError(
             f"mask={config.mask.name!r}: the {config.family} decoder's self-attention must not "
             "see later targets; use a mask that decodes (causal, sliding_window or prefix)")
+
+
+# The built-in families ------------------------------------------------------------------------
+
+
+def build_gpt(config: ModelConfig) -> nn.Module:
+    from transformers_jax.models.gpt import GPT
+
+    return GPT(config)
+
+
+# The keyword inputs ``GPT.__call__`` reads from a batch (besides the tokens).
+GPT_INPUTS = ("positions", "segment_ids", "prefix_len")
+
+FAMILIES.add("gpt", Family(build_gpt, objective="lm", input_keys=GPT_INPUTS, generates="self"))
+
+
+def build_bert(config: ModelConfig) -> nn.Module:
+    from transformers_jax.models.bert import BERT
+
+    return BERT(config)
+
+
+# The keyword inputs ``BertEncoder`` reads from a batch (besides the tokens); the
+# classification heads (``heads.py``) read the same.
+BERT_INPUTS = ("token_types", "positions", "segment_ids", "prefix_len")
+
+FAMILIES.add("bert", Family(build_bert, objective="mlm", input_keys=BERT_INPUTS,
+                            default_mask="bidirectional", tasks=None, masked_lm=True,
+                            fills_masks=True, head_transform=True))
+
+
+def build_encdec(config: ModelConfig) -> nn.Module:
+    from transformers_jax.models.encdec import EncoderDecoder
+
+    return EncoderDecoder(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncDecFamily(Family):
+    def check(self, config: ModelConfig) -> None:
+        check_decoder_mask(config)
+
+    def inputs_for(self, config: ModelConfig, tokens_BT):
+        return {**super().inputs_for(config, tokens_BT), "encoder_inputs": tokens_BT}
+
+
+# The keyword inputs ``EncoderDecoder.__call__`` reads from a batch (besides the decoder's
+# tokens): the source and its positions and segments, the target's.
+ENCDEC_INPUTS = (
+    "encoder_inputs", "positions", "segment_ids", "encoder_positions", "encoder_segment_ids",
+    "prefix_len",
+)
+
+FAMILIES.add("encdec", EncDecFamily(build_encdec, objective="seq2seq", input_keys=ENCDEC_INPUTS,
+                                    generates="seq2seq", tasks="encdec", needs_task=True,
+                                    cross_attention=True))
+
+
+def build_lstm(config: ModelConfig) -> nn.Module:
+    from transformers_jax.models.lstm import LSTMLM
+
+    return LSTMLM(config)
+
+
+class LSTMFamily(Family):
+    def forward_flops(self, config: ModelConfig, seq_len: int) -> float:
+        # four gates, each an input and a recurrent matmul, per layer; then the output head
+        return 2.0 * (config.n_layers * 8 * config.d_model**2 + config.d_model * config.vocab_size)
+
+
+# The recurrent baseline of the context-usage experiment.
+# It reads the tokens alone: positions, segments and masks are for attention.
+FAMILIES.add("lstm", LSTMFamily(build_lstm, objective="lm", input_keys=(), recurrent=True))

@@ -5,7 +5,8 @@ Shape legend: B batch, T length, C model width, V vocabulary, H heads, S cache s
 Reading order, config to logits: ``GPT.__call__`` here, then ``nn/stack.py`` (``LayerStack``)
 and ``nn/layers.py`` (``Block``, ``Attention``, ``MLP``, ``Embedder``, ``LMHead``). The three
 switches enter through their registry entries: ``cfg.mask`` builds the mask, ``cfg.position``
-embeds, rotates or biases, ``cfg.attention`` attends.
+embeds, rotates or biases, ``cfg.attention`` attends. The family's entry (objective, batch keys,
+decoding) is ``gpt`` in ``family.py``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.models.family import Family
 from transformers_jax.nn.kvcache import KVCache, init_cache, plan_step
 from transformers_jax.nn.layers import Embedder, LMHead
 from transformers_jax.nn.masks import build_mask
 from transformers_jax.nn.stack import LayerStack, encoding_positions
-from transformers_jax.registry import FAMILIES
 
 
 def default_positions(tokens_BT: jax.Array) -> jax.Array:
@@ -121,9 +120,3 @@ class GPT(nn.Module):
             cache = cache.replace(prefix_len=lengths_B)
         logits_BPV, cache = self.decode_step(prompts_BP, cache, lengths_B)
         return logits_BPV[jnp.arange(prompts_BP.shape[0]), lengths_B - 1], cache
-
-
-# The keyword inputs ``GPT.__call__`` reads from a batch (besides the tokens).
-GPT_INPUTS = ("positions", "segment_ids", "prefix_len")
-
-FAMILIES.add("gpt", Family(GPT, objective="lm", input_keys=GPT_INPUTS, generates="self"))

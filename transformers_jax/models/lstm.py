@@ -5,7 +5,7 @@ checkpoints and evaluation serve it. It uses ``d_model``, ``n_layers``, ``vocab_
 ``dropout``, ``tie_embeddings`` and the dtypes of the config (not ``init_std``: see the
 embedding); attention, mask and position switches do not apply to a recurrence and are
 ignored. The state is not reset between packed documents (train with ``--train.pack none``
-for one document per row).
+for one document per row). The family's entry is ``lstm`` in ``family.py``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.models.family import Family
 from transformers_jax.nn.layers import dtype_of, normal_init
-from transformers_jax.registry import FAMILIES
 
 
 class LSTMLM(nn.Module):
@@ -49,14 +47,3 @@ class LSTMLM(nn.Module):
             logits_BTV = nn.Dense(cfg.vocab_size, name="lm_head",
                                   param_dtype=dtype_of(cfg.param_dtype))(x_BTC)
         return logits_BTV.astype(jnp.float32)
-
-
-class LSTMFamily(Family):
-    def forward_flops(self, config: ModelConfig, seq_len: int) -> float:
-        # four gates, each an input and a recurrent matmul, per layer; then the output head
-        return 2.0 * (config.n_layers * 8 * config.d_model**2 + config.d_model * config.vocab_size)
-
-
-# The recurrent baseline of the context-usage experiment.
-# It reads the tokens alone: positions, segments and masks are for attention.
-FAMILIES.add("lstm", LSTMFamily(LSTMLM, objective="lm", input_keys=(), recurrent=True))

@@ -1,18 +1,18 @@
 """The ``mlp`` switch (``registry.MLPS``): the MLP's activation, whether it is gated, and the
 Hugging Face names of that activation (what ``convert`` reads and writes). The MLP itself is
-``nn.layers.MLP``; its width is ``model.d_ff``."""
+``nn.layers.MLP``; its width is ``model.d_ff``. A config is built without JAX, so each
+``activation`` imports JAX when the model calls it."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
-
-import flax.linen as nn
-import jax
-from jax import lax
+from typing import TYPE_CHECKING, ClassVar
 
 from transformers_jax.registry import MLPS, Switch
+
+if TYPE_CHECKING:
+    import jax
 
 TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # one function, three spellings
 
@@ -24,6 +24,8 @@ def gelu_erf(x: jax.Array) -> jax.Array:
     the forward pass over ``[4096, 512]`` on one core. The two differ by under 1e-6 (relative
     1e-7); for x below about -5, where Phi(x) is under 3e-7, this form returns the product's
     rounding noise instead of its tiny exact value."""
+    from jax import lax
+
     return x * 0.5 * (1.0 + lax.erf(x * (1 / math.sqrt(2))))
 
 
@@ -52,7 +54,9 @@ class Gelu(MLPKind):
     hf_names: ClassVar[tuple[str, ...]] = TANH_GELU_NAMES
 
     def activation(self, x: jax.Array) -> jax.Array:
-        return nn.gelu(x, approximate=True)
+        import jax
+
+        return jax.nn.gelu(x, approximate=True)
 
 
 @MLPS.register("gelu_exact")
@@ -74,7 +78,9 @@ class Relu(MLPKind):
     hf_names: ClassVar[tuple[str, ...]] = ("relu",)
 
     def activation(self, x: jax.Array) -> jax.Array:
-        return nn.relu(x)
+        import jax
+
+        return jax.nn.relu(x)
 
 
 @MLPS.register("swiglu")
@@ -86,7 +92,9 @@ class SwiGLU(MLPKind):
     hf_names: ClassVar[tuple[str, ...]] = ("silu", "swish")
 
     def activation(self, x: jax.Array) -> jax.Array:
-        return nn.silu(x)
+        import jax
+
+        return jax.nn.silu(x)
 
 
 @MLPS.register("geglu")
@@ -98,4 +106,6 @@ class GeGLU(MLPKind):
     hf_names: ClassVar[tuple[str, ...]] = TANH_GELU_NAMES
 
     def activation(self, x: jax.Array) -> jax.Array:
-        return nn.gelu(x, approximate=True)
+        import jax
+
+        return jax.nn.gelu(x, approximate=True)

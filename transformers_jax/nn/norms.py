@@ -1,18 +1,21 @@
 """The ``norm`` switch (``registry.NORMS``): which normalisation layer the model uses, with its
 settings (``--model.norm=rmsnorm --model.norm.eps=1e-6``); and the ``norm_position`` switch
-(``registry.NORM_PLACEMENTS``): where a block applies it around each residual branch."""
+(``registry.NORM_PLACEMENTS``): where a block applies it around each residual branch. A config
+is built without JAX, so ``layer`` imports Flax when it builds the module."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar
-
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers_jax.registry import NORM_PLACEMENTS, NORMS, ConfigError, Switch
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+    import jax
+
+    Sublayer = Callable[[jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,9 @@ class LayerNorm(Norm):
     """``(x - mean) / sqrt(var + eps) * scale (+ bias with model.use_bias)``: GPT-2, BERT."""
 
     def layer(self, config: Any, name: str | None = None) -> nn.Module:
+        import flax.linen as nn
+        import jax.numpy as jnp
+
         return nn.LayerNorm(
             epsilon=self.eps,
             use_bias=config.use_bias,
@@ -55,6 +61,9 @@ class RMSNorm(Norm):
     """``x / sqrt(mean(x^2) + eps) * scale``, no centring and no bias: Llama, T5."""
 
     def layer(self, config: Any, name: str | None = None) -> nn.Module:
+        import flax.linen as nn
+        import jax.numpy as jnp
+
         return nn.RMSNorm(
             epsilon=self.eps,
             dtype=jnp.dtype(config.dtype),
@@ -63,8 +72,6 @@ class RMSNorm(Norm):
             name=name,
         )
 
-
-Sublayer = Callable[[jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)

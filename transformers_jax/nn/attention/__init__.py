@@ -18,9 +18,9 @@ For every implementation the scores are, in this order::
 A query that sees no key at all (a padded query, an empty segment) gets an output of exactly
 zero, and zero gradients, rather than NaN or an average of masked values.
 
-The API (``dot_product_attention``, ``attend_to_cache``, the ``AttentionImpl`` base every
-implementation extends) is in ``api.py``; each implementation, registered in
-``registry.ATTENTION``, is one file:
+The API (``dot_product_attention``, ``attend_to_cache``) is in ``api.py``; the config's switch,
+``AttentionImpl`` and one entry per implementation (what it supports; ``attend`` calls its
+kernel), in ``implementations.py``; each kernel is one file:
 
 - ``reference.py``: einsum + softmax over the whole ``[Q, K]`` score matrix; the oracle (and
   ``attention_weights``, its softmax weights, for inspection).
@@ -32,30 +32,37 @@ implementation extends) is in ``api.py``; each implementation, registered in
   Triton) only; causal/segment masks; a clear error on other backends.
 
 ``platform.py`` holds what the kernels ask about where they run. Adding an implementation: a
-new file with an ``AttentionImpl`` subclass decorated with ``@ATTENTION.register("name")``, and
-one import line in ``load_attention`` of ``transformers_jax/builtins.py``.
+new file with its kernel and an ``AttentionImpl`` subclass decorated with
+``@ATTENTION.register("name")`` whose ``attend`` calls it, and one import line in
+``load_attention`` of ``transformers_jax/builtins.py``. The names below load on first use: a
+config imports ``implementations.py``, and so this package, without JAX.
 """
 
-from transformers_jax.nn.attention.api import (
-    AttentionImpl,
-    Mask,
-    attend_to_cache,
-    dot_product_attention,
-)
-from transformers_jax.nn.attention.chunked import Chunked, chunked_attention
-from transformers_jax.nn.attention.jax_nn import Cudnn, Xla, cudnn_attention, xla_attention
-from transformers_jax.nn.attention.pallas import Pallas, pallas_attention
-from transformers_jax.nn.attention.reference import (
-    Reference,
-    attention_weights,
-    reference_attention,
-    reference_probs,
-)
-from transformers_jax.registry import ATTENTION
+from __future__ import annotations
 
-__all__ = [
-    "ATTENTION", "AttentionImpl", "Chunked", "Cudnn", "Mask", "Pallas", "Reference", "Xla",
-    "attend_to_cache", "attention_weights", "chunked_attention", "cudnn_attention",
-    "dot_product_attention", "pallas_attention", "reference_attention", "reference_probs",
-    "xla_attention",
-]
+from transformers_jax.lazy import lazy_exports
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "ATTENTION": "transformers_jax.registry",
+    "Mask": "transformers_jax.nn.attention.api",
+    "attend_to_cache": "transformers_jax.nn.attention.api",
+    "dot_product_attention": "transformers_jax.nn.attention.api",
+    "AttentionImpl": "transformers_jax.nn.attention.implementations",
+    "Chunked": "transformers_jax.nn.attention.implementations",
+    "Cudnn": "transformers_jax.nn.attention.implementations",
+    "Pallas": "transformers_jax.nn.attention.implementations",
+    "Reference": "transformers_jax.nn.attention.implementations",
+    "Xla": "transformers_jax.nn.attention.implementations",
+    "chunked_attention": "transformers_jax.nn.attention.chunked",
+    "cudnn_attention": "transformers_jax.nn.attention.jax_nn",
+    "xla_attention": "transformers_jax.nn.attention.jax_nn",
+    "pallas_attention": "transformers_jax.nn.attention.pallas",
+    "attention_weights": "transformers_jax.nn.attention.reference",
+    "reference_attention": "transformers_jax.nn.attention.reference",
+    "reference_probs": "transformers_jax.nn.attention.reference",
+}
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_exports("transformers_jax.nn.attention", _EXPORTS, globals())

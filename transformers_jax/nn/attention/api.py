@@ -1,6 +1,6 @@
-"""The attention API: ``dot_product_attention`` (any implementation, by name or entry),
-``attend_to_cache`` (a decoding step over the KV cache), the base of every implementation
-(``AttentionImpl``), the input checks, and the bias and mask layout the kernels share.
+"""The attention API: ``dot_product_attention`` (any implementation, by name or
+``implementations.py`` entry), ``attend_to_cache`` (a decoding step over the KV cache), the
+input checks, and the bias and mask layout the kernels share.
 
 Shape legend: B batch, Q query length, K key length, H query heads, N key/value heads,
 G = H // N query heads per key/value head, D head dimension, S cache slots.
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformers_jax.config import ConfigError
 from transformers_jax.nn.masks import AttentionMask, as_dense
 from transformers_jax.registry import ATTENTION, Switch
 
@@ -30,7 +28,7 @@ def dot_product_attention(
     *,
     bias: jax.Array | None = None,
     mask: Mask = None,
-    implementation: str | AttentionImpl = "reference",
+    implementation: str | Switch = "reference",
     scale: float | None = None,
     logit_softcap: float | None = None,
     chunk_size: int | None = None,
@@ -184,46 +182,3 @@ def refuse_softcap(implementation: str, logit_softcap) -> None:
             f"attention implementation {implementation!r} cannot apply logit_softcap; "
             "use 'chunked' or 'reference'"
         )
-
-
-# --------------------------------------------------------------------------------------------
-# The attention switch of the config: each entry says what it supports and how it attends.
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionImpl(Switch):
-    """Base of every ``registry.ATTENTION`` entry: its ``kernel`` (the function of its file that
-    attends) and what it supports. ``softcap``: can apply ``attn_logit_softcap``. ``dense_masks``:
-    takes any boolean mask (otherwise only causal and segment masks: no window, no prefix-LM).
-    ``backends``: the JAX platforms it runs on. ``typed_under_shard_map``: its outputs carry
-    the varying-axis types ``shard_map(check_vma=True)`` needs (the shard_map strategy turns
-    the check off for a kernel without them). ``oracle``: the plain definition the others are
-    checked against (every score materialised, every feature): for tests, never a candidate in
-    a speed comparison. Settings of the kernel are dataclass fields (passed on by
-    ``kernel_options``)."""
-
-    kernel: ClassVar[Any] = None
-    oracle: ClassVar[bool] = False
-    softcap: ClassVar[bool] = True
-    dense_masks: ClassVar[bool] = True
-    backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
-    typed_under_shard_map: ClassVar[bool] = True
-
-    def kernel_options(self) -> dict:
-        return {}
-
-    def attend(self, q, k, v, *, bias, mask, scale, logit_softcap) -> jax.Array:
-        return type(self).kernel(q, k, v, bias=bias, mask=mask, scale=scale,
-                                 logit_softcap=logit_softcap, **self.kernel_options())
-
-    def check(self, config: Any) -> None:
-        if config.attn_logit_softcap is not None and not self.softcap:
-            raise ConfigError(
-                f"attention={self.name!r}: the {self.name} kernel cannot soft-cap attention "
-                "logits; use attention=reference or attention=chunked with attn_logit_softcap")
-        window = getattr(config.mask, "window", None)
-        if not self.dense_masks and (window is not None or config.mask.needs_prefix_len):
-            raise ConfigError(
-                f"attention={self.name!r}: supports causal and segment masks only, not "
-                f"mask={config.mask.name}; use attention=chunked")
-

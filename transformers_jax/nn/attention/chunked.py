@@ -27,20 +27,17 @@ What makes it fast on CPU (the layouts cost nothing elsewhere):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from transformers_jax import backends
-from transformers_jax.config import ConfigError
-from transformers_jax.nn.attention.api import AttentionImpl, group_heads
+from transformers_jax.nn.attention.api import group_heads
 from transformers_jax.nn.attention.platform import vary, varying_axes
 from transformers_jax.nn.masks import AttentionMask
-from transformers_jax.registry import ATTENTION
 
 
 def chunked_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128,
@@ -430,25 +427,3 @@ def _add_tile(d_bias, ds, q_start, k_start):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-@ATTENTION.register("chunked")
-@dataclasses.dataclass(frozen=True)
-class Chunked(AttentionImpl):
-    """``chunk_size``: the tile length (queries and keys). ``unroll_tiles``: unroll the tile
-    loops of a call with at most this many tiles (faster steps, longer compiles; 0: never)."""
-
-    kernel = staticmethod(chunked_attention)
-    chunk_size: int = 128
-    unroll_tiles: int = 16
-
-    def kernel_options(self) -> dict:
-        return {"chunk_size": self.chunk_size, "unroll_tiles": self.unroll_tiles}
-
-    def check(self, config: Any) -> None:
-        super().check(config)
-        if self.chunk_size <= 0:
-            raise ConfigError(f"attention.chunk_size={self.chunk_size!r}: must be positive")
-        if self.unroll_tiles < 0:
-            raise ConfigError(f"attention.unroll_tiles={self.unroll_tiles!r}: must be >= 0 "
-                              "(0 keeps the tile loops rolled)")

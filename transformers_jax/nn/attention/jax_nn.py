@@ -3,16 +3,12 @@ einsum and softmax, or cuDNN's fused flash attention (NVIDIA GPUs)."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import ClassVar
-
 import jax
 import jax.numpy as jnp
 
-from transformers_jax.nn.attention.api import AttentionImpl, as_4d, refuse_softcap
+from transformers_jax.nn.attention.api import as_4d, refuse_softcap
 from transformers_jax.nn.attention.platform import platform_compiled_for
 from transformers_jax.nn.masks import as_dense
-from transformers_jax.registry import ATTENTION
 
 
 def _jax_nn_attention(q, k, v, *, bias, mask, scale, logit_softcap, implementation):
@@ -66,18 +62,3 @@ def cudnn_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=Non
         logit_softcap=logit_softcap,
         implementation="cudnn",
     )
-
-
-@ATTENTION.register("xla")
-@dataclasses.dataclass(frozen=True)
-class Xla(AttentionImpl):
-    kernel = staticmethod(xla_attention)
-    softcap: ClassVar[bool] = False
-
-
-@ATTENTION.register("cudnn")
-@dataclasses.dataclass(frozen=True)
-class Cudnn(AttentionImpl):
-    kernel = staticmethod(cudnn_attention)
-    softcap: ClassVar[bool] = False
-    backends: ClassVar[tuple[str, ...]] = ("gpu",)

@@ -3,19 +3,16 @@ Triton)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from transformers_jax.nn.attention.api import AttentionImpl, as_4d, refuse_softcap
+from transformers_jax.nn.attention.api import as_4d, refuse_softcap
 from transformers_jax.nn.attention.platform import platform_compiled_for, varying_axes
 from transformers_jax.nn.masks import AttentionMask
-from transformers_jax.registry import ATTENTION
 
 
 def _pallas_mask_parts(mask, q_len: int, k_len: int, implementation: str):
@@ -161,13 +158,3 @@ def _per_shard(kernel, q, k, v, ab, segments):
              None if segments is None else (P(batch, None), P(batch, None)))
     return jax.shard_map(kernel, in_specs=specs, out_specs=qkv, check_vma=False)(
         q, k, v, ab, segments)
-
-
-@ATTENTION.register("pallas")
-@dataclasses.dataclass(frozen=True)
-class Pallas(AttentionImpl):
-    kernel = staticmethod(pallas_attention)
-    softcap: ClassVar[bool] = False
-    dense_masks: ClassVar[bool] = False
-    backends: ClassVar[tuple[str, ...]] = ("gpu", "tpu")
-    typed_under_shard_map: ClassVar[bool] = False  # pallas_call outputs have no vma

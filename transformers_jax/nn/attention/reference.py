@@ -3,22 +3,14 @@ other implementation is checked against."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformers_jax.nn.attention.api import (
-    AttentionImpl,
-    Mask,
-    check_inputs,
-    group_heads,
-)
+from transformers_jax.nn.attention.api import Mask, check_inputs, group_heads
 from transformers_jax.nn.masks import as_dense
-from transformers_jax.registry import ATTENTION
 
 
 def reference_probs(q, k, bias, mask, scale: float, logit_softcap) -> jax.Array:
@@ -67,10 +59,3 @@ def attention_weights(
     p = reference_probs(q, k, bias, as_dense(mask), scale, logit_softcap)  # [B, N, G, Q, K]
     b, n, g, q_len, k_len = p.shape
     return p.reshape(b, n * g, q_len, k_len)
-
-
-@ATTENTION.register("reference")
-@dataclasses.dataclass(frozen=True)
-class Reference(AttentionImpl):
-    kernel = staticmethod(reference_attention)
-    oracle: ClassVar[bool] = True

@@ -30,17 +30,22 @@ seq_len)``               this length (buckets past it, an inactive threshold)
 =======================  ====================================================  ================
 
 Cross-attention (queries and keys from different sequences) calls none of them.
+
+A config is built and checked without JAX, so a built-in scheme's file imports none at the top:
+its hooks import what they compute with when the model calls them, JAX itself or the module
+beside it that holds its Flax module (``t5.py`` and ``t5_bias.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
-
-import flax.linen as nn
-import jax
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from transformers_jax.registry import Switch
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+    import jax
 
 Role = Literal["query", "key"]
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
-
-import flax.linen as nn
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers_jax.nn.positions.base import PositionScheme
 from transformers_jax.registry import POSITIONS
+
+if TYPE_CHECKING:
+    import flax.linen as nn
 
 
 @POSITIONS.register("learned")
@@ -23,11 +23,6 @@ class Learned(PositionScheme):
         return config.max_len
 
     def embedding(self, config: Any) -> nn.Module:
-        return nn.Embed(
-            config.max_len,
-            config.d_model,
-            embedding_init=nn.with_logical_partitioning(
-                nn.initializers.normal(config.init_std), ("length", "embed")),
-            param_dtype=jnp.dtype(config.param_dtype),
-            dtype=jnp.dtype(config.dtype),
-        )
+        from transformers_jax.nn.layers import make_embed
+
+        return make_embed(config, config.max_len, ("length", "embed"))

@@ -7,15 +7,15 @@ Shape legend: B batch, T length, L ``max_position``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Any
 
 from transformers_jax.config import ConfigError
 from transformers_jax.nn.positions.base import PositionScheme, Role
 from transformers_jax.registry import POSITIONS, switch_field
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+    import jax
 
 
 def sample_positions(rng: jax.Array, positions_BT: jax.Array, max_position: int,
@@ -31,6 +31,9 @@ def sample_positions(rng: jax.Array, positions_BT: jax.Array, max_position: int,
     The top-n indices are the first n of the top-T ones, so a sequence's draw does not depend
     on what is appended after it (padding, longer rows).
     """
+    import jax  # here, not at the top: a config reads this file without JAX
+    import jax.numpy as jnp
+
     B, T = positions_BT.shape
     if T > max_position:
         raise ValueError(f"a sequence of {T} tokens needs at least {T} positions to sample from; "
@@ -89,11 +92,12 @@ class Randomized(PositionScheme):
                               "(the number of positions to sample from, at least the longest "
                               "test length)")
         base = self.base
-        acts = (base.embedding(config) is not None
+        # which hooks the base fills, asked of its class: building its modules needs JAX
+        acts = (type(base).embedding is not PositionScheme.embedding
                 or type(base).rotate is not PositionScheme.rotate)
-        has_bias = base.bias(config, False) is not None
+        has_bias = type(base).bias is not PositionScheme.bias
         if not acts or has_bias or base.randomizes:
-            has = ("its own bias" if has_bias else "its own randomization" if base.randomizes
+            has = ("its own randomization" if base.randomizes else "its own bias" if has_bias
                    else "no position embedding or rotation to feed")
             raise ConfigError(
                 f"position.base={base.name}: randomized positions need a base that embeds or "
@@ -130,6 +134,8 @@ class Randomized(PositionScheme):
 
     def eval_positions(self, positions_BT: jax.Array, config: Any,
                        segment_ids: jax.Array | None = None) -> jax.Array:
+        import jax
+
         if self.evaluate == "real":
             return positions_BT
         return sample_positions(jax.random.key(self.eval_seed), positions_BT, self.max_position,

@@ -7,15 +7,15 @@ Shape legend: B batch, T length, H heads, D head width, R rotary width.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Any
 
 from transformers_jax.config import ConfigError
 from transformers_jax.nn.positions.base import PositionScheme, Role
 from transformers_jax.nn.positions.rope_scaling import RopeScaling
 from transformers_jax.registry import POSITIONS, ROPE_SCALINGS, switch_field
+
+if TYPE_CHECKING:
+    import jax
 
 PAIRINGS = ("rotate_half", "interleaved")
 
@@ -87,6 +87,8 @@ def apply_rope(
     (dynamic NTK) the scaling says what it is (``current_length``: the longest position plus
     one, or each position's own) unless ``seq_len`` pins it.
     """
+    import jax.numpy as jnp  # here, not at the top: a config reads this file without JAX
+
     head_dim = x.shape[-1]
     r = int(head_dim * rope.fraction) if rotary_dim is None else rotary_dim
     if r <= 0 or r % 2 or r > head_dim:

@@ -4,21 +4,24 @@ when a model trained at ``original_max_len`` (L0) runs ``factor`` (s) times long
 Each rule is one registered frozen config with ``inv_freq(base, R, seq_len) -> (inverse
 frequencies [R/2] float32, attention factor)`` and its Hugging Face ``rope_type`` mapping
 (``hf_parameters`` / ``from_hf``), so ``convert/`` needs no list of names. The attention
-factor multiplies cos and sin (i.e. both q and k); it is 1 except for YaRN.
+factor multiplies cos and sin (i.e. both q and k); it is 1 except for YaRN. The frequencies
+are constants computed in NumPy, except where they follow a length known only when traced
+(dynamic NTK).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import ConfigError
 from transformers_jax.registry import ROPE_SCALINGS, Switch
+
+if TYPE_CHECKING:
+    import jax
 
 
 class UnmappableHF(ValueError):
@@ -53,14 +56,14 @@ class RopeScaling(Switch):
     published_gains: ClassVar[tuple[str, ...]] = ()
 
     def inv_freq(self, base: float, rotary_dim: int,
-                 seq_len: int | jax.Array | None = None) -> tuple[jax.Array, float]:
-        """Inverse frequencies ``[..., R/2]`` (a leading shape only for a ``seq_len`` array of
-        one length per position) and the attention factor."""
-        return jnp.asarray(default_inv_freq(base, rotary_dim), jnp.float32), 1.0
+                 seq_len: int | jax.Array | None = None) -> tuple[np.ndarray | jax.Array, float]:
+        """Inverse frequencies ``[..., R/2]`` float32 (a leading shape only for a ``seq_len``
+        array of one length per position) and the attention factor."""
+        return default_inv_freq(base, rotary_dim).astype(np.float32), 1.0
 
     def current_length(self, positions: jax.Array) -> jax.Array:
         """The length a rule that ``uses_length`` sees for ``positions`` ``[B, T]``."""
-        return jnp.max(positions) + 1
+        return positions.max() + 1
 
     @classmethod
     def extending(cls, factor: float, original_max_len: int) -> RopeScaling:
@@ -142,7 +145,7 @@ class Linear(Extension):
     extension_baseline: ClassVar[bool] = True
 
     def inv_freq(self, base, rotary_dim, seq_len=None):
-        return jnp.asarray(default_inv_freq(base, rotary_dim) / self.factor, jnp.float32), 1.0
+        return (default_inv_freq(base, rotary_dim) / self.factor).astype(np.float32), 1.0
 
 
 @ROPE_SCALINGS.register("ntk")
@@ -155,7 +158,7 @@ class Ntk(Extension):
     def inv_freq(self, base, rotary_dim, seq_len=None):
         d = rotary_dim
         scaled = default_inv_freq(base * self.factor ** (d / (d - 2)), d)
-        return jnp.asarray(scaled, jnp.float32), 1.0
+        return scaled.astype(np.float32), 1.0
 
 
 @ROPE_SCALINGS.register("dynamic_ntk")
@@ -188,7 +191,7 @@ class DynamicNtk(Extension):
     def current_length(self, positions: jax.Array) -> jax.Array:
         if self.length == "position":
             return positions + 1
-        return jnp.max(positions) + 1
+        return positions.max() + 1
 
     def hf_parameters(self):
         if self.length != "sequence":
@@ -198,7 +201,9 @@ class DynamicNtk(Extension):
         return {"factor": self.factor}, self.original_max_len
 
     def inv_freq(self, base, rotary_dim, seq_len=None):
-        plain = jnp.asarray(default_inv_freq(base, rotary_dim), jnp.float32)
+        import jax.numpy as jnp  # here, not at the top: a config reads this file without JAX
+
+        plain = default_inv_freq(base, rotary_dim).astype(np.float32)
         if seq_len is None:
             return plain, 1.0
         d, s, l0 = rotary_dim, self.factor, self.original_max_len
@@ -240,7 +245,7 @@ class Yarn(Extension):
         ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
         inv = default_inv_freq(base, d)
         inv = inv / s * ramp + inv * (1.0 - ramp)
-        return jnp.asarray(inv, jnp.float32), 0.1 * math.log(s) + 1.0
+        return inv.astype(np.float32), 0.1 * math.log(s) + 1.0
 
     def hf_parameters(self):
         return {"factor": self.factor, "original_max_position_embeddings": self.original_max_len,
@@ -302,7 +307,7 @@ class Llama3(Extension):
         smooth = (l0 / wavelen - low_ff) / (high_ff - low_ff)
         blended = (1 - smooth) * scaled / s + smooth * scaled
         medium = (wavelen >= l0 / high_ff) & (wavelen <= l0 / low_ff)
-        return jnp.asarray(np.where(medium, blended, scaled), jnp.float32), 1.0
+        return np.where(medium, blended, scaled).astype(np.float32), 1.0
 
     def hf_parameters(self):
         return {"factor": self.factor, "original_max_position_embeddings": self.original_max_len,

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import ConfigError
@@ -19,9 +17,14 @@ from transformers_jax.nn.positions.base import Role
 from transformers_jax.nn.positions.rope import Rope, apply_rope
 from transformers_jax.registry import POSITIONS
 
+if TYPE_CHECKING:
+    import jax
+
 # Bits of a float's exponent range left for the key's own magnitude (and the dot product's sum)
 # on top of the xPos scale: the scale may reach 2**(max exponent - HEADROOM_BITS).
 HEADROOM_BITS = 8
+# The e for which 2**e overflows each compute dtype (``finfo(dtype).maxexp``).
+MAX_EXPONENT = {"float32": 128, "bfloat16": 128, "float16": 16}
 
 
 def xpos_zeta(rotary_dim: int, gamma: float) -> np.ndarray:
@@ -69,13 +72,15 @@ class XPos(Rope):
 
     def max_length(self, config: Any) -> int:
         """Positions 0 .. N-1 whose key scale stays within the compute dtype (see the class)."""
-        max_exponent = jnp.finfo(jnp.dtype(config.dtype)).maxexp  # 2**maxexp overflows
         zeta_0 = self.gamma / (1.0 + self.gamma)  # the smallest zeta: pair 0
-        limit = self.scale_base * (max_exponent - HEADROOM_BITS) * math.log(2) / -math.log(zeta_0)
+        bits = MAX_EXPONENT[config.dtype] - HEADROOM_BITS
+        limit = self.scale_base * bits * math.log(2) / -math.log(zeta_0)
         return int(limit) + 1
 
     def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
                role: Role) -> jax.Array:
+        import jax.numpy as jnp  # here, not at the top: a config reads this file without JAX
+
         if role not in ("query", "key"):
             raise ValueError(f"role must be 'query' or 'key', got {role!r}")
         r = self.rotary_dim(config)
