@@ -138,12 +138,16 @@ def markdown(plan: SweepPlan, results: dict) -> str:
                          f"{_fmt(e['mean'])} ± {_fmt(e['std'])}")
         lines.append(f"| {c['name']} | {c['steps']} | {c['tokens']:,} | " + " | ".join(cells)
                      + " |")
-    lines += ["", "Mean ± standard deviation over seeds of the held-out loss (nats per token); "
-              "loss@L: windows of L tokens side by side; sliding@L: windows of L sliding by "
-              f"{spec.stride.text} of seq_len, each token scored with that much context or more"
-              + ("; passkey@L: whole-key accuracy of passkey retrieval in prompts of L tokens, "
-                 f"{spec.passkey['trials']} keys at each depth in {spec.passkey['depths']}, "
-                 "decoded greedily." if spec.passkey else ".")]
+    notes = ["Mean ± standard deviation over seeds of the held-out loss (nats per token); "
+             "loss@L: windows of L tokens side by side"]
+    if spec.sliding:
+        notes.append(f"sliding@L: windows of L sliding by {spec.stride.text} of seq_len, each "
+                     "token scored with that much context or more")
+    if spec.passkey:
+        notes.append("passkey@L: whole-key accuracy of passkey retrieval in prompts of L "
+                     f"tokens, {spec.passkey['trials']} keys at each depth in "
+                     f"{spec.passkey['depths']}, decoded greedily")
+    lines += ["", "; ".join(notes) + "."]
     for budget, base in results["baselines"].items():
         lines += ["", f"Baselines on the same held-out tokens, fitted on {int(budget):,} "
                   "training tokens (what a cell of that budget trains on): "
@@ -156,8 +160,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
                       f"{spec.lengths[0].text}:** {', '.join(short)}. A comparison involving "
                       "them says little about the switch: train longer or on more data."]
     lines += ["", "## Comparisons", "",
-              f"All {len(results['comparisons'])} declared before the runs, each a paired "
-              "difference a - b over seeds x held-out chunks of "
+              f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
+              "reported, each a paired difference a - b over seeds x held-out chunks of "
               f"{spec.chunk_tokens} tokens. The interval is drawn at the level Holm's "
               "procedure tests it at (family-wise 95% over the scored ones); \"inconclusive\" "
               "when it holds zero.", "",
