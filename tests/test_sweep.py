@@ -415,3 +415,16 @@ def test_passkey_retrieval_is_scored_and_compared_trial_by_trial(sweep_env, caps
     spec.write_text(text.replace('lengths = ["4x"]', 'lengths = ["1x"]'))
     assert main(["sweep", str(spec), "--out", str(tmp_path / "out2"), "--dry-run"]) == 2
     assert "a passkey prompt needs more than 32 tokens" in capsys.readouterr().err
+
+
+def test_the_readme_shows_the_committed_example_spec():
+    import re
+    from pathlib import Path
+
+    from transformers_jax.sweep.spec import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    (block,) = re.findall(r"^```toml\n(.*?)^```", (root / "README.md").read_text(), re.S | re.M)
+    committed = (root / "experiments/specs/readme_positions.toml").read_text()
+    assert tomllib.loads(block) == tomllib.loads(committed)
+    parse_spec(committed)
