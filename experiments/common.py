@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from transformers_jax.runs import load_run
 from transformers_jax.sweep.workers import (
     own_cores,
     parse_shard,
-    pinned,
+    run_shards,
     without_option,
     worker_cores,
 )
@@ -129,16 +128,7 @@ def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
     section 2d)."""
     global READ_ONLY, WORKER_CORES
     WORKER_CORES = worker_cores(workers)
-    procs = [subprocess.Popen(pinned([sys.executable, "-m", module, *argv, "--shard",
-                                      f"{i}/{workers}"], cores))
-             for i, cores in enumerate(WORKER_CORES)]
-    try:
-        codes = [p.wait() for p in procs]
-    finally:  # stopped (Ctrl-C, an error): no worker goes on training on its own
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-    failed = [f"{i}/{workers} (exit {c})" for i, c in enumerate(codes) if c]
+    failed = run_shards([sys.executable, "-m", module, *argv], WORKER_CORES)
     if failed:
         raise SystemExit(f"{module}: worker {', '.join(failed)} failed (its output is above); "
                          "finished runs are cached, so running the same command again resumes")

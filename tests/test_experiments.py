@@ -11,6 +11,7 @@ import pytest
 
 import experiments.common as common
 from transformers_jax.config import SHUFFLE_ROWS
+from transformers_jax.sweep import workers
 
 
 @pytest.mark.slow
@@ -109,7 +110,7 @@ def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
     class Proc:
         def __init__(self, command):
             started.append(command[command.index("-m") + 1:])
-            self.code = 3 if command[-1] == "1/2" else 0
+            self.code = 3 if command[-1] == "--shard=1/2" else 0
 
         def wait(self):
             return self.code
@@ -117,28 +118,28 @@ def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
         def poll(self):
             return self.code
 
-    monkeypatch.setattr(common.subprocess, "Popen", Proc)
+    monkeypatch.setattr(workers.subprocess, "Popen", Proc)
     with pytest.raises(SystemExit, match="worker 1/2 \\(exit 3\\) failed"):
         common.run_workers("experiments.length_extrapolation", ["--seeds", "2"], 2)
-    assert started == [["experiments.length_extrapolation", "--seeds", "2", "--shard", s]
+    assert started == [["experiments.length_extrapolation", "--seeds", "2", f"--shard={s}"]
                        for s in ("0/2", "1/2")]
 
 
 def test_workers_get_disjoint_cores(monkeypatch):
     """Each worker on its own cores (its XLA pool sized to them), contiguous, all cores used;
     none pinned where there are fewer cores than workers; the pin really applies."""
-    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1})
-    assert common.worker_cores(2) == [[0], [1]]
-    assert common.worker_cores(3) == [[], [], []]
-    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: set(range(4, 20)))
-    assert common.worker_cores(3) == [list(range(4, 10)), list(range(10, 15)),
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert workers.worker_cores(2) == [[0], [1]]
+    assert workers.worker_cores(3) == [[], [], []]
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(4, 20)))
+    assert workers.worker_cores(3) == [list(range(4, 10)), list(range(10, 15)),
                                       list(range(15, 20))]
     monkeypatch.undo()
     core = min(os.sched_getaffinity(0))
     show = [sys.executable, "-c", "import os, sys; print(os.sched_getaffinity(0), sys.argv[1:])",
             "--shard", "0/2"]
-    assert common.pinned(show, []) == show
-    shown = subprocess.run(common.pinned(show, [core]), capture_output=True, text=True,
+    assert workers.pinned(show, []) == show
+    shown = subprocess.run(workers.pinned(show, [core]), capture_output=True, text=True,
                            check=True).stdout
     assert shown.strip() == f"{ {core} } ['--shard', '0/2']"
 

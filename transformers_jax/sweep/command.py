@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +18,12 @@ from transformers_jax.sweep.plan import PlannedCell, SweepPlan, make_plan
 from transformers_jax.sweep.report import baselines, write_report
 from transformers_jax.sweep.runner import CELL_FILE, cell_dir, run_cell
 from transformers_jax.sweep.spec import SpecError, read_spec
-from transformers_jax.sweep.workers import parse_shard, pinned, without_option, worker_cores
+from transformers_jax.sweep.workers import (
+    parse_shard,
+    run_shards,
+    without_option,
+    worker_cores,
+)
 
 
 def sweep_parser() -> CommandParser:
@@ -95,18 +99,9 @@ def dry_run(plan: SweepPlan) -> None:
 def _workers(argv: list[str], workers: int) -> None:
     """``workers`` processes of this command, each with ``--shard i/workers``; returns when
     all have finished (stopping the rest if one fails)."""
-    rest = without_option(argv, "--workers")
     start = "from transformers_jax.cli import main; raise SystemExit(main())"
-    procs = [subprocess.Popen(pinned([sys.executable, "-c", start, "sweep", *rest,
-                                      f"--shard={i}/{workers}"], cores))
-             for i, cores in enumerate(worker_cores(workers))]
-    try:
-        codes = [p.wait() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-    failed = [f"{i}/{workers} (exit {c})" for i, c in enumerate(codes) if c]
+    failed = run_shards([sys.executable, "-c", start, "sweep",
+                         *without_option(argv, "--workers")], worker_cores(workers))
     if failed:
         raise SpecError(f"worker {', '.join(failed)} failed (its output is above); finished "
                         "runs are kept, so the same command resumes")

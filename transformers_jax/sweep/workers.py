@@ -5,6 +5,7 @@ both (their XLA thread pools stop handing work across cores)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -59,3 +60,19 @@ def without_option(argv: list[str], option: str) -> list[str]:
         elif not arg.startswith(option + "="):
             out.append(arg)
     return out
+
+
+def run_shards(command: list[str], cores: list[list[int]]) -> list[str]:
+    """``command --shard i/n`` in one process per group of ``cores`` (n groups), at once;
+    returns once all have ended, as the failed ones (``"i/n (exit c)"``). Stopped early (Ctrl-C,
+    an error), it stops them too: no worker goes on training on its own."""
+    n = len(cores)
+    procs = [subprocess.Popen(pinned([*command, f"--shard={i}/{n}"], group))
+             for i, group in enumerate(cores)]
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+    return [f"{i}/{n} (exit {c})" for i, c in enumerate(codes) if c]
