@@ -369,6 +369,23 @@ def test_single_strategy_plan_decodes_on_one_chip():
     assert result["decode"]["memory"]["fits"] and result["decode"]["collectives"] == {}
 
 
+@needs_libtpu
+def test_seeds_trained_together_plan_on_one_chip():
+    """``--seeds S``: the step of S seeds trained together on one chip (``parallel.seeds``),
+    S times the arguments (parameters, optimizer state) and the FLOPs of one seed's step."""
+    target = planning.tpu_target(TOPOLOGY)
+    cfg = TINY_TRAIN.replace(strategy="single")
+    one = planning.compile_train(TINY.replace(attention="xla"), cfg, target)
+    four = planning.compile_train(TINY.replace(attention="xla"), cfg, target, seeds=4)
+    assert four["seeds"] == 4 and four["params"] == one["params"] == TINY_PARAMS
+    assert four["memory"]["fits"] and four["devices"] == 1
+    assert four["memory"]["argument_bytes"] == pytest.approx(4 * one["memory"]["argument_bytes"],
+                                                             rel=0.05)
+    assert four["model_flops_per_device"] == 4 * one["model_flops_per_device"]
+    with pytest.raises(ConfigError, match="--seeds 4: .*--strategy single"):
+        planning.plan(TINY, TINY_TRAIN.replace(strategy="jit"), target, seeds=4)
+
+
 HAVE_CUDA_PLUGIN = importlib.util.find_spec("jax_cuda12_plugin") is not None
 
 

@@ -17,8 +17,9 @@ programs get; what XLA:CPU gets instead is in ``cpu.py``:
 
 and around the model: the decoding loop's compile options (``Backend.decode_compiler_options``,
 read by ``sample.generate_tokens``), the training step's row groups (``train.concurrent_groups``:
-``Backend.sum_row_groups``; other platforms refuse more than one group), and the host's malloc
-setting (``prepare_host``, before JAX starts; ``cpu_malloc.py``).
+``Backend.sum_row_groups``; other platforms refuse more than one group), how the step of seeds
+trained together maps over them (``Backend.map_seeds``: ``jax.vmap``; CPU: ``lax.map``), and
+the host's malloc setting (``prepare_host``, before JAX starts; ``cpu_malloc.py``).
 
 Named calls rather than a rewrite of the traced program from outside: a rewrite would find
 Dense's products by the shape of a ``dot_general`` (catching any 2-D product, and changing its

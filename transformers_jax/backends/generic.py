@@ -100,5 +100,11 @@ class Backend:
         self.check_row_groups(groups)
         return sums_of(batch, rng)
 
+    def map_seeds(self, step: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """``step(state, batch)`` of one seed, as a function of states and batches stacked on a
+        leading seed axis (``parallel.seeds``): ``jax.vmap``, every operation over all the
+        seeds at once, so that an accelerator's units fill with S times the work."""
+        return jax.vmap(step)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} backend for {self.platform}>"

@@ -3,12 +3,14 @@ and scan over layers live in ``nn/stack.py``).
 
 ``make_trainer(strategy, model, optimizer, example_batch, mesh="data=4,fsdp=2,tensor=1")``
 gives the steps of one strategy (``single``, ``pmap``, ``shard_map``, ``jit``); all of them
-compute the same update as one device on the same global batch.
+compute the same update as one device on the same global batch. ``stack_seeds(trainer, S)``
+steps S seeds of a ``single`` trainer as one program (``parallel/seeds.py``).
 """
 
 from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh, parse_mesh
 from transformers_jax.parallel.multihost import fetch, initialize, is_main_process
 from transformers_jax.parallel.rules import LOGICAL_RULES, check_batch, check_shardable
+from transformers_jax.parallel.seeds import SeedsTrainer, stack_seeds
 from transformers_jax.parallel.strategies import (
     STRATEGIES,
     ParallelTrainer,
@@ -21,6 +23,7 @@ __all__ = [
     "MESH_AXES",
     "STRATEGIES",
     "ParallelTrainer",
+    "SeedsTrainer",
     "check_batch",
     "check_shardable",
     "fetch",
@@ -31,4 +34,5 @@ __all__ = [
     "make_trainer",
     "mesh_rules",
     "parse_mesh",
+    "stack_seeds",
 ]

@@ -135,20 +135,6 @@ def split_rng(rng: jax.Array) -> tuple[jax.Array, jax.Array]:
     return (new if typed else jax.random.key_data(new)), dropout
 
 
-def _init(model, optimizer, seed: int, example_batch: dict, objective: Any = None,
-          out_shardings=None) -> TrainState:
-    """``train.step.init_state`` (for any objective) compiled
-    as one program: much faster than op by op, and the same values whichever strategy asks.
-    With ``out_shardings`` every array is created directly in its shards, so a model too big
-    for one device never has to fit on one."""
-    example = {k: jnp.zeros(np.shape(v), np.asarray(v).dtype) for k, v in example_batch.items()}
-
-    def fresh():
-        return init_state(model, optimizer, seed, example, objective)
-
-    return jax.jit(fresh, out_shardings=out_shardings)()
-
-
 # The trainer -----------------------------------------------------------------------------------
 @dataclasses.dataclass
 class ParallelTrainer:
@@ -183,10 +169,17 @@ class ParallelTrainer:
     _train_step: Callable
     _eval_step: Callable
     state_shardings: Any = None  # jit/single: the NamedSharding of every state leaf
+    # jit/single, before ``jax.jit``, to be traced inside ``traced()`` (``parallel.seeds``
+    # vmaps them over stacked seeds): the step, ``(state, batch) -> (state, metrics)``, and the
+    # initial state of a (traced) integer seed, ``seed -> state`` (``init_state``'s values)
+    step_fn: Callable | None = None
+    init_fn: Callable | None = None
     abstract_state: Callable[[], TrainState] | None = None  # None: pmap (local devices only)
     batch_shardings: Callable[[dict], dict] | None = None  # batch -> NamedSharding per key
 
-    def _context(self):
+    def traced(self):
+        """The context this strategy's steps are traced in (the mesh and logical-axis rules
+        of jit and single; nothing for pmap and shard_map)."""
         if self.strategy in ("jit", "single"):
             return mesh_rules(self.mesh, self.rules)
         return contextlib.nullcontext()
@@ -205,20 +198,20 @@ class ParallelTrainer:
             raise ConfigError(f"train.strategy={self.strategy!r} runs on this host's devices "
                               "only and cannot be compiled ahead of time for other devices; "
                               "use jit, shard_map or single")
-        with self._context():
+        with self.traced():
             return self._train_step.lower(state, batch)
 
     def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         if _is_host_batch(batch):
             batch = self.place_batch(batch)
-        with self._context():
+        with self.traced():
             return self._train_step(state, batch)
 
     def eval_step(self, params: Any, batch: dict) -> dict:
         """Metrics of ``params`` (as held in this strategy's state) on a global batch."""
         if _is_host_batch(batch):
             batch = self.place_batch(batch)
-        with self._context():
+        with self.traced():
             return self._eval_step(params, batch)
 
 
@@ -319,9 +312,18 @@ class _Setup:
     donate: tuple[int, ...]
     groups: int = 1
 
+    def fresh(self, seed: int | jax.Array) -> TrainState:
+        """``train.step.init_state`` (for any objective) of ``seed``, a Python int or a traced
+        integer (the same values), to be traced."""
+        example = {k: jnp.zeros(np.shape(v), np.asarray(v).dtype)
+                   for k, v in self.example_batch.items()}
+        return init_state(self.model, self.optimizer, seed, example, self.objective)
+
     def init(self, seed: int, out_shardings=None) -> TrainState:
-        return _init(self.model, self.optimizer, seed, self.example_batch, self.objective,
-                     out_shardings)
+        """``fresh(seed)`` compiled as one program: much faster than op by op, and the same
+        values whichever strategy asks. With ``out_shardings`` every array is created directly
+        in its shards, so a model too big for one device never has to fit on one."""
+        return jax.jit(lambda: self.fresh(seed), out_shardings=out_shardings)()
 
     def inputs(self, batch: dict) -> dict:
         if self.objective is None:
@@ -377,7 +379,8 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
                             donate_argnums=c.donate),
         _eval_step=jax.jit(eval_step, out_shardings=replicated),
         state_shardings=state_sh, abstract_state=placed_abstract_state,
-        batch_shardings=lambda batch: batch_shardings(batch, mesh, rules),
+        batch_shardings=lambda batch: batch_shardings(batch, mesh, rules), step_fn=train_step,
+        init_fn=c.fresh,
     )
 
 

@@ -50,6 +50,9 @@ def plan_parser() -> CommandParser:
     parser.add_argument("--remat", metavar="POLICY", help="--model.remat")
     parser.add_argument("--strategy", metavar="jit|shard_map|single",
                         help="--train.strategy (default jit)")
+    parser.add_argument("--seeds", type=int, default=1, metavar="S",
+                        help="the step of S seeds trained together on one device "
+                        "(train.seeds; needs --strategy single)")
     parser.add_argument("--search", action="store_true", help="try every mesh (and remat "
                         "policy until one fits); report the fastest fit")
     parser.add_argument("--search-meshes", default="all", choices=MESH_SETS,
@@ -67,8 +70,9 @@ def plan_parser() -> CommandParser:
 def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search: bool = False,
          remats: tuple[str, ...] = DEFAULT_REMATS, decode: bool = True,
          decode_batch: int | None = None, log: Callable[[str], None] = lambda _: None,
-         meshes: str = "all") -> dict[str, Any]:
-    """The JSON object of ``tjax plan`` (see the module docstring)."""
+         meshes: str = "all", seeds: int = 1) -> dict[str, Any]:
+    """The JSON object of ``tjax plan`` (see the module docstring); ``seeds``: plan the step
+    of that many seeds trained together on one device (strategy single)."""
     if cfg.strategy == "pmap":
         raise ConfigError("train.strategy='pmap' runs on this host's devices only; plan "
                           "strategy jit, shard_map or single")
@@ -78,6 +82,11 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
                           f"{', '.join(REMAT_POLICIES)}")
     if cfg.mesh is not None:
         parse_mesh(cfg.mesh, len(target.devices))  # a clear error before any compile
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: must be a positive number of seeds")
+    if seeds > 1 and (cfg.strategy != "single" or do_search):
+        raise ConfigError(f"--seeds {seeds}: seeds train together on one device; add "
+                          "--strategy single (and drop --search, which tries meshes)")
     result: dict[str, Any] = {
         "target": {"name": target.name, "chip": target.chip.name, "chips": target.chips,
                    "devices": len(target.devices), "devices_per_chip": target.devices_per_chip,
@@ -103,7 +112,7 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
         if found["best"] is None:
             result["train_note"] = "no mesh and remat policy tried fits in HBM"
     else:
-        result["train"] = compile_train(model_cfg, cfg, target)
+        result["train"] = compile_train(model_cfg, cfg, target, seeds)
     decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes
     if decode and decodes and result["train"] is not None and result["train"]["roofline"]:
         result["decode"] = compile_decode(
@@ -133,6 +142,7 @@ def main(argv: list[str], build_configs: Callable[[list[str]], tuple[ModelConfig
     remats = tuple(r for r in args.remats.split(",") if r)
     result = plan(model_cfg, cfg, target, do_search=args.search, remats=remats,
                   decode=not args.no_decode, decode_batch=args.decode_batch,
-                  log=lambda text: print(text, file=sys.stderr), meshes=args.search_meshes)
+                  log=lambda text: print(text, file=sys.stderr), meshes=args.search_meshes,
+                  seeds=args.seeds)
     print_json(result, args.out)
     return 0

@@ -19,6 +19,7 @@ from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh
+from transformers_jax.parallel.seeds import stack_seeds
 from transformers_jax.parallel.strategies import make_trainer, mesh_rules
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
 from transformers_jax.plan.hlo import Module
@@ -44,9 +45,12 @@ def host_zeros(batch: dict) -> dict:
     return {k: np.zeros(v.shape, v.dtype) for k, v in batch.items()}
 
 
-def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> dict[str, Any]:
+def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seeds: int = 1
+                  ) -> dict[str, Any]:
     """Compile ``cfg.strategy``'s training step for ``target``; its memory, cost, collectives
-    and roofline."""
+    and roofline. ``seeds > 1``: the step of that many seeds trained together on one device
+    (``parallel.seeds``, strategy ``single``), as ``train.seeds.train_seeds`` runs it; FLOPs
+    and tokens are all the seeds'."""
     model = build_model(model_cfg)
     mesh = make_mesh(cfg.mesh, devices=target.devices)
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
@@ -54,15 +58,18 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
                            schedule=learning_rate_schedule(cfg), grad_accum=cfg.grad_accum,
                            objective=objective_for(model_cfg.family),
                            groups=cfg.concurrent_groups)
+    program = trainer if seeds == 1 else stack_seeds(trainer, seeds)
     wall = time.perf_counter()
-    state = trainer.abstract_state()
+    state = program.abstract_state()
     n = trainer.mesh.size
     head = {"strategy": cfg.strategy,
             "mesh": format_mesh(dict(zip(MESH_AXES, trainer.mesh.devices.shape, strict=True))),
-            "devices": n, "remat": model_cfg.remat, "params": count_params(state.params)}
+            "devices": n, "remat": model_cfg.remat,
+            "params": count_params(trainer.abstract_state().params),
+            **({"seeds": seeds} if seeds > 1 else {})}
     hbm = target.chip.hbm_bytes / target.devices_per_chip
     try:
-        compiled = trainer.lower(state, trainer.abstract_batch(batch)).compile()
+        compiled = program.lower(state, program.abstract_batch(batch)).compile()
     except jax.errors.JaxRuntimeError as err:
         if "RESOURCE_EXHAUSTED" not in str(err):
             raise
@@ -75,7 +82,8 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
     module = Module.parse(compiled.as_text())
     comms = collectives(module, n)
     costs = cost(compiled, module)
-    model_flops = flops_per_token(model_cfg, cfg.seq_len) * cfg.batch_size * cfg.seq_len / n
+    tokens = seeds * cfg.batch_size * cfg.seq_len  # per step, over all devices (and seeds)
+    model_flops = flops_per_token(model_cfg, cfg.seq_len) * tokens / n
     ici = sum(c["ici_bytes"] for c in comms.values())
     line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target)
     return {
@@ -89,7 +97,7 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target) -> d
         "collectives": comms,
         "ici_bytes_per_device": ici,
         "roofline": line,
-        "tokens_per_s": cfg.batch_size * cfg.seq_len / line["step_s"],
+        "tokens_per_s": tokens / line["step_s"],
     }
 
 

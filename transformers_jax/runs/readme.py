@@ -141,6 +141,9 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
         f"- steps {final['steps']} (asked {cfg.steps}), AdamW learning rate {cfg.learning_rate} "
         f"decaying to x{cfg.min_lr_ratio} ({_schedule(cfg.schedule_total, cfg.warmup, cfg.steps)}"
         f"), weight decay {cfg.weight_decay}, seed {cfg.seed}, strategy {cfg.strategy}",
+        *([f"- trained as one of {final['seeds_together']} seeds in one program "
+           "(`train.seeds`); tokens/s and MFU are this seed's share"]
+          if final.get("seeds_together") else []),
         "",
         "| train loss | eval loss | eval accuracy | tokens/s | MFU |",
         "|---|---|---|---|---|",

@@ -6,12 +6,18 @@ the run in its directory through ``runs/`` (checkpoints, metadata, lock, README)
 ``train/`` sits below ``parallel/`` and ``runs/``, which build on it (import-linter's layers in
 ``pyproject.toml``).
 
+A run's bookkeeping is a ``Lane`` (its data, log, evaluation, guard, checkpoints, README) and
+the step that moves its state is a ``Program``: ``train`` drives one lane through its
+strategy's trainer (``solo_program``); ``train.seeds.train_seeds`` drives one lane per seed
+through one program whose state stacks them all (``run_lanes`` serves both).
+
 ``train(..., on_step=callback)`` calls ``callback(step)`` after every step, once that step's
 checkpoint (when one is due) has been started: tests inject faults there (a crash after step
 N: ``tests/crash_train.py``), and a notebook can watch a run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -34,7 +40,7 @@ from transformers_jax.evaluation import held_out_metrics, mean_metrics
 from transformers_jax.models import family_of
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel import multihost
-from transformers_jax.parallel.strategies import make_trainer
+from transformers_jax.parallel.strategies import ParallelTrainer, make_trainer
 from transformers_jax.runs.checkpoint import Checkpointer, abstract_like, check_same_model
 from transformers_jax.runs.labels import resumed_labels, write_labels
 from transformers_jax.runs.layout import METRICS_FILE, checkpoint_dir
@@ -146,14 +152,14 @@ class StopSignals:
 
 @dataclasses.dataclass(frozen=True)
 class SegmentPlan:
-    """What one invocation of ``train`` does to its run (``_plan_segment``)."""
+    """What one invocation of ``train`` does to its run (``plan_segment``)."""
 
     cfg: TrainConfig  # this invocation's config, with the run's learning-rate schedule
     step: int | None  # the checkpoint a resume continues from; None: a fresh run
     notes: list[tuple[str, str]]  # (kind, text) logged after the resume line
 
 
-def _plan_segment(cfg: TrainConfig) -> SegmentPlan:
+def plan_segment(cfg: TrainConfig) -> SegmentPlan:
     """Before anything is built or written: the checkpoint a resume continues and the
     learning-rate schedule this invocation follows.
 
@@ -315,14 +321,58 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
            records: dict | None = None,
            on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     check_lengths(model_cfg, cfg.seq_len)
-    plan = _plan_segment(cfg)  # may refuse: before anything is built or written
-    cfg = plan.cfg
-    if plan.step is not None and plan.step == cfg.steps:
+    plan = plan_segment(cfg)  # may refuse: before anything is built or written
+    if plan.step is not None and plan.step == plan.cfg.steps:
         if multihost.is_main_process():
             print(f"nothing to train: {cfg.run_dir} is at step {plan.step} of {cfg.steps} "
                   f"(give --steps above {plan.step} to continue it); left as it is",
                   file=sys.stderr)
         return {"steps": plan.step, "stopped_by": None, "history": []}
+    setup = prepare_run(model_cfg, plan, auto_vocab)
+    cfg = setup.cfg
+    # The strategy (single device, pmap, shard_map, jit over a mesh) owns placement; batches
+    # arrive as this host's rows. Shapes come from an eval batch: no training batch is used up.
+    example = {k: np.concatenate([v] * jax.process_count()) for k, v in
+               setup.data.eval_batches[0].items()}
+    trainer = make_trainer(cfg.strategy, setup.model, setup.optimizer, example, mesh=cfg.mesh,
+                           schedule=setup.schedule, grad_accum=cfg.grad_accum,
+                           objective=setup.objective,
+                           groups=cfg.concurrent_groups)
+    state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
+
+    main = multihost.is_main_process()  # every process trains and saves; one of them talks
+    bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main),
+               dynamic_ncols=True)
+    lane = open_lane(setup, records or {}, bar, early_warnings, talks=main)
+    try:
+        return run_lanes([lane], solo_program(trainer), [state], bar, on_step)[0]
+    finally:
+        bar.close()
+        lane.log.close()
+
+
+@dataclasses.dataclass
+class RunSetup:
+    """What a run is built from, before any program or state exists (``prepare_run``)."""
+
+    model_cfg: ModelConfig  # the vocabulary resolved
+    plan: SegmentPlan  # plan.cfg: the run's config, with its learning-rate schedule
+    objective: Any  # train.objectives.Objective
+    data: RunData
+    model: Any  # the flax module the objective trains
+    optimizer: Any
+    schedule: Callable
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.plan.cfg
+
+
+def prepare_run(model_cfg: ModelConfig, plan: SegmentPlan, auto_vocab: bool) -> RunSetup:
+    """The tokenizer, data, model and optimizer of the run ``plan`` continues or starts
+    (``plan_segment``); a classifier's labels are written into a new run directory.
+    ``auto_vocab``: the model's vocabulary follows the tokenizer's (else a smaller one fails)."""
+    cfg = plan.cfg
     objective = run_objective(model_cfg, cfg.objective)
     tokenizer = source_tokenizer(cfg) or training_tokenizer(cfg)
     if auto_vocab:
@@ -337,39 +387,142 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
     data = make_run_data(model_cfg, cfg, tokenizer, objective, known)
     if data.labels and cfg.run_dir and known is None:
         write_labels(cfg.run_dir, data.labels, cfg.data)
-
     model = objective.build(model_cfg, data.labels and len(data.labels))
-    schedule = learning_rate_schedule(cfg)
-    optimizer = make_optimizer(cfg)
-    # The strategy (single device, pmap, shard_map, jit over a mesh) owns placement; batches
-    # arrive as this host's rows. Shapes come from an eval batch: no training batch is used up.
-    example = {k: np.concatenate([v] * jax.process_count()) for k, v in
-               data.eval_batches[0].items()}
-    trainer = make_trainer(cfg.strategy, model, optimizer, example, mesh=cfg.mesh,
-                           schedule=schedule, grad_accum=cfg.grad_accum,
-                           objective=objective,
-                           groups=cfg.concurrent_groups)
-    state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
+    return RunSetup(model_cfg, plan, objective, data, model, make_optimizer(cfg),
+                    learning_rate_schedule(cfg))
 
-    main = multihost.is_main_process()  # every process trains and saves; one of them talks
-    bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main),
-               dynamic_ncols=True)
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """How ``run_lanes`` steps its lanes' states: one state through a strategy's trainer
+    (``solo_program``), or the states of several seeds stacked on a leading axis and stepped
+    as one program (``train.seeds``)."""
+
+    trainer: ParallelTrainer  # its eval step, state shardings and mesh serve every lane
+    place: Callable[[list[TrainState]], Any]  # the lanes' host states -> the program's state
+    step: Callable[[Any, list[dict]], tuple[Any, dict]]  # (state, one host batch per lane)
+    lane_state: Callable[[Any, int], TrainState]  # lane i's state, one copy of each array
+    lane_params: Callable[[Any, int], Any]  # lane i's params as trainer.eval_step takes them
+    lane_metrics: Callable[[dict, int], dict]  # lane i's values of a step's fetched metrics
+
+
+def solo_program(trainer: ParallelTrainer) -> Program:
+    """One run through ``trainer``'s strategy: ``train``'s program."""
+    return Program(
+        trainer,
+        place=lambda states: trainer.place_state(states[0]),
+        step=lambda state, batches: trainer.step(state, trainer.place_batch(batches[0],
+                                                                            local=True)),
+        lane_state=lambda state, _: trainer.unreplicate(state),
+        lane_params=lambda state, _: state.params,
+        lane_metrics=lambda row, _: row,
+    )
+
+
+@dataclasses.dataclass
+class Lane:
+    """One run directory's part of a training invocation (``train`` steps one, ``train_seeds``
+    one per seed): its config and data, its log, checkpoints and guard, and what it reports.
+    ``open_lane`` makes one; ``run_lanes`` drives them."""
+
+    setup: RunSetup
+    log: MetricsLog
+    records: dict  # preset, command: the run's records
+    sampler: Callable | None = None  # params -> markdown of a greedy sample (with a tracker)
+    ckpt: Checkpointer | None = None
+    before: list[dict] = dataclasses.field(default_factory=list)  # earlier segments
+    history: list[dict] = dataclasses.field(default_factory=list)
+    last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
+    guard: Guard | None = None
+    eval_batches: list[dict] = dataclasses.field(default_factory=list)  # placed
+    started: str = ""  # when this invocation's segment began
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.setup.cfg
+
+    @property
+    def data(self) -> RunData:
+        return self.setup.data
+
+    def start(self, state: TrainState, trainer: ParallelTrainer) -> TrainState:
+        """Open the checkpoints; the state a resume restores (or ``init_from`` fine-tunes
+        from), else ``state``; the guard and the placed eval batches."""
+        cfg, setup, log = self.cfg, self.setup, self.log
+        self.guard = Guard(cfg.skip_nonfinite_steps,
+                           lambda step, text: log.write("warning", step, {"message": text}, text))
+        self.eval_batches = [trainer.place_batch(b, local=True) for b in self.data.eval_batches]
+        if cfg.run_dir:
+            self.ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints)
+        if self.ckpt is not None and cfg.resume and self.ckpt.latest_step() is not None:
+            state, saved = _resume(self.ckpt, state, self.data, setup.model_cfg, cfg, log,
+                                   trainer.state_shardings)
+            self.before = segments_of(saved)
+            for kind, text in setup.plan.notes:  # what a changed step count does to the schedule
+                log.write(kind, int(state.step), {"message": text}, text)
+            if self.records.get("preset") is None:  # resumed without --preset (e.g. --config):
+                self.records = {**self.records, "preset": saved.get("preset")}  # same record
+        elif cfg.init_from:
+            state = _init_from(cfg, setup.model_cfg, self.data, state, setup.optimizer, log)
+        return state
+
+    def segments(self, start: int, end: int) -> list[dict]:
+        """The run's record up to step ``end``: earlier segments and this one."""
+        cfg = self.cfg
+        return [*self.before, {"start": start, "end": end, "steps": cfg.steps,
+                               "schedule_steps": cfg.schedule_total,
+                               "warmup_steps": cfg.warmup, "command": self.records.get("command"),
+                               "started": self.started}]
+
+    def save(self, step: int, start: int, state: TrainState) -> None:
+        """Checkpoint ``state`` (one copy of each array) unless it holds a non-finite value."""
+        if self.ckpt is None:
+            return
+        if not bool(_all_finite((state.params, state.opt_state))):
+            raise NonFiniteError(f"the state after step {step} holds non-finite values although "
+                                 "every loss and gradient norm was finite; not saved (the "
+                                 "latest checkpoint is the last good one)")
+        self.ckpt.save(step, state, run_meta(self.setup.model_cfg, self.cfg, self.data, step,
+                                             self.records.get("preset"),
+                                             self.segments(start, step)))
+
+    def evaluate(self, step: int, eval_step: Callable, params: Any,
+                 host_params: Callable[[], Any]) -> None:
+        self.last_eval = held_out_metrics(eval_step, params, self.eval_batches)
+        last, data = self.last_eval, self.data
+        self.log.write(
+            "eval", step, last,
+            f"step {step:>6} | eval loss {last['loss']:.4f}"
+            + ("" if data.labels else  # bits per token: not for a label's loss
+               f" ({last['loss'] / math.log(2):.3f} bits/{data.tokenizer.unit})")
+            + (f", accuracy {last['accuracy']:.3f}" if "accuracy" in last else ""),
+        )
+        if self.sampler is not None:
+            self.log.tracker.text("samples", step, self.sampler(host_params()))
+
+
+def open_lane(setup: RunSetup, records: dict, bar: tqdm | None,
+              early_warnings: tuple[str, ...] | list[str] = (), *, talks: bool = True) -> Lane:
+    """A lane for ``setup``'s run: its metrics log (and TensorBoard/W&B tracker) opened, the
+    ``early_warnings`` (e.g. the lock's) written into it. ``talks``: this process logs (the
+    main one)."""
+    cfg = setup.cfg
     tracker = None
-    if cfg.run_dir and main and (cfg.tensorboard or cfg.wandb_project):
-        tracker = Tracker(cfg.run_dir, {"model": dataclasses.asdict(model_cfg),
+    if cfg.run_dir and talks and (cfg.tensorboard or cfg.wandb_project):
+        tracker = Tracker(cfg.run_dir, {"model": dataclasses.asdict(setup.model_cfg),
                                         "train": dataclasses.asdict(cfg)},
                           tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project)
-    log = MetricsLog(cfg.run_dir if main else None, bar if cfg.progress else None, quiet=not main,
-                     tracker=tracker)
+    log = MetricsLog(cfg.run_dir if talks else None, bar if cfg.progress else None,
+                     quiet=not talks, tracker=tracker)
     for text in early_warnings:
         log.write("warning", 0, {"message": text}, text)
     try:
-        sampler = _make_sampler(model, model_cfg, data) if tracker is not None else None
-        return _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar, sampler,
-                    records or {}, plan, on_step)
-    finally:
-        bar.close()
+        sampler = (_make_sampler(setup.model, setup.model_cfg, setup.data)
+                   if tracker is not None else None)
+    except BaseException:
         log.close()
+        raise
+    return Lane(setup, log, records, sampler)
 
 
 def _make_sampler(model, model_cfg: ModelConfig, data: RunData):
@@ -401,89 +554,82 @@ def _make_sampler(model, model_cfg: ModelConfig, data: RunData):
     return sampler
 
 
-def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
-         sampler=None, records: dict | None = None,
-         plan: SegmentPlan | None = None,
-         on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
-    records = records or {}
-    plan = plan or SegmentPlan(cfg, None, [])
-    n_params = count_params(state.params)
+
+
+def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar: tqdm,
+              on_step: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Train the lanes together from step 0 (``states``: their fresh states) or from their
+    checkpoints, to ``cfg.steps``, through ``program``; each lane logs, evaluates, checkpoints
+    and reports as a run of its own. The lanes share every setting but the seed and the run
+    directory, so they log, evaluate and save at the same steps; they must start at the same
+    step (``ValueError`` otherwise). Returns each lane's final metrics (``train``'s)."""
+    trainer = program.trainer
+    cfg, model_cfg = lanes[0].cfg, lanes[0].setup.model_cfg
+    n_params = count_params(states[0].params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
     if cfg.strategy != "single":  # the whole mesh works on each step
         peak, peak_source = peak * trainer.mesh.size, f"{peak_source}, x{trainer.mesh.size}"
-    tokens_per_step = cfg.batch_size * cfg.seq_len
-    eval_batches = [trainer.place_batch(b, local=True) for b in data.eval_batches]
-    eval_step = trainer.eval_step
-
-    def train_step(state, batch):
-        return trainer.step(state, trainer.place_batch(batch, local=True))
-
-    ckpt = Checkpointer(cfg.run_dir, max_to_keep=cfg.keep_checkpoints) if cfg.run_dir else None
-    before: list[dict] = []  # the run's segments before this one
-    if ckpt is not None and cfg.resume and ckpt.latest_step() is not None:
-        state, saved = _resume(ckpt, state, data, model_cfg, cfg, log, trainer.state_shardings)
-        before = segments_of(saved)
-        for kind, text in plan.notes:  # what a changed step count does to the schedule
-            log.write(kind, int(state.step), {"message": text}, text)
-        if records.get("preset") is None:  # resumed without --preset (e.g. --config): the
-            records = {**records, "preset": saved.get("preset")}  # same model, same record
-    elif cfg.init_from:
-        state = _init_from(cfg, model_cfg, data, state, optimizer, log)
-    state = trainer.place_state(state)
-    start_step = int(trainer.unreplicate(state).step)
-    bar.update(start_step)
-    segment = {"steps": cfg.steps, "schedule_steps": cfg.schedule_total,
-               "warmup_steps": cfg.warmup, "command": records.get("command"),
-               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-
-    def segments(end: int) -> list[dict]:  # the run's record up to step ``end``
-        return [*before, {"start": start_step, "end": end, **segment}]
-    log.write(
-        "start",
-        start_step,
-        {"params": n_params, "flops_per_token": flops, "peak_flops": peak},
-        f"{model_cfg.family}: {n_params / 1e6:.2f}M params, attention={model_cfg.attention}, "
-        f"mask={model_cfg.mask}, position={model_cfg.position}; data: {data.description}; "
-        f"peak {peak / 1e9:.0f} GFLOP/s ({peak_source})",
-    )
-
-    guard = Guard(cfg.skip_nonfinite_steps,
-                  lambda step, text: log.write("warning", step, {"message": text}, text))
-    pending: list[tuple[int, dict, Any]] = []  # (step, metrics, data position): not yet checked
-
-    def check_pending() -> None:
-        rows = jax.device_get([metrics for _, metrics, _ in pending])
-        for (step, _, position), row in zip(pending, rows, strict=True):
-            guard.check(step, row, position)
-        pending.clear()
-
-    def save(step: int, state: TrainState) -> None:
-        if ckpt is None:
-            return
-        check_pending()  # a diverged step raises here: nothing non-finite is ever saved
-        host_state = trainer.unreplicate(state)
-        if not bool(_all_finite((host_state.params, host_state.opt_state))):
-            raise NonFiniteError(f"the state after step {step} holds non-finite values although "
-                                 "every loss and gradient norm was finite; not saved (the "
-                                 "latest checkpoint is the last good one)")
-        ckpt.save(step, host_state, run_meta(model_cfg, cfg, data, step, records.get("preset"),
-                                             segments(step)))
+    tokens_per_step = cfg.batch_size * cfg.seq_len  # each lane's
 
     try:
-        history: list[dict] = []
+        states = [lane.start(state, trainer) for lane, state in zip(lanes, states, strict=True)]
+        starts = [int(state.step) for state in states]
+        if len(set(starts)) > 1:
+            raise ValueError(
+                "the runs are at different steps ("
+                + ", ".join(f"{lane.cfg.run_dir}: {s}" for lane, s in zip(lanes, starts,
+                                                                            strict=True))
+                + "); runs trained together start from the same step: continue each alone "
+                "(train) to the same step first, or train them separately")
+        start_step = starts[0]
+        state = program.place(states)
+        del states
+        bar.update(start_step)
+        started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        for lane in lanes:
+            lane.started = started
+            lane.log.write(
+                "start",
+                start_step,
+                {"params": n_params, "flops_per_token": flops, "peak_flops": peak},
+                f"{model_cfg.family}: {n_params / 1e6:.2f}M params, attention="
+                f"{model_cfg.attention}, mask={model_cfg.mask}, position={model_cfg.position}; "
+                f"data: {lane.data.description}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})"
+                + (f"; seed {lane.cfg.seed}, one of {len(lanes)} trained together"
+                   if len(lanes) > 1 else ""),
+            )
+        # (step, metrics, each lane's data position before the batch): not yet checked
+        pending: list[tuple[int, dict, list]] = []
+
+        def check_pending() -> None:
+            rows = jax.device_get([metrics for _, metrics, _ in pending])
+            for (step, _, positions), row in zip(pending, rows, strict=True):
+                for i, lane in enumerate(lanes):
+                    with _naming(lanes, lane):
+                        lane.guard.check(step, program.lane_metrics(row, i), positions[i])
+            pending.clear()
+
+        def save(step: int, state) -> None:
+            if all(lane.ckpt is None for lane in lanes):
+                return
+            check_pending()  # a diverged step raises here: nothing non-finite is ever saved
+            for i, lane in enumerate(lanes):
+                with _naming(lanes, lane):
+                    lane.save(step, start_step, program.lane_state(state, i))
+
         window: list[dict] = []
         compile_s = 0.0
         timed_s, timed_steps = 0.0, 0
-        last_eval: dict[str, float] = {}
         stopping = None
         t_window = time.perf_counter()
         with StopSignals() as stop:
             for step in range(start_step, cfg.steps):
-                position = data.train.get_state()  # where this batch is: for spike warnings
-                batch = next(data.train)
+                # where each batch is: for spike warnings
+                positions = [lane.data.train.get_state() for lane in lanes]
+                batches = [next(lane.data.train) for lane in lanes]
                 start = time.perf_counter()
-                state, metrics = train_step(state, batch)
+                state, metrics = program.step(state, batches)
                 first = step == start_step
                 if first:  # the first call compiles; keep it out of the throughput figures
                     jax.block_until_ready(state)
@@ -492,7 +638,7 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
                 if window:  # keep one step in flight, so the bar tracks finished steps
                     jax.block_until_ready(window[-1]["loss"])
                 window.append(metrics)
-                pending.append((step + 1, metrics, position))
+                pending.append((step + 1, metrics, positions))
                 bar.update(1)
 
                 stopping = stop.at(step + 1)  # read once: a signal may land at any line below
@@ -505,37 +651,28 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
                     timed_s, timed_steps = timed_s + elapsed, timed_steps + steps_timed
                     tps = (steps_timed * tokens_per_step / elapsed
                            if steps_timed and elapsed else 0.0)
-                    values = {**_window_metrics(rows), "tokens_per_s": tps,
-                              "mfu": tps * flops / peak}
-                    history.append({"step": step + 1, **values})
-                    bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tps:,.0f}")
-                    log.write(
-                        "train",
-                        step + 1,
-                        values,
-                        f"step {step + 1:>6} | loss {values['loss']:.4f} | lr "
-                        f"{values['learning_rate']:.2e} | {tps:,.0f} tokens/s | MFU "
-                        f"{100 * values['mfu']:.1f}%",
-                    )
+                    for i, lane in enumerate(lanes):
+                        values = {**_window_metrics([program.lane_metrics(r, i) for r in rows]),
+                                  "tokens_per_s": tps, "mfu": tps * flops / peak}
+                        lane.history.append({"step": step + 1, **values})
+                        lane.log.write(
+                            "train",
+                            step + 1,
+                            values,
+                            f"step {step + 1:>6} | loss {values['loss']:.4f} | lr "
+                            f"{values['learning_rate']:.2e} | {tps:,.0f} tokens/s | MFU "
+                            f"{100 * values['mfu']:.1f}%",
+                        )
+                    loss = sum(lane.history[-1]["loss"] for lane in lanes) / len(lanes)
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps * len(lanes):,.0f}")
                     window, t_window = [], time.perf_counter()
 
                 if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
                     jax.block_until_ready(state)  # queued train steps count as training time
                     t_eval = time.perf_counter()
-                    last_eval = held_out_metrics(eval_step, state.params, eval_batches)
-                    log.write(
-                        "eval",
-                        step + 1,
-                        last_eval,
-                        f"step {step + 1:>6} | eval loss {last_eval['loss']:.4f}"
-                        + ("" if data.labels else  # bits per token: not for a label's loss
-                           f" ({last_eval['loss'] / math.log(2):.3f} bits/{data.tokenizer.unit})")
-                        + (f", accuracy {last_eval['accuracy']:.3f}" if "accuracy" in last_eval
-                           else ""),
-                    )
-                    if sampler is not None:
-                        log.tracker.text("samples", step + 1,
-                                         sampler(trainer.unreplicate(state).params))
+                    for i, lane in enumerate(lanes):
+                        lane.evaluate(step + 1, trainer.eval_step, program.lane_params(state, i),
+                                      lambda i=i, s=state: program.lane_state(s, i).params)
                     t_window += time.perf_counter() - t_eval  # eval time is not training throughput
 
                 if (step + 1) % cfg.checkpoint_every == 0 or done:
@@ -543,17 +680,18 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
                 if on_step is not None:
                     on_step(step + 1)
                 if stopping:
-                    log.write("stop", step + 1, {}, f"{stopping}: saved step {step + 1}, "
-                              "stopping; run the same command again to resume")
+                    for lane in lanes:
+                        lane.log.write("stop", step + 1, {}, f"{stopping}: saved step {step + 1}, "
+                                       "stopping; run the same command again to resume")
                     break
-        final_step = int(trainer.unreplicate(state).step)
+        final_step = int(program.lane_state(state, 0).step)
         tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else 0.0
-        final = {
+        return [_finish(lane, final_step, start_step, {
             "steps": final_step,
             "params": n_params,
-            "train_loss": history[-1]["loss"] if history else None,
-            "eval_loss": last_eval.get("loss"),
-            "eval_accuracy": last_eval.get("accuracy"),
+            "train_loss": lane.history[-1]["loss"] if lane.history else None,
+            "eval_loss": lane.last_eval.get("loss"),
+            "eval_accuracy": lane.last_eval.get("accuracy"),
             "tokens_per_s": tokens_per_s,
             "tokens_per_step": tokens_per_step,
             "mfu": tokens_per_s * flops / peak,
@@ -562,22 +700,44 @@ def _run(model_cfg, cfg, data, trainer, state, optimizer, log, bar,
             "peak_source": peak_source,
             "compile_s": compile_s,
             "device": jax.devices()[0].device_kind,
+            **({"seeds_together": len(lanes)} if len(lanes) > 1 else {}),
             "stopped_by": stopping if final_step < cfg.steps else None,
-            "history": history,
-        }
-        summary = (f"done: step {final_step}, {tokens_per_s:,.0f} tokens/s, MFU "
-                   f"{100 * final['mfu']:.1f}%, first step (compile) {compile_s:.1f}s")
-        if final["eval_loss"] is not None:
-            summary += f", eval loss {final['eval_loss']:.4f}"
-        summary += (f"; checkpoint in {cfg.run_dir}" if cfg.run_dir
-                    else "; nothing saved (no --run-dir)")
-        log.write("final", final_step, {k: v for k, v in final.items() if k != "history"}, summary)
-        if cfg.run_dir and multihost.is_main_process() and final_step > start_step:
-            write_run_readme(cfg.run_dir, model_cfg, cfg, final, data_description=data.description,
-                             tokenizer=data.tokenizer.name, version=__version__,
-                             segments=segments(final_step), labels=data.labels,
-                             preset=records.get("preset"), command=records.get("command"))
-        return final
+            "history": lane.history,
+        }) for lane in lanes]
     finally:
-        if ckpt is not None:
-            ckpt.close()  # waits for the last asynchronous save (the last good one on errors)
+        for lane in lanes:
+            if lane.ckpt is not None:
+                lane.ckpt.close()  # waits for the last asynchronous save (the last good one)
+
+
+@contextlib.contextmanager
+def _naming(lanes: list[Lane], lane: Lane):
+    """A ``NonFiniteError`` of one of several lanes names its run."""
+    try:
+        yield
+    except NonFiniteError as err:
+        if len(lanes) == 1:
+            raise
+        name = lane.cfg.run_dir or f"seed {lane.cfg.seed}"
+        raise NonFiniteError(f"{name}: {err}") from None
+
+
+def _finish(lane: Lane, final_step: int, start_step: int, final: dict) -> dict:
+    """Log a lane's final metrics and write its run's README; returns them."""
+    cfg = lane.cfg
+    summary = (f"done: step {final_step}, {final['tokens_per_s']:,.0f} tokens/s, MFU "
+               f"{100 * final['mfu']:.1f}%, first step (compile) {final['compile_s']:.1f}s")
+    if final["eval_loss"] is not None:
+        summary += f", eval loss {final['eval_loss']:.4f}"
+    summary += (f"; checkpoint in {cfg.run_dir}" if cfg.run_dir
+                else "; nothing saved (no --run-dir)")
+    lane.log.write("final", final_step, {k: v for k, v in final.items() if k != "history"},
+                   summary)
+    if cfg.run_dir and multihost.is_main_process() and final_step > start_step:
+        data = lane.data
+        write_run_readme(cfg.run_dir, lane.setup.model_cfg, cfg, final,
+                         data_description=data.description, tokenizer=data.tokenizer.name,
+                         version=__version__, segments=lane.segments(start_step, final_step),
+                         labels=data.labels, preset=lane.records.get("preset"),
+                         command=lane.records.get("command"))
+    return final
