@@ -181,13 +181,13 @@ def sweep_env(tmp_path, monkeypatch):
 def _trained(monkeypatch) -> list[str]:
     """Record every run the sweep trains."""
     calls = []
-    real = runner.train_seed
+    real = runner.train_seeds_of
 
-    def counted(planned, seed, run_dir, log):
-        calls.append(f"{planned.cell.name}/{seed}")
-        return real(planned, seed, run_dir, log)
+    def counted(planned, seeds, run_dirs, log, apart=False):
+        calls.extend(f"{planned.cell.name}/{seed}" for seed in seeds)
+        return real(planned, seeds, run_dirs, log, apart)
 
-    monkeypatch.setattr(runner, "train_seed", counted)
+    monkeypatch.setattr(runner, "train_seeds_of", counted)
     return calls
 
 
@@ -197,20 +197,20 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     tmp_path, spec, code = sweep_env
     out = tmp_path / "out"
 
-    # killed after its first cell: the second cell's first run raises
-    real = runner.train_seed
+    # killed after its first cell: the second cell's training raises
+    real = runner.train_seeds_of
 
-    def dies_in_second_cell(planned, seed, run_dir, log):
+    def dies_in_second_cell(planned, seeds, run_dirs, log, apart=False):
         if planned.cell.name == "position=alibi":
             raise KeyboardInterrupt
-        return real(planned, seed, run_dir, log)
+        return real(planned, seeds, run_dirs, log, apart)
 
-    monkeypatch.setattr(runner, "train_seed", dies_in_second_cell)
+    monkeypatch.setattr(runner, "train_seeds_of", dies_in_second_cell)
     with pytest.raises(KeyboardInterrupt):
         main(["sweep", str(spec), "--out", str(out)])
     report = (out / "report.md").read_text()
     assert "1 of 2 cells finished" in report and "| pending |" in report
-    monkeypatch.setattr(runner, "train_seed", real)
+    monkeypatch.setattr(runner, "train_seeds_of", real)
     calls = _trained(monkeypatch)
     assert main(["sweep", str(spec), "--out", str(out)]) == 0
     assert calls == ["position=alibi/0", "position=alibi/1"]  # only what was missing
@@ -428,3 +428,19 @@ def test_the_readme_shows_the_committed_example_spec():
     committed = (root / "experiments/specs/readme_positions.toml").read_text()
     assert tomllib.loads(block) == tomllib.loads(committed)
     parse_spec(committed)
+
+
+@pytest.mark.slow
+def test_seeds_trained_together_score_as_seeds_trained_apart(sweep_env):
+    tmp_path, spec, _ = sweep_env
+    spec.write_text(TINY.split("[[compare]]")[0].replace(
+        '"model.position" = ["rope", "alibi"]', '"model.position" = ["alibi"]'))
+    scores = {}
+    for how in ("together", "apart"):
+        out = tmp_path / how
+        assert main(["sweep", str(spec), "--out", str(out)]
+                    + (["--seeds-apart"] if how == "apart" else [])) == 0
+        scores[how] = [json.loads((out / f"cells/position=alibi/seed{s}" / runner.SCORES_FILE
+                                   ).read_text())["loss"]["2x"]["mean"] for s in (0, 1)]
+    assert scores["together"] == pytest.approx(scores["apart"], rel=1e-5)
+    assert scores["together"][0] != scores["together"][1]  # two seeds, two models

@@ -41,6 +41,9 @@ def sweep_parser() -> CommandParser:
                         help="cells trained at once on this host, each in its own process")
     parser.add_argument("--shard", default=None, metavar="I/N",
                         help="train only cells I, I+N, I+2N, ... (several machines, one --out)")
+    parser.add_argument("--seeds-apart", action="store_true",
+                        help="train a cell's seeds one after another (default: as one program "
+                        "on one device, each equal to training it alone)")
     parser.add_argument("--allow-code-change", action="store_true",
                         help="train with uncommitted changes, or beside cells trained by "
                         "other code (recorded in results.json)")
@@ -158,7 +161,8 @@ def main(argv: list[str]) -> int:
         for k, planned in enumerate(plan.cells):
             if shard is not None and k % shard[1] != shard[0]:
                 continue
-            if run_cell(plan, planned, args.out, code, args.allow_code_change, _log):
+            if run_cell(plan, planned, args.out, code, args.allow_code_change, _log,
+                        args.seeds_apart):
                 report()
             else:
                 skipped.append(planned.cell.name)

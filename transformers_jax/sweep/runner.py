@@ -133,24 +133,50 @@ def finished(run_dir: str, steps: int) -> bool:
     return done is not None and done.get("steps") == steps
 
 
-def train_seed(planned: PlannedCell, seed: int, run_dir: str,
-               log: Callable[[str], None]) -> dict:
-    """Train (or resume) one seed's run to its steps; returns its final metrics."""
-    from transformers_jax.train.loop import train  # JAX: only when a run trains
+def _step_now(run_dir: str) -> int:
+    """The step a seed's run has reached (0 before its first checkpoint)."""
+    from transformers_jax.runs.layout import has_checkpoints
+    from transformers_jax.runs.meta import read_run_meta
 
-    cfg = planned.train.replace(run_dir=run_dir, seed=seed)
-    command = shlex.join(["tjax", "train", *train_args(planned), f"--train.seed={seed}",
-                          f"--run-dir={run_dir}"])
+    return int(read_run_meta(run_dir)["step"]) if has_checkpoints(run_dir) else 0
+
+
+def together(planned: PlannedCell, run_dirs: list[str]) -> bool:
+    """Whether these seeds can train as one program: a single-device run, every seed at the
+    same step (``train_seeds``' conditions)."""
+    cfg = planned.train
+    single = cfg.strategy == "single" and cfg.mesh is None and cfg.coordinator is None
+    return len(run_dirs) > 1 and single and len({_step_now(d) for d in run_dirs}) == 1
+
+
+def train_seeds_of(planned: PlannedCell, seeds: list[int], run_dirs: list[str],
+                   log: Callable[[str], None], apart: bool = False) -> None:
+    """Train (or resume) these seeds' runs to their steps: as one program when they can
+    (``train.seeds``), else one after another; each finished run gets its done file."""
+    from transformers_jax.train.loop import train
+    from transformers_jax.train.seeds import train_seeds
+
+    args = train_args(planned)
+    commands = [shlex.join(["tjax", "train", *args, f"--train.seed={s}", f"--run-dir={d}"])
+                for s, d in zip(seeds, run_dirs, strict=True)]
     start = time.monotonic()
-    final = train(planned.model, cfg, auto_vocab=planned.auto_vocab, command=command)
-    if final.get("stopped_by"):
-        raise SweepStopped(f"{run_dir} stopped at step {final.get('steps')} "
-                           f"({final['stopped_by']}); run the same tjax sweep command again "
-                           "to resume it")
-    summary = {"steps": cfg.steps, "seed": seed, "seconds": round(time.monotonic() - start, 1),
-               **{k: v for k, v in final.items() if isinstance(v, (int, float, str))}}
-    write_json(os.path.join(run_dir, DONE_FILE), summary)
-    return summary
+    if not apart and together(planned, run_dirs):
+        log(f"cell {planned.cell.name}: seeds {seeds} as one program")
+        finals = train_seeds(planned.model, planned.train, seeds, run_dirs,
+                             auto_vocab=planned.auto_vocab, command=commands[0])
+    else:
+        finals = [train(planned.model, planned.train.replace(run_dir=d, seed=s),
+                        auto_vocab=planned.auto_vocab, command=c)
+                  for s, d, c in zip(seeds, run_dirs, commands, strict=True)]
+    for seed, run_dir, final in zip(seeds, run_dirs, finals, strict=True):
+        if final.get("stopped_by"):
+            raise SweepStopped(f"{run_dir} stopped at step {final.get('steps')} "
+                               f"({final['stopped_by']}); run the same tjax sweep command "
+                               "again to resume it")
+        summary = {"steps": planned.train.steps, "seed": seed,
+                   "seconds": round(time.monotonic() - start, 1),
+                   **{k: v for k, v in final.items() if isinstance(v, (int, float, str))}}
+        write_json(os.path.join(run_dir, DONE_FILE), summary)
 
 
 def score_key(plan: SweepPlan, planned: PlannedCell) -> str:
@@ -202,7 +228,7 @@ def _summary(losses_N: np.ndarray, length: int, chunk: int) -> dict:
 
 
 def run_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
-             allow_code_change: bool, log: Callable[[str], None]) -> bool:
+             allow_code_change: bool, log: Callable[[str], None], apart: bool = False) -> bool:
     """Train and score whatever the cell lacks; False when another process holds it."""
     check_cell(plan, planned, out, code, allow_code_change)
     try:
@@ -212,13 +238,17 @@ def run_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
         return False
     try:
         key = score_key(plan, planned)
+        missing = [s for s in plan.spec.seeds
+                   if not finished(seed_dir(out, planned, s), planned.train.steps)]
+        if missing:
+            log(f"cell {planned.cell.name}: training seeds {missing}, {planned.train.steps} "
+                f"steps ({planned.tokens:,} tokens) each, in {cell_dir(out, planned)}")
+            start = time.monotonic()
+            train_seeds_of(planned, missing, [seed_dir(out, planned, s) for s in missing], log,
+                           apart)
+            log(f"cell {planned.cell.name}: trained in {time.monotonic() - start:.1f} s")
         for seed in plan.spec.seeds:
             run_dir = seed_dir(out, planned, seed)
-            if not finished(run_dir, planned.train.steps):
-                log(f"cell {planned.cell.name}, seed {seed}: training {planned.train.steps} "
-                    f"steps ({planned.tokens:,} tokens) in {run_dir}")
-                done = train_seed(planned, seed, run_dir, log)
-                log(f"cell {planned.cell.name}, seed {seed}: trained in {done['seconds']} s")
             scores_path = os.path.join(run_dir, SCORES_FILE)
             old = _read_json(scores_path)
             if old is None or old.get("key") != key:
