@@ -26,6 +26,7 @@ from transformers_jax.data.sources import open_documents
 from transformers_jax.loop import train
 from transformers_jax.registry import POSITIONS
 from transformers_jax.runs import load_run
+from transformers_jax.sweep.plan import token_stream as stream  # noqa: F401  (experiments' name)
 from transformers_jax.sweep.workers import (
     own_cores,
     parse_shard,
@@ -389,19 +390,6 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if arr.size == 0:
         return float("nan"), float("nan")
     return float(arr.mean()), float(arr.std())
-
-
-def stream(tokenizer, texts: Sequence[bytes], max_tokens: int | None = None) -> np.ndarray:
-    """Texts (bytes) encoded and joined by eos, as one token stream (at most ``max_tokens``)."""
-    parts, total = [], 0
-    for text in texts:
-        ids = tokenizer.encode(text.decode("utf-8", errors="replace"))
-        parts += [np.asarray(ids, np.int32), np.array([tokenizer.eos_id], np.int32)]
-        total += len(ids) + 1
-        if max_tokens is not None and total >= max_tokens:
-            break
-    out = np.concatenate(parts).astype(np.int32)
-    return out if max_tokens is None else out[:max_tokens]
 
 
 def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, float]:

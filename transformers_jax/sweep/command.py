@@ -16,7 +16,7 @@ from transformers_jax.overrides import CommandParser
 from transformers_jax.sweep import provenance
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan, make_plan
 from transformers_jax.sweep.report import baselines, write_report
-from transformers_jax.sweep.runner import CELL_FILE, cell_dir, run_cell
+from transformers_jax.sweep.runner import CELL_FILE, cell_dir, read_json, run_cell
 from transformers_jax.sweep.spec import SpecError, read_spec
 from transformers_jax.sweep.workers import (
     parse_shard,
@@ -111,16 +111,12 @@ def _workers(argv: list[str], workers: int) -> None:
 
 
 def _other_code(plan: SweepPlan, out: str, code: dict) -> list[dict]:
-    import json
-
     seen = []
     for planned in plan.cells:
-        path = os.path.join(cell_dir(out, planned), CELL_FILE)
-        if os.path.exists(path):
-            with open(path) as f:
-                for c in json.load(f).get("code", []):
-                    if not provenance.same_code(c, code) and c not in seen:
-                        seen.append(c)
+        record = read_json(os.path.join(cell_dir(out, planned), CELL_FILE)) or {}
+        for c in record.get("code", []):
+            if not provenance.same_code(c, code) and c not in seen:
+                seen.append(c)
     return seen
 
 

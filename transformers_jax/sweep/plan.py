@@ -125,7 +125,8 @@ def resolve_cell(spec: Spec, cell: Cell) -> PlannedCell:
     return PlannedCell(cell, model, cfg, follows_tokenizer(model))
 
 
-def _stream(tokenizer, texts, max_tokens: int | None = None) -> np.ndarray:
+def token_stream(tokenizer, texts, max_tokens: int | None = None) -> np.ndarray:
+    """Texts (bytes or str) encoded and joined by eos as one stream, at most ``max_tokens``."""
     parts, total = [], 0
     eos = np.array([tokenizer.eos_id], np.int32)
     for text in texts:
@@ -198,8 +199,8 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
             train_texts.append(docs[i].text)
             yield train_texts[-1]
 
-    train_N = _stream(tokenizer, read(), max(needed, READ_CAP))
-    heldout_N = _stream(tokenizer, split.heldout, spec.eval_max_tokens)
+    train_N = token_stream(tokenizer, read(), max(needed, READ_CAP))
+    heldout_N = token_stream(tokenizer, split.heldout, spec.eval_max_tokens)
     over = [c for c in cells if c.tokens > spec.max_epochs * train_N.size]
     if over:
         worst = max(over, key=lambda c: c.tokens)

@@ -62,7 +62,8 @@ def cell_record(plan: SweepPlan, planned: PlannedCell) -> dict:
             "key": digest(decided), **decided}
 
 
-def _read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict | None:
+    """A JSON file's contents, or None where there is no such file."""
     try:
         with open(path) as f:
             return json.load(f)
@@ -84,7 +85,7 @@ def check_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
     now is refused (a code change only with ``allow_code_change``, then recorded)."""
     path = os.path.join(cell_dir(out, planned), CELL_FILE)
     record = cell_record(plan, planned)
-    old = _read_json(path)
+    old = read_json(path)
     if old is None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json(path, {**record, "code": [code]})
@@ -129,7 +130,7 @@ def train_args(planned: PlannedCell) -> list[str]:
 
 
 def finished(run_dir: str, steps: int) -> bool:
-    done = _read_json(os.path.join(run_dir, DONE_FILE))
+    done = read_json(os.path.join(run_dir, DONE_FILE))
     return done is not None and done.get("steps") == steps
 
 
@@ -250,7 +251,7 @@ def run_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
         for seed in plan.spec.seeds:
             run_dir = seed_dir(out, planned, seed)
             scores_path = os.path.join(run_dir, SCORES_FILE)
-            old = _read_json(scores_path)
+            old = read_json(scores_path)
             if old is None or old.get("key") != key:
                 write_json(scores_path, score_seed(plan, planned, run_dir))
     finally:
@@ -263,7 +264,7 @@ def read_scores(plan: SweepPlan, planned: PlannedCell, out: str) -> dict[int, di
     key = score_key(plan, planned)
     found = {}
     for seed in plan.spec.seeds:
-        scores = _read_json(os.path.join(seed_dir(out, planned, seed), SCORES_FILE))
+        scores = read_json(os.path.join(seed_dir(out, planned, seed), SCORES_FILE))
         if scores is not None and scores.get("key") == key:
             found[seed] = scores
     return found
