@@ -121,8 +121,9 @@ def measure(model: str, seeds: int, repeats: int, steps: int | None) -> dict:
 
 
 def tpu_plan(target_name: str, model: str, seeds: int) -> dict:
-    """The S-seed step (and the one-seed step) compiled for ``target_name``: its memory on one
-    chip against the chip's HBM, as ``tjax plan --strategy single --seeds S`` prints it."""
+    """The S-seed step (and the one-seed step) compiled for ``target_name``, the seeds over as
+    many chips as divide them (a ``seed`` mesh axis), its memory per chip against the chip's
+    HBM, as ``tjax plan --strategy single --seeds S`` prints it."""
     from transformers_jax.plan import compile_train, tpu_target
 
     target = tpu_target(target_name)
@@ -132,7 +133,8 @@ def tpu_plan(target_name: str, model: str, seeds: int) -> dict:
            "batch_size": cfg.batch_size, "seq_len": cfg.seq_len}
     for s in (1, seeds):
         plan = compile_train(model_cfg, cfg, target, seeds=s)
-        out[f"seeds_{s}"] = {k: plan.get(k) for k in ("params", "compile_s", "memory",
+        out[f"seeds_{s}"] = {k: plan.get(k) for k in ("params", "devices", "mesh", "compile_s",
+                                                       "memory", "collectives",
                                                        "flops_per_device",
                                                        "bytes_accessed_per_device",
                                                        "roofline", "tokens_per_s")}

@@ -370,18 +370,25 @@ def test_single_strategy_plan_decodes_on_one_chip():
 
 
 @needs_libtpu
-def test_seeds_trained_together_plan_on_one_chip():
-    """``--seeds S``: the step of S seeds trained together on one chip (``parallel.seeds``),
-    S times the arguments (parameters, optimizer state) and the FLOPs of one seed's step."""
+def test_seeds_trained_together_plan_spreads_seeds_over_chips():
+    """``--seeds S``: the step of S seeds trained together (``parallel.seeds``), each chip its
+    own seeds on a ``seed`` mesh axis over as many chips as divide S: 4 seeds on the 2x2
+    topology hold one seed's arguments and FLOPs per chip, 8 seeds two seeds', and no
+    collective crosses chips."""
     target = planning.tpu_target(TOPOLOGY)
     cfg = TINY_TRAIN.replace(strategy="single")
-    one = planning.compile_train(TINY.replace(attention="xla"), cfg, target)
-    four = planning.compile_train(TINY.replace(attention="xla"), cfg, target, seeds=4)
+    model = TINY.replace(attention="xla")
+    one = planning.compile_train(model, cfg, target)
+    four = planning.compile_train(model, cfg, target, seeds=4)
+    eight = planning.compile_train(model, cfg, target, seeds=8)
     assert four["seeds"] == 4 and four["params"] == one["params"] == TINY_PARAMS
-    assert four["memory"]["fits"] and four["devices"] == 1
-    assert four["memory"]["argument_bytes"] == pytest.approx(4 * one["memory"]["argument_bytes"],
-                                                             rel=0.05)
-    assert four["model_flops_per_device"] == 4 * one["model_flops_per_device"]
+    assert (four["devices"], four["mesh"]) == (4, "seed=4") and eight["devices"] == 4
+    assert four["memory"]["fits"] and four["collectives"] == eight["collectives"] == {}
+    for result, per_chip in ((four, 1), (eight, 2)):
+        assert result["memory"]["argument_bytes"] == pytest.approx(
+            per_chip * one["memory"]["argument_bytes"], rel=0.05)
+        assert result["model_flops_per_device"] == per_chip * one["model_flops_per_device"]
+    assert planning.compile_train(model, cfg, target, seeds=3)["devices"] == 3
     with pytest.raises(ConfigError, match="--seeds 4: .*--strategy single"):
         planning.plan(TINY, TINY_TRAIN.replace(strategy="jit"), target, seeds=4)
 

@@ -25,6 +25,7 @@ from transformers_jax import ModelConfig, TrainConfig, backends
 from transformers_jax.backends import Backend
 from transformers_jax.config import ConfigError
 from transformers_jax.parallel import make_trainer, stack_seeds
+from transformers_jax.parallel.seeds import seed_devices
 from transformers_jax.runs import load_run
 from transformers_jax.runs.checkpoint import Checkpointer
 from transformers_jax.train.loop import train
@@ -124,6 +125,50 @@ def test_vmap_and_map_over_seeds_step_as_solo_steps():
             assert float(metrics["loss"][seed]) == pytest.approx(alone[seed][0], rel=LOSS_RTOL)
             jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=PARAM_ATOL),
                          jax.device_get(seeds.unstack(state, seed).params), alone[seed][1])
+
+
+def test_seeds_over_a_seed_mesh_axis_train_as_on_one_device(tmp_path):
+    """Four GPT seeds laid over a ``seed`` mesh axis of two (fake CPU) devices, two whole
+    seeds on each, train as the same four seeds on one device: the same losses, evaluation and
+    parameters, each in its own run directory."""
+    devices = jax.devices()[:2]
+    assert len(devices) == 2, "tests/conftest.py gives the CPU 8 devices"
+    cfg = CFG.replace(steps=4, eval_every=2, checkpoint_every=4)
+    one = [str(tmp_path / f"one{s}") for s in range(4)]
+    two = [str(tmp_path / f"two{s}") for s in range(4)]
+    on_one = train_seeds(GPT, cfg, [0, 1, 2, 3], one)  # the CPU default: its first device
+    on_two = train_seeds(GPT, cfg, [0, 1, 2, 3], two, devices=devices)
+    for s in range(4):
+        assert_same_run(on_two[s], on_one[s], two[s], one[s])
+    assert len({round(r["eval_loss"], 6) for r in on_two}) == 4  # four seeds, not one
+
+    objective = run_objective(GPT, None)
+    batch = {"inputs": np.zeros((4, 32), np.int32), "targets": np.zeros((4, 32), np.int32),
+             "weights": np.ones((4, 32), np.float32)}
+    trainer = make_trainer("single", objective.build(GPT, None), make_optimizer(CFG), batch,
+                           objective=objective)
+    seeds = stack_seeds(trainer, 4, devices=devices)
+    state, _ = seeds.step(seeds.init([0, 1, 2, 3]), seeds.place_batch([batch] * 4))
+    leaf = jax.tree.leaves(state.params)[0]
+    assert {d.id for d in leaf.sharding.device_set} == {d.id for d in devices}
+    assert [shard.data.shape[0] for shard in leaf.addressable_shards] == [2, 2]
+    with pytest.raises(ConfigError, match="3 seeds over 2 devices.*multiple of 2"):
+        stack_seeds(trainer, 3, devices=devices)
+
+
+def test_seeds_spread_over_devices_where_the_backend_gains(monkeypatch):
+    """By default seeds spread over as many devices as divide them on an accelerator's backend,
+    and stay on one CPU device (its "devices" share one host's cores)."""
+    cpus = jax.devices()
+    assert seed_devices(8, cpus) == cpus[:1]
+
+    class Spreads(Backend):
+        seeds_across_devices = True
+
+    monkeypatch.setattr(backends, "for_devices", lambda devices: Spreads("tpu"))
+    assert seed_devices(8, cpus) == cpus[:8]
+    assert seed_devices(4, cpus) == cpus[:4]
+    assert seed_devices(6, cpus) == cpus[:6] and seed_devices(3, cpus[:2]) == cpus[:1]
 
 
 def test_bad_requests_are_clear_errors(tmp_path):

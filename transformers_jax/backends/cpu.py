@@ -157,6 +157,9 @@ class Cpu(Backend):
     """XLA:CPU: the hooks of ``Backend`` written as this module's docstring says."""
 
     decode_compiler_options = DECODE_COMPILER_OPTIONS
+    # CPU "devices" are one host's cores cut up (--xla_force_host_platform_device_count): one
+    # program on one device already uses every core
+    seeds_across_devices = False
 
     def __init__(self):
         super().__init__("cpu")

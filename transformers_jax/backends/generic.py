@@ -51,6 +51,9 @@ class Backend:
 
     # Options for the compiler of the decoding loop (``sample.generate_tokens``).
     decode_compiler_options: Mapping[str, str] = MappingProxyType({})
+    # Seeds trained together spread over the devices by default (``parallel.seeds``), each
+    # device its own seeds: devices that compute apart gain a seed each.
+    seeds_across_devices: bool = True
 
     def __init__(self, platform: str):
         self.platform = platform  # the JAX platform compiled for: cpu, tpu, gpu

@@ -11,6 +11,13 @@ than the same products one seed at a time. The arithmetic is the same; XLA may f
 some operations differently, so the agreement is to float tolerance, not bit for bit
 (``tests/test_seeds.py`` states it).
 
+Across devices: ``stack_seeds(trainer, S, devices=[...])`` lays the seed axis over a ``seed``
+mesh axis of those devices, each holding S/n whole seeds (``shard_map``: no seed's arrays are
+split, and no value crosses devices), so on 8 chips 8 seeds train at once in one program, each
+chip its own, mapped over its seeds as its backend does. The single-device step's mesh-bound
+constraints are left out there (``ParallelTrainer.step_fn`` carries none for ``single``: on
+one device they constrain nothing).
+
 Why: a small model leaves much of a device idle each step, and each step pays its dispatch
 and per-step overheads. One program for S seeds pays those once for all S, and on an
 accelerator gives every operation S times the work. ``train.seeds.train_seeds`` runs it; ``tjax
@@ -21,20 +28,24 @@ Shape legend: S seeds, B batch, T length.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformers_jax import backends
 from transformers_jax.config import ConfigError
 from transformers_jax.parallel.strategies import ParallelTrainer
 from transformers_jax.train.step import TrainState
+
+SEED_AXIS = "seed"
 
 
 @dataclasses.dataclass
@@ -51,11 +62,24 @@ class SeedsTrainer:
     trainer: ParallelTrainer
     seeds: int
     _step: Callable
+    mesh: Mesh | None = None  # the ``seed`` axis over several devices; None: the trainer's one
 
     @property
     def sharding(self) -> NamedSharding:
-        """Where every stacked array lives: the trainer's one device."""
-        return NamedSharding(self.trainer.mesh, P())
+        """Where every stacked array lives: the trainer's one device, or seed slices over the
+        ``seed`` mesh axis."""
+        if self.mesh is None:
+            return NamedSharding(self.trainer.mesh, P())
+        return NamedSharding(self.mesh, P(SEED_AXIS))
+
+    @property
+    def devices(self) -> int:
+        return 1 if self.mesh is None else self.mesh.size
+
+    def traced(self):
+        """The context the stacked programs are traced in: the trainer's on one device; none
+        over a seed mesh (each seed's step is one device's, within ``shard_map``)."""
+        return self.trainer.traced() if self.mesh is None else contextlib.nullcontext()
 
     def init(self, seeds: Sequence[int]) -> TrainState:
         """The stacked initial states of ``seeds`` (``len(seeds) == self.seeds``), one program
@@ -63,9 +87,17 @@ class SeedsTrainer:
         ``trainer.init_state(s)``."""
         if len(seeds) != self.seeds:
             raise ValueError(f"{len(seeds)} seeds for a program of {self.seeds}")
-        fresh = jax.jit(jax.vmap(self.trainer.init_fn), out_shardings=self.sharding)
-        with self.trainer.traced():
-            return fresh(jnp.asarray(seeds, jnp.int32))
+        fresh = self._over_seeds(jax.vmap(self.trainer.init_fn))
+        seeds_S = jax.device_put(np.asarray(seeds, np.int32), self.sharding)
+        with self.traced():
+            return jax.jit(fresh, out_shardings=self.sharding)(seeds_S)
+
+    def _over_seeds(self, fn: Callable) -> Callable:
+        """``fn`` of stacked arguments, run on each device's own seeds when over a mesh."""
+        if self.mesh is None:
+            return fn
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=P(SEED_AXIS),
+                             out_specs=P(SEED_AXIS))
 
     def stack(self, states: Sequence[TrainState]) -> TrainState:
         """One state of ``[S, ...]`` leaves on the trainer's device, seed s at index s."""
@@ -73,9 +105,12 @@ class SeedsTrainer:
             raise ValueError(f"{len(states)} states for {self.seeds} seeds")
         return jax.device_put(jax.tree.map(lambda *xs: jnp.stack(xs), *states), self.sharding)
 
-    def unstack(self, state: TrainState, index: int) -> TrainState:
-        """Seed ``index``'s own state (new arrays: the stacked state may be donated later)."""
-        return jax.tree.map(lambda x: x[index], state)
+    def unstack(self, state: Any, index: int) -> Any:
+        """Seed ``index``'s own state (or any stacked tree) on the trainer's device (new
+        arrays: the stacked state may be donated later)."""
+        one = jax.tree.map(lambda x: x[index], state)
+        return one if self.mesh is None else jax.device_put(
+            one, NamedSharding(self.trainer.mesh, P()))
 
     def place_batch(self, batches: Sequence[dict]) -> dict:
         """The seeds' host batches (same keys and shapes) as one ``[S, B, ...]`` batch."""
@@ -85,7 +120,7 @@ class SeedsTrainer:
                 for k in batches[0]}
 
     def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        with self.trainer.traced():
+        with self.traced():
             return self._step(state, batch)
 
     def abstract_state(self) -> TrainState:
@@ -103,22 +138,50 @@ class SeedsTrainer:
 
     def lower(self, state: Any, batch: dict) -> Any:
         """The stacked step lowered for (abstract or real) ``state`` and ``batch``."""
-        with self.trainer.traced():
+        with self.traced():
             return self._step.lower(state, batch)
 
 
 def stack_seeds(trainer: ParallelTrainer, seeds: int, donate: bool = True,
-                backend: backends.Backend | None = None) -> SeedsTrainer:
+                backend: backends.Backend | None = None,
+                devices: Sequence[Any] | None = None) -> SeedsTrainer:
     """``trainer``'s step over ``seeds`` stacked states as one jitted program (``donate``: it
     reuses the input state's buffers), mapped over the seeds as the backend of the trainer's
     device does it (``Backend.map_seeds``; ``backend`` overrides it). Only a ``single``
-    trainer: seeds on a mesh would need the seed axis in the mesh, which this does not build."""
+    trainer. ``devices``: lay the seeds over a ``seed`` mesh axis of these devices (the first
+    is the trainer's; ``seeds`` a multiple of their number), each training its own seeds;
+    default the trainer's device alone."""
     if trainer.strategy != "single" or trainer.step_fn is None:
-        raise ConfigError(f"train.strategy={trainer.strategy!r}: seeds train together on one "
-                          "device only (train.strategy=single); train the seeds of a "
-                          "multi-device run one after another")
+        raise ConfigError(f"train.strategy={trainer.strategy!r}: seeds train together on "
+                          "whole devices, one seed never split across several "
+                          "(train.strategy=single); train the seeds of a sharded run one "
+                          "after another")
     if seeds < 1:
         raise ValueError(f"seeds={seeds}: need at least one")
-    backend = backend or backends.for_devices(trainer.mesh.devices.flat)
-    step = jax.jit(backend.map_seeds(trainer.step_fn), donate_argnums=(0,) if donate else ())
-    return SeedsTrainer(trainer, seeds, step)
+    devices = list(devices) if devices is not None else []
+    mesh = None
+    if len(devices) > 1:
+        if seeds % len(devices):
+            raise ConfigError(f"{seeds} seeds over {len(devices)} devices: each device trains "
+                              f"whole seeds, so give a multiple of {len(devices)} seeds or "
+                              f"use {math.gcd(seeds, len(devices))} devices")
+        if devices[0] != trainer.mesh.devices.flat[0]:
+            raise ValueError("devices: the first must be the trainer's device")
+        mesh = Mesh(np.asarray(devices), (SEED_AXIS,))
+    backend = backend or backends.for_devices(devices or trainer.mesh.devices.flat)
+    shell = SeedsTrainer(trainer, seeds, None, mesh)
+    placed = {} if mesh is None else {"out_shardings": shell.sharding}
+    step = jax.jit(shell._over_seeds(backend.map_seeds(trainer.step_fn)),
+                   donate_argnums=(0,) if donate else (), **placed)
+    return dataclasses.replace(shell, _step=step)
+
+
+def seed_devices(seeds: int, devices: Sequence[Any]) -> list[Any]:
+    """The devices a program of ``seeds`` seeds spreads over by default: as many of
+    ``devices`` as divide the seeds evenly (the most that do), when their backend trains
+    seeds side by side (``Backend.seeds_across_devices``); else the first alone."""
+    devices = list(devices)
+    if not backends.for_devices(devices).seeds_across_devices:
+        return devices[:1]
+    n = max(k for k in range(1, len(devices) + 1) if seeds % k == 0)
+    return devices[:n]

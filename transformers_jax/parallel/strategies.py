@@ -345,14 +345,21 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
     )
     state_sh = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated)
 
-    def train_step(state, batch):
-        rng, dropout_rng = split_rng(state.rng)
-        sums, weight, grads = sums_and_grads(
-            c.model, state.params, batch, dropout_rng, c.grad_accum, objective=c.objective,
-            constrain_grads=lambda g: lax.with_sharding_constraint(g, param_sh),
-            groups=c.groups,
-        )
-        return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
+    def step_with(constrain_grads: Callable[[Any], Any]) -> Callable:
+        def train_step(state, batch):
+            rng, dropout_rng = split_rng(state.rng)
+            sums, weight, grads = sums_and_grads(
+                c.model, state.params, batch, dropout_rng, c.grad_accum, objective=c.objective,
+                constrain_grads=constrain_grads, groups=c.groups,
+            )
+            return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
+
+        return train_step
+
+    train_step = step_with(lambda g: lax.with_sharding_constraint(g, param_sh))
+    # single: the step other programs map over seeds, maybe on other devices than this mesh's
+    # one (parallel.seeds); there the constraint, a no-op on one device, would name the wrong one
+    step_fn = step_with(lambda g: g) if c.strategy == "single" else train_step
 
     def eval_step(params, batch):
         return finish_metrics(*weighted_sums(c.model, params, batch, deterministic=True,
@@ -379,7 +386,7 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
                             donate_argnums=c.donate),
         _eval_step=jax.jit(eval_step, out_shardings=replicated),
         state_shardings=state_sh, abstract_state=placed_abstract_state,
-        batch_shardings=lambda batch: batch_shardings(batch, mesh, rules), step_fn=train_step,
+        batch_shardings=lambda batch: batch_shardings(batch, mesh, rules), step_fn=step_fn,
         init_fn=c.fresh,
     )
 

@@ -51,8 +51,9 @@ def plan_parser() -> CommandParser:
     parser.add_argument("--strategy", metavar="jit|shard_map|single",
                         help="--train.strategy (default jit)")
     parser.add_argument("--seeds", type=int, default=1, metavar="S",
-                        help="the step of S seeds trained together on one device "
-                        "(train.seeds; needs --strategy single)")
+                        help="the step of S seeds trained together (train.seeds), each "
+                        "on one device, spread over as many of the target's as divide S "
+                        "(needs --strategy single)")
     parser.add_argument("--search", action="store_true", help="try every mesh (and remat "
                         "policy until one fits); report the fastest fit")
     parser.add_argument("--search-meshes", default="all", choices=MESH_SETS,
@@ -72,7 +73,7 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
          decode_batch: int | None = None, log: Callable[[str], None] = lambda _: None,
          meshes: str = "all", seeds: int = 1) -> dict[str, Any]:
     """The JSON object of ``tjax plan`` (see the module docstring); ``seeds``: plan the step
-    of that many seeds trained together on one device (strategy single)."""
+    of that many seeds trained together, each on one device (strategy single)."""
     if cfg.strategy == "pmap":
         raise ConfigError("train.strategy='pmap' runs on this host's devices only; plan "
                           "strategy jit, shard_map or single")
@@ -85,7 +86,7 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: must be a positive number of seeds")
     if seeds > 1 and (cfg.strategy != "single" or do_search):
-        raise ConfigError(f"--seeds {seeds}: seeds train together on one device; add "
+        raise ConfigError(f"--seeds {seeds}: each seed trains on one device; add "
                           "--strategy single (and drop --search, which tries meshes)")
     result: dict[str, Any] = {
         "target": {"name": target.name, "chip": target.chip.name, "chips": target.chips,

@@ -19,7 +19,7 @@ from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh
-from transformers_jax.parallel.seeds import stack_seeds
+from transformers_jax.parallel.seeds import seed_devices, stack_seeds
 from transformers_jax.parallel.strategies import make_trainer, mesh_rules
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
 from transformers_jax.plan.hlo import Module
@@ -48,9 +48,10 @@ def host_zeros(batch: dict) -> dict:
 def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seeds: int = 1
                   ) -> dict[str, Any]:
     """Compile ``cfg.strategy``'s training step for ``target``; its memory, cost, collectives
-    and roofline. ``seeds > 1``: the step of that many seeds trained together on one device
-    (``parallel.seeds``, strategy ``single``), as ``train.seeds.train_seeds`` runs it; FLOPs
-    and tokens are all the seeds'."""
+    and roofline. ``seeds > 1``: the step of that many seeds trained together (``parallel.
+    seeds``, strategy ``single``), as ``train.seeds.train_seeds`` runs it: over as many of the
+    target's devices as divide the seeds (``seed_devices``; one on a CPU target), each device
+    its own seeds; FLOPs and memory per device."""
     model = build_model(model_cfg)
     mesh = make_mesh(cfg.mesh, devices=target.devices)
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
@@ -58,12 +59,14 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seed
                            schedule=learning_rate_schedule(cfg), grad_accum=cfg.grad_accum,
                            objective=objective_for(model_cfg.family),
                            groups=cfg.concurrent_groups)
-    program = trainer if seeds == 1 else stack_seeds(trainer, seeds)
+    program = trainer if seeds == 1 else stack_seeds(
+        trainer, seeds, devices=seed_devices(seeds, target.devices))
     wall = time.perf_counter()
     state = program.abstract_state()
-    n = trainer.mesh.size
+    n = trainer.mesh.size if seeds == 1 else program.devices
     head = {"strategy": cfg.strategy,
-            "mesh": format_mesh(dict(zip(MESH_AXES, trainer.mesh.devices.shape, strict=True))),
+            "mesh": format_mesh(dict(zip(MESH_AXES, trainer.mesh.devices.shape, strict=True)))
+            if seeds == 1 else f"seed={n}",
             "devices": n, "remat": model_cfg.remat,
             "params": count_params(trainer.abstract_state().params),
             **({"seeds": seeds} if seeds > 1 else {})}

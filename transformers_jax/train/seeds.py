@@ -23,7 +23,8 @@ import jax
 from tqdm import tqdm
 
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, check_lengths
-from transformers_jax.parallel.seeds import SeedsTrainer, stack_seeds
+from transformers_jax.parallel.mesh import make_mesh
+from transformers_jax.parallel.seeds import SeedsTrainer, seed_devices, stack_seeds
 from transformers_jax.parallel.strategies import make_trainer
 from transformers_jax.runs.lock import RunLock
 from transformers_jax.train.loop import (
@@ -39,7 +40,8 @@ from transformers_jax.train.loop import (
 def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, seeds: Sequence[int],
                 run_dirs: Sequence[str] | None = None, auto_vocab: bool = False, *,
                 preset: str | None = None, command: str | None = None,
-                on_step: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+                on_step: Callable[[int], None] | None = None,
+                devices: Sequence[Any] | None = None) -> list[dict[str, Any]]:
     """Train ``seeds`` of one configuration together; return each seed's final metrics.
 
     The contract:
@@ -64,9 +66,14 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, seeds: Sequence[int],
     - Logging, evaluation and checkpoints happen at the same steps for all seeds; a seed whose
       training diverges (``train/guard.py``) stops all of them, with its run directory named.
     - ``on_step(step)``: after each step, as ``train``'s.
+    - ``devices``: the devices the seeds spread over, each training its own (a ``seed`` mesh
+      axis, ``parallel.seeds``; the number of seeds a multiple of theirs). Default
+      (``parallel.seeds.seed_devices``): as many of this host's devices as divide the seeds
+      where the backend gains from it (accelerators), the first device alone on the CPU.
 
-    Supported: ``train.strategy=single`` (one device), any family and objective, dropout,
-    gradient accumulation, concurrent row groups, ``init_from``, TensorBoard/W&B per run.
+    Supported: ``train.strategy=single`` (each seed on one device), any family and
+    objective, dropout, gradient accumulation, concurrent row groups, ``init_from``,
+    TensorBoard/W&B per run.
     Refused with a ``ConfigError`` naming the option: another strategy (or a mesh), several
     processes (``train.coordinator``): train those seeds one after another with ``train``.
     """
@@ -81,7 +88,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, seeds: Sequence[int],
         for one, found in zip(cfgs, warnings, strict=True):
             if one.run_dir:
                 locks.enter_context(RunLock(one.run_dir, found.append))
-        return _train_seeds(model_cfg, cfgs, auto_vocab, warnings, records, on_step)
+        return _train_seeds(model_cfg, cfgs, auto_vocab, warnings, records, on_step, devices)
 
 
 def _check_request(cfg: TrainConfig, seeds: list[int], run_dirs: Sequence[str] | None) -> None:
@@ -114,7 +121,8 @@ def _check_request(cfg: TrainConfig, seeds: list[int], run_dirs: Sequence[str] |
 
 def _train_seeds(model_cfg: ModelConfig, cfgs: list[TrainConfig], auto_vocab: bool,
                  warnings: list[list[str]], records: dict,
-                 on_step: Callable[[int], None] | None) -> list[dict[str, Any]]:
+                 on_step: Callable[[int], None] | None,
+                 devices: Sequence[Any] | None) -> list[dict[str, Any]]:
     check_lengths(model_cfg, cfgs[0].seq_len)
     plans = [plan_segment(one) for one in cfgs]  # may refuse: before anything is built
     at = [0 if plan.step is None else plan.step for plan in plans]
@@ -139,10 +147,12 @@ def _train_seeds(model_cfg: ModelConfig, cfgs: list[TrainConfig], auto_vocab: bo
                 f"learning-rate schedule than {first.cfg.run_dir or first.cfg.seed} (a "
                 "different tokenizer, or a resume with other --steps); train the seeds "
                 "separately")
+    devices = list(devices) if devices is not None else seed_devices(len(cfgs), jax.devices())
     trainer = make_trainer("single", first.model, first.optimizer, first.data.eval_batches[0],
+                           mesh=make_mesh("data=1", devices=devices[:1]),
                            schedule=first.schedule, grad_accum=first.cfg.grad_accum,
                            objective=first.objective, groups=first.cfg.concurrent_groups)
-    stacked = stack_seeds(trainer, len(cfgs))
+    stacked = stack_seeds(trainer, len(cfgs), devices=devices)
     fresh = stacked.init([one.seed for one in cfgs])  # each seed's trainer.init_state(seed)
     states = [stacked.unstack(fresh, i) for i in range(len(cfgs))]
     del fresh
@@ -167,6 +177,6 @@ def seeds_program(seeds: SeedsTrainer) -> Program:
         place=seeds.stack,
         step=lambda state, batches: seeds.step(state, seeds.place_batch(batches)),
         lane_state=seeds.unstack,
-        lane_params=lambda state, i: jax.tree.map(lambda x: x[i], state.params),
+        lane_params=lambda state, i: seeds.unstack(state.params, i),
         lane_metrics=lambda row, i: {k: v[i] for k, v in row.items()},
     )
