@@ -342,7 +342,7 @@ def seq2seq_exact_match(model, params, task: str, sizes: Sequence[int], n_per_si
 
 
 @functools.lru_cache(maxsize=16)
-def _window_losses(model):
+def window_losses(model):
     """A jitted ``(params, windows [B, L+1]) -> next-token losses [B, L]``, one per model
     (equal configs make equal modules, so every seed of a cell reuses one compile)."""
 
@@ -373,7 +373,7 @@ def stream_losses(model, params, tokens_N: np.ndarray, length: int, stride: int 
     if not starts:
         raise ValueError(f"a held-out stream of {len(tokens_N)} tokens is too short for windows "
                          f"of {length}: hold out more text")
-    losses_fn = _window_losses(model)
+    losses_fn = window_losses(model)
     out = np.full(len(tokens_N), np.nan)
     for i in range(0, len(starts), batch_size):
         chunk = starts[i : i + batch_size]

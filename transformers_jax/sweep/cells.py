@@ -1,6 +1,7 @@
-"""A spec's cells: the product of its axes (and the cells it lists by hand), each a name, the
-axis values that select it in comparisons, and the ``tjax train`` options that train it.
-Nothing here imports JAX."""
+"""A spec's cells: the product of its axes (once per stage, if it has stages), and the cells it
+lists by hand, each a name, the axis values that select it in comparisons, the ``tjax train``
+options that train it, and the cell it starts from (its parent), in an order where every
+parent comes before its children. Nothing here imports JAX."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import itertools
 import re
 from typing import Any
 
-from transformers_jax.sweep.spec import Axis, Spec, SpecError, toml_text
+from transformers_jax.sweep.spec import CELL_KEYS, Axis, Spec, SpecError, toml_text
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
     name: str  # "position=alibi,seq_len=64"; a hand-listed cell's own name
     values: dict[str, str]  # axis (last part of its key) -> the value's label
-    args: tuple[str, ...]  # the base options, then the cell's own
+    args: tuple[str, ...]  # the base options, then the cell's own (a child: its own only;
+    # resolved, its parent's come first)
+    parent: str | None = None  # the cell whose run of each seed this one starts from
+    trains: bool = True  # False: zero-shot, the parent's runs scored with this cell's model
+    tokens: int | None = None  # its own training budget (None: the spec's)
 
     @property
     def folder(self) -> str:
@@ -37,24 +42,61 @@ def value_args(key: str, value: Any) -> list[str]:
     return [f"--{key}={toml_text(value)}"]
 
 
+def _options(table: dict[str, Any]) -> list[str]:
+    """The ``--key=value`` options of a [[cell]] or [[stage]] table (not name, from, ...)."""
+    out = []
+    for key, value in table.items():
+        if key not in CELL_KEYS:
+            out += value_args(key, value)
+    return out
+
+
+def _product(spec: Spec) -> list[tuple[dict[str, str], list[str]]]:
+    """The product of the axes: each combination's labels and options (one empty
+    combination without axes)."""
+    out = []
+    for combo in itertools.product(*(a.values for a in spec.axes)):
+        values = {a.short: a.label(v) for a, v in zip(spec.axes, combo, strict=True)}
+        args = []
+        for axis, value in zip(spec.axes, combo, strict=True):
+            args += value_args(axis.key, value)
+        out.append((values, args))
+    return out
+
+
+def _named(values: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in values.items())
+
+
 def expand(spec: Spec) -> list[Cell]:
-    """The cells in a fixed order: the product of the axes (first axis slowest), then the
-    listed ones. A spec with neither has one cell, its base."""
+    """The cells, parents before their children: the product of the axes (first axis
+    slowest; once per stage when the spec has stages), then the listed ones, each chain
+    ordered by its depth. A spec with neither has one cell, its base."""
     cells = []
-    if spec.axes:
-        for combo in itertools.product(*(a.values for a in spec.axes)):
-            values = {a.short: a.label(v) for a, v in zip(spec.axes, combo, strict=True)}
-            args = [*spec.base_args]
-            for axis, value in zip(spec.axes, combo, strict=True):
-                args += value_args(axis.key, value)
-            name = ",".join(f"{k}={v}" for k, v in values.items())
-            cells.append(Cell(name, values, tuple(args)))
+    stage_names = {s["name"] for s in spec.stages}
+    for stage in spec.stages:
+        clash = sorted(set(stage) & {a.key for a in spec.axes})
+        if clash:
+            raise SpecError(f"[[stage]] {stage['name']}: {clash[0]} is also an axis; set it "
+                            "in one place")
+        for values, args in _product(spec):
+            values = {"stage": stage["name"], **values}
+            parent = stage["from"]
+            if parent in stage_names:  # the same axis values in the parent stage
+                parent = _named({**values, "stage": parent})
+            base = spec.base_args if parent is None else ()  # a child's come with its parent's
+            cells.append(Cell(_named(values), values, (*base, *_options(stage), *args), parent,
+                              stage["train"], stage["tokens"]))
+    if spec.axes and not spec.stages:
+        for values, args in _product(spec):
+            cells.append(Cell(_named(values), values, (*spec.base_args, *args)))
     for listed in spec.cells:
-        args = [*spec.base_args]
-        for key, value in listed.items():
-            if key != "name":
-                args += value_args(key, value)
-        cells.append(Cell(listed["name"], {}, tuple(args)))
+        if listed["name"] in stage_names:
+            raise SpecError(f"[[cell]] {listed['name']}: a stage has that name too; from = "
+                            f"{listed['name']!r} would be ambiguous: rename one")
+        base = spec.base_args if listed["from"] is None else ()
+        cells.append(Cell(listed["name"], {}, (*base, *_options(listed)), listed["from"],
+                          listed["train"], listed["tokens"]))
     if not cells:
         cells.append(Cell("base", {}, tuple(spec.base_args)))
     names = [c.name for c in cells]
@@ -66,7 +108,28 @@ def expand(spec: Spec) -> list[Cell]:
     if len(set(folders)) != len(folders):
         raise SpecError("two cells map to one folder name: rename a [[cell]] or give the "
                         "switch values labels")
-    return cells
+    return sorted(cells, key=lambda c: len(lineage(cells, c)))  # stable: parents first
+
+
+def lineage(cells: list[Cell], cell: Cell) -> list[Cell]:
+    """The cell's ancestors, its parent first; a ``SpecError`` for a parent that is no cell
+    or a chain that comes back to itself."""
+    by_name = {c.name: c for c in cells}
+    chain, seen = [], [cell.name]
+    while cell.parent is not None:
+        if cell.parent not in by_name:
+            raise SpecError(
+                f"cell {cell.name}: from = {cell.parent!r} names no cell; cells: "
+                f"{', '.join(c.name for c in cells if c.name != cell.name)}"
+                " (a [[stage]]'s from names a cell or another stage)")
+        if cell.parent in seen:
+            loop = seen[seen.index(cell.parent):] + [cell.parent]
+            raise SpecError(f"cells {' -> '.join(loop)} start from each other in a cycle; a "
+                            "chain of from must begin with a cell trained from scratch")
+        cell = by_name[cell.parent]
+        seen.append(cell.name)
+        chain.append(cell)
+    return chain
 
 
 def select(cells: list[Cell], selector: dict[str, str] | str, where: str,
@@ -112,16 +175,17 @@ def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
     """Every declared comparison expanded to pairs of cells: the cells ``a`` selects, each
     with the ``b`` cell equal to it on every axis neither selector names."""
     out = []
+    axes = spec.selectable_axes()
     for c in spec.compares:
         where = f"[[compare]] {c.index}"
         if c.against is not None:
             (key, value), = c.against.items()
-            base = select(cells, c.against, f"{where} against", spec.axes)
+            base = select(cells, c.against, f"{where} against", axes)
             others = [x for x in cells if x.values.get(key) not in (None, value)]
             found = [(x, _partner(x, base, {key}, where)) for x in others]
         else:
-            a_cells = select(cells, c.a, f"{where} a", spec.axes)
-            b_cells = select(cells, c.b, f"{where} b", spec.axes)
+            a_cells = select(cells, c.a, f"{where} a", axes)
+            b_cells = select(cells, c.b, f"{where} b", axes)
             named = set(c.a) | set(c.b) if isinstance(c.a, dict) and isinstance(c.b, dict) \
                 else None
             found = [(x, _partner(x, b_cells, named, where)) for x in a_cells]

@@ -5,6 +5,7 @@ host; ``--shard i/n`` trains every n-th cell, for machines sharing one output fo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import statistics
@@ -41,6 +42,10 @@ def sweep_parser() -> CommandParser:
                         help="cells trained at once on this host, each in its own process")
     parser.add_argument("--shard", default=None, metavar="I/N",
                         help="train only cells I, I+N, I+2N, ... (several machines, one --out)")
+    parser.add_argument("--depth", type=int, default=None, metavar="D",
+                        help="only the cells D steps from scratch (0: trained from scratch, 1: "
+                        "their fine-tune and zero-shot children, ...); --workers runs the "
+                        "depths one after another")
     parser.add_argument("--seeds-apart", action="store_true",
                         help="train a cell's seeds one after another (default: as one program "
                         "on one device, each equal to training it alone)")
@@ -70,6 +75,49 @@ def _step_seconds(planned: PlannedCell, tokenizer) -> float:
     return statistics.median(times)
 
 
+def _eval_seconds(planned: PlannedCell, plan: SweepPlan, cache: dict) -> float:
+    """The time scoring one seed of this cell should take here: one batch of windows timed
+    at each length (sliding too), times the batches the held-out stream makes."""
+    import jax
+    import numpy as np
+
+    from transformers_jax.evaluation import window_losses
+    from transformers_jax.models import build_model
+
+    spec = plan.spec
+    model = planned.model
+    if planned.auto_vocab:
+        model = model.replace(vocab_size=plan.tokenizer.vocab_size)
+    slid = {x.text for x in spec.sliding_lengths}
+    total = 0.0
+    for x, length in zip(spec.lengths, planned.lengths(spec), strict=True):
+        strides = [length] + ([min(spec.stride.resolve(planned.reference_len), length)]
+                              if x.text in slid else [])
+        key = (_shape_key(model), length)
+        if key not in cache:
+            module = build_model(model)
+            windows = np.zeros((spec.eval_batch_size, length + 1), np.int32)
+            params = module.init(jax.random.key(0), windows[:1, :8])["params"]
+            losses = window_losses(module)
+            jax.block_until_ready(losses(params, windows))  # compile
+            start = time.perf_counter()
+            jax.block_until_ready(losses(params, windows))
+            cache[key] = time.perf_counter() - start
+        for stride in strides:
+            batches = -(-len(range(0, plan.heldout_N.size - length, stride))
+                        // spec.eval_batch_size)
+            total += cache[key] * batches
+    return total
+
+
+def _shape_key(model) -> str:
+    """A model's config with its RoPE scaling left out (the scalings cost about the same)."""
+    position = model.position
+    if hasattr(position, "scaling"):
+        position = dataclasses.replace(position, scaling=type(position)().scaling)
+    return repr(model.replace(position=position))
+
+
 def dry_run(plan: SweepPlan) -> None:
     spec = plan.spec
     data = plan.data_record()
@@ -80,34 +128,51 @@ def dry_run(plan: SweepPlan) -> None:
           f"{data['heldout_tokens']:,} held out ({data['overlap']['share']:.2%} of held-out "
           f"{data['overlap']['window_bytes']}-byte windows also in training)")
     shapes: dict[str, float] = {}
-    total = 0.0
+    scoring: dict = {}
+    total = scored = 0.0
     print(f"{'cell':<40} {'steps':>7} {'batch':>5} {'seq':>5} {'tokens':>12} {'epochs':>6} "
-          f"{'s/step':>7} {'est. min':>8}")
+          f"{'s/step':>7} {'est. min':>8} {'score min':>9}  from")
     for planned in plan.cells:
-        key = repr((planned.model, planned.train.batch_size, planned.train.seq_len))
-        if key not in shapes:
-            shapes[key] = _step_seconds(planned, plan.tokenizer)
-        seconds = shapes[key] * planned.train.steps * len(spec.seeds)
+        seconds, step = 0.0, 0.0
+        if not planned.zero_shot:
+            key = repr((_shape_key(planned.model), planned.train.batch_size,
+                        planned.train.seq_len))
+            if key not in shapes:
+                shapes[key] = _step_seconds(planned, plan.tokenizer)
+            step = shapes[key]
+            seconds = step * planned.train.steps * len(spec.seeds)
+        scoring_s = _eval_seconds(planned, plan, scoring) * len(spec.seeds)
         total += seconds
-        print(f"{planned.cell.name:<40} {planned.train.steps:>7} {planned.train.batch_size:>5} "
+        scored += scoring_s
+        source = "" if planned.parent is None else (
+            f"{planned.parent.cell.name} ({'zero-shot' if planned.zero_shot else 'fine-tune'})")
+        print(f"{planned.cell.name:<40} {planned.train.steps if step else 0:>7} "
+              f"{planned.train.batch_size if step else 0:>5} "
               f"{planned.train.seq_len:>5} {planned.tokens:>12,} "
-              f"{planned.tokens / data['training_tokens']:>6.2f} {shapes[key]:>7.3f} "
-              f"{seconds / 60:>8.1f}")
+              f"{planned.tokens_seen / data['training_tokens']:>6.2f} {step:>7.3f} "
+              f"{seconds / 60:>8.1f} {scoring_s / 60:>9.1f}  {source}")
     print(f"estimated training time here: {total / 60:.1f} min for all seeds (measured step "
-          "times; scoring and compiles add to it)")
+          f"times; compiles add to it); scoring: {scored / 60:.1f} min (one timed batch per "
+          f"length); together {(total + scored) / 60:.1f} min")
     for pair in plan.pairs:
         print(f"compare {pair.index}: {pair.title}" + (f"  ({pair.claim})" if pair.claim else ""))
 
 
-def _workers(argv: list[str], workers: int) -> None:
-    """``workers`` processes of this command, each with ``--shard i/workers``; returns when
-    all have finished (stopping the rest if one fails)."""
+def run_workers(argv: list[str], workers: int, plan: SweepPlan, depth: int | None) -> None:
+    """``workers`` processes of this command, each with ``--shard i/workers``, depth by depth
+    (every parent has finished before its children start; fewer workers where a depth has
+    fewer cells); returns when all have finished (stopping the rest if one fails)."""
     start = "from transformers_jax.cli import main; raise SystemExit(main())"
-    failed = run_shards([sys.executable, "-c", start, "sweep",
-                         *without_option(argv, "--workers")], worker_cores(workers))
-    if failed:
-        raise SpecError(f"worker {', '.join(failed)} failed (its output is above); finished "
-                        "runs are kept, so the same command resumes")
+    command = [sys.executable, "-c", start, "sweep",
+               *without_option(without_option(argv, "--workers"), "--depth")]
+    depths = sorted({p.depth for p in plan.cells}) if depth is None else [depth]
+    for d in depths:
+        n = max(min(workers, sum(p.depth == d for p in plan.cells)), 1)
+        failed = run_shards([*command, *([f"--depth={d}"] if len(depths) > 1 or depth is not
+                                          None else [])], worker_cores(n))
+        if failed:
+            raise SpecError(f"worker {', '.join(failed)} failed (its output is above); "
+                            "finished runs are kept, so the same command resumes")
 
 
 def _other_code(plan: SweepPlan, out: str, code: dict) -> list[dict]:
@@ -151,10 +216,11 @@ def main(argv: list[str]) -> int:
                      command, base)
 
     if args.workers > 1 and shard is None:
-        _workers(argv, args.workers)
+        run_workers(argv, args.workers, plan, args.depth)
     else:
         skipped = []
-        for k, planned in enumerate(plan.cells):
+        mine = [p for p in plan.cells if args.depth is None or p.depth == args.depth]
+        for k, planned in enumerate(mine):  # parents first
             if shard is not None and k % shard[1] != shard[0]:
                 continue
             if run_cell(plan, planned, args.out, code, args.allow_code_change, _log,
@@ -163,8 +229,9 @@ def main(argv: list[str]) -> int:
             else:
                 skipped.append(planned.cell.name)
         if skipped:
-            _log(f"{len(skipped)} cell(s) were in use by another process and are not in this "
-                 "report yet: run the command again when it has finished")
+            _log(f"{len(skipped)} cell(s) were in use by another process, or wait for a "
+                 "parent no process is training, and are not in this report yet: run the "
+                 "command again when those have finished")
     report()
     _log(f"wrote {os.path.join(args.out, 'report.md')} and results.json")
     return 0

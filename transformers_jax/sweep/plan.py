@@ -26,18 +26,47 @@ READ_CAP = 20_000_000  # training tokens read for the epoch check and the baseli
 
 @dataclasses.dataclass(frozen=True)
 class PlannedCell:
-    cell: Cell
-    model: ModelConfig
-    train: TrainConfig  # trains on the split's training text; steps and batch set
+    cell: Cell  # its options in full (a child's: its parent's, then its own), in tokens
+    model: ModelConfig  # a zero-shot cell: the model its parent's runs are scored as
+    train: TrainConfig  # trains on the split's training text; steps and batch set (a
+    # zero-shot cell: its parent's, nothing is trained)
     auto_vocab: bool
+    parent: PlannedCell | None = None  # the cell whose run of each seed this one starts from
+
+    @property
+    def zero_shot(self) -> bool:
+        return not self.cell.trains
+
+    @property
+    def source(self) -> PlannedCell:
+        """The cell whose runs hold this cell's weights: itself, or for a zero-shot cell the
+        trained cell it scores."""
+        return self.parent.source if self.zero_shot else self
+
+    @property
+    def depth(self) -> int:
+        """0 for a cell trained from scratch, its parent's + 1 otherwise."""
+        return 0 if self.parent is None else self.parent.depth + 1
 
     @property
     def tokens(self) -> int:
-        """Training tokens of one seed's run."""
-        return self.train.steps * self.train.batch_size * self.train.seq_len
+        """Training tokens of one seed's run (its own; 0 for a zero-shot cell)."""
+        return 0 if self.zero_shot else self.train.steps * self.train.batch_size * \
+            self.train.seq_len
+
+    @property
+    def tokens_seen(self) -> int:
+        """Training tokens behind one seed's weights: its own and its ancestors'."""
+        return self.tokens + (self.parent.tokens_seen if self.parent else 0)
+
+    @property
+    def reference_len(self) -> int:
+        """What a multiple ("4x") is a multiple of: the training length of the first cell
+        of its chain (L0), which for a cell trained from scratch is its own seq_len."""
+        return self.parent.reference_len if self.parent else self.train.seq_len
 
     def lengths(self, spec: Spec) -> list[int]:
-        return [x.resolve(self.train.seq_len) for x in spec.lengths]
+        return [x.resolve(self.reference_len) for x in spec.lengths]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,32 +99,46 @@ def _built(cell: Cell, args: list[str]) -> tuple[ModelConfig, TrainConfig]:
         raise SpecError(f"cell {cell.name}: {err}") from None
 
 
-def in_tokens(cell: Cell) -> Cell:
-    """The cell with each option given as a multiple of its training length (``--model.
+def in_tokens(cell: Cell, reference_len: int | None = None) -> Cell:
+    """The cell with each option given as a multiple of a training length (``--model.
     position.max_distance=2x``: a setting that should follow ``train.seq_len`` across an axis
-    of lengths) turned into tokens."""
+    of lengths) turned into tokens: of its own seq_len, or for a cell with a parent of
+    ``reference_len`` (L0, where ``--train.seq_len=4x`` is allowed too)."""
     relative = [MULTIPLE.match(a) for a in cell.args]
     if not any(relative):
         return cell
-    _, cfg = _built(cell, [a for a, m in zip(cell.args, relative, strict=True) if not m])
+    seq_len = reference_len
+    if seq_len is None:
+        _, cfg = _built(cell, [a for a, m in zip(cell.args, relative, strict=True) if not m])
+        seq_len = cfg.seq_len
     args = []
     for arg, match in zip(cell.args, relative, strict=True):
         if match:
-            tokens = float(match.group(2)) * cfg.seq_len
-            if match.group(1) in ("--train.seq_len", "--train.batch_size") or tokens != int(
-                    tokens):
+            tokens = float(match.group(2)) * seq_len
+            if match.group(1) == "--train.seq_len" and reference_len is None:
+                raise SpecError(f"cell {cell.name}: {arg} is a multiple of its own seq_len; a "
+                                "training length given as a multiple (of L0) is for a cell "
+                                "that starts from another (from = ...)")
+            if match.group(1) == "--train.batch_size" or tokens != int(tokens):
                 raise SpecError(f"cell {cell.name}: {arg} is {tokens} tokens at seq_len "
-                                f"{cfg.seq_len}; give a whole number of tokens")
+                                f"{seq_len}; give a whole number of tokens")
             arg = f"{match.group(1)}={int(tokens)}"
         args.append(arg)
     return dataclasses.replace(cell, args=tuple(args))
 
 
-def resolve_cell(spec: Spec, cell: Cell) -> PlannedCell:
+def resolve_cell(spec: Spec, cell: Cell, parent: PlannedCell | None = None) -> PlannedCell:
     """The cell's configs, as ``tjax train`` with its options would build them, with options
     given as multiples of seq_len turned into tokens and the spec's budget (``tokens``,
-    ``tokens_per_step``) applied."""
-    cell = in_tokens(cell)
+    ``tokens_per_step``) applied. A cell with a parent (``parent``, resolved first) has its
+    parent's options, then its own; a zero-shot one its parent's training config."""
+    if (cell.parent is None) != (parent is None):
+        raise ValueError(f"cell {cell.name}: resolve its parent {cell.parent!r} first")
+    if parent is not None:
+        cell = in_tokens(cell, parent.reference_len)
+        cell = dataclasses.replace(cell, args=(*parent.cell.args, *cell.args))
+    else:
+        cell = in_tokens(cell)
     model, cfg = _built(cell, list(cell.args))
     where = f"cell {cell.name}"
     if cfg.task:
@@ -108,6 +151,8 @@ def resolve_cell(spec: Spec, cell: Cell) -> PlannedCell:
                         "predict each next token from the ones before it, which the sweep's "
                         "held-out losses (loss@L) score; sweep a causal LM (family gpt or "
                         "lstm with a causal mask)")
+    if not cell.trains:  # scored as its parent's runs: nothing of training applies
+        return PlannedCell(cell, model, parent.train, parent.auto_vocab, parent)
     batch = cfg.batch_size
     if spec.tokens_per_step is not None:
         batch, rest = divmod(spec.tokens_per_step, cfg.seq_len)
@@ -116,13 +161,33 @@ def resolve_cell(spec: Spec, cell: Cell) -> PlannedCell:
                             f"multiple of seq_len {cfg.seq_len}; choose one every seq_len "
                             "divides")
     steps = cfg.steps
-    if spec.tokens is not None:
-        steps = math.ceil(spec.tokens / (batch * cfg.seq_len))
+    budget = cell.tokens if cell.tokens is not None or parent else spec.tokens
+    if budget is not None:
+        steps = math.ceil(budget / (batch * cfg.seq_len))
     try:
-        cfg = cfg.replace(batch_size=batch, steps=steps, progress=False, json=False)
+        cfg = cfg.replace(batch_size=batch, steps=steps, progress=False, json=False,
+                          init_from=None)  # a child's: its parent's run of each seed
     except ValueError as err:
         raise SpecError(f"{where}: {err}") from None
-    return PlannedCell(cell, model, cfg, follows_tokenizer(model))
+    return PlannedCell(cell, model, cfg, follows_tokenizer(model), parent)
+
+
+def resolve_cells(spec: Spec) -> list[PlannedCell]:
+    """Every cell resolved, parents before children (``expand``'s order)."""
+    planned: dict[str, PlannedCell] = {}
+    for cell in expand(spec):
+        planned[cell.name] = resolve_cell(spec, cell, planned.get(cell.parent or ""))
+    return list(planned.values())
+
+
+def _with_data(cells: list[PlannedCell], data: str) -> list[PlannedCell]:
+    """The cells training on ``data``, each linked to its parent's new version."""
+    done: dict[str, PlannedCell] = {}
+    for c in cells:
+        parent = done[c.parent.cell.name] if c.parent else None
+        train = parent.train if c.zero_shot else c.train.replace(data=data)
+        done[c.cell.name] = dataclasses.replace(c, train=train, parent=parent)
+    return list(done.values())
 
 
 def token_stream(tokenizer, texts, max_tokens: int | None = None) -> np.ndarray:
@@ -161,7 +226,7 @@ def _check_passkey(spec: Spec, cells: list[PlannedCell], tokenizer) -> None:
         if not FAMILIES.get(c.model.family).generates:
             raise SpecError(f"cell {c.cell.name}: family {c.model.family} does not generate; "
                             "drop [eval] passkey")
-        for length in (x.resolve(c.train.seq_len) for x in spec.passkey["lengths"]):
+        for length in (x.resolve(c.reference_len) for x in spec.passkey["lengths"]):
             try:
                 passkey_prompt(tokenizer, "9" * digits, length - answer, 0.0)
             except ValueError:
@@ -175,15 +240,14 @@ def _check_passkey(spec: Spec, cells: list[PlannedCell], tokenizer) -> None:
 def make_plan(spec: Spec, data_root: str) -> SweepPlan:
     """``data_root``: where the split's training text is written (the sweep's own folder, so
     its runs can resume after the machine's temporary files are gone)."""
-    cells = [resolve_cell(spec, c) for c in expand(spec)]
+    cells = resolve_cells(spec)
     _same(cells, ("data", "data_dir", "text_key"), "their data")
     _same(cells, ("tokenizer", "tokenizer_vocab"), "their tokenizer")
     compared = pairs(spec, [c.cell for c in cells])
     first = cells[0].train
     split = make_split(first.data, seed=spec.heldout_seed, heldout_bytes=spec.heldout_bytes,
                        root=data_root)
-    cells = [dataclasses.replace(c, train=c.train.replace(data=split.train_data))
-             for c in cells]
+    cells = _with_data(cells, split.train_data)
     train_cfg = cells[0].train
     tokenizer = source_tokenizer(train_cfg) or training_tokenizer(train_cfg.replace(
         run_dir=None))
@@ -191,7 +255,7 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
                           data_dir=train_cfg.data_dir, text_key=train_cfg.text_key)
     # All of the training text, up to READ_CAP tokens (a catalog dataset may be far larger)
     # or as far as the largest budget needs: enough to tell one epoch from more.
-    needed = math.ceil(max(c.tokens for c in cells) / spec.max_epochs) + 1
+    needed = math.ceil(max(c.tokens_seen for c in cells) / spec.max_epochs) + 1
     train_texts: list[bytes] = []  # those read, for the overlap
 
     def read():
@@ -201,12 +265,14 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
 
     train_N = token_stream(tokenizer, read(), max(needed, READ_CAP))
     heldout_N = token_stream(tokenizer, split.heldout, spec.eval_max_tokens)
-    over = [c for c in cells if c.tokens > spec.max_epochs * train_N.size]
+    over = [c for c in cells if c.tokens_seen > spec.max_epochs * train_N.size]
     if over:
-        worst = max(over, key=lambda c: c.tokens)
+        worst = max(over, key=lambda c: c.tokens_seen)
+        parents = " with its parents'" if worst.parent else ""
         raise SpecError(
-            f"cell {worst.cell.name} trains on {worst.tokens:,} tokens, "
-            f"{worst.tokens / train_N.size:.2f} epochs of the {train_N.size:,} training tokens "
+            f"cell {worst.cell.name} trains on {worst.tokens_seen:,} tokens{parents}, "
+            f"{worst.tokens_seen / train_N.size:.2f} epochs of the {train_N.size:,} training "
+            "tokens "
             f"({len(over)} cell(s) above [base] max_epochs = {spec.max_epochs:g}): a model that "
             "sees its text twice scores memorisation; lower the budget, use more data, or "
             "raise max_epochs knowingly")

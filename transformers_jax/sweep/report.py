@@ -67,16 +67,22 @@ def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
 
 def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict]) -> dict:
     spec = plan.spec
+    trains = not planned.zero_shot
     out: dict = {"name": planned.cell.name, "values": planned.cell.values,
-                 "command": shlex.join(["tjax", "train", *train_args(planned)]),
-                 "seq_len": planned.train.seq_len, "batch_size": planned.train.batch_size,
-                 "steps": planned.train.steps, "tokens": planned.tokens,
+                 "from": planned.parent.cell.name if planned.parent else None,
+                 "zero_shot": planned.zero_shot,
+                 "command": shlex.join(["tjax", "train", *train_args(planned)]) if trains
+                 else None,
+                 "seq_len": planned.train.seq_len, "reference_len": planned.reference_len,
+                 "batch_size": planned.train.batch_size if trains else 0,
+                 "steps": planned.train.steps if trains else 0, "tokens": planned.tokens,
+                 "tokens_seen": planned.tokens_seen,
                  "seeds_scored": sorted(scores), "by_length": []}
     for kind, length_spec in spec.scored():
         means = [scores[s][kind][length_spec.text]["mean"] for s in sorted(scores)]
         out["by_length"].append({
             "kind": kind, "length": length_spec.text,
-            "tokens": length_spec.resolve(planned.train.seq_len),
+            "tokens": length_spec.resolve(planned.reference_len),
             "per_seed": means, "mean": float(np.mean(means)) if means else math.nan,
             "std": float(np.std(means, ddof=1)) if len(means) > 1 else math.nan})
     if spec.by_position and scores:
@@ -89,12 +95,15 @@ def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict])
 def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
     """For each cell's token budget: unigram (add-one) and Kneser-Ney n-gram losses on the
     held-out stream, fitted on that many training tokens (the amount of text the cell trains
-    on; within one epoch, the tokens themselves)."""
+    on; within one epoch, the tokens themselves). A cell with a parent counts its ancestors'
+    tokens too (``tokens_seen``): a fine-tune of the same seed reads its text in the order
+    its parent did, so it sees no more distinct text than that, and its baseline is fitted
+    on at least as much text as its weights have seen; a zero-shot cell has its parent's."""
     from transformers_jax.sweep.ngram import KneserNey
 
     vocab = plan.tokenizer.vocab_size
     out = {}
-    for budget in sorted({c.tokens for c in plan.cells}):
+    for budget in sorted({c.tokens_seen for c in plan.cells}):
         train_N = plan.train_N[:budget]
         counts = np.bincount(train_N, minlength=vocab).astype(np.float64) + 1.0
         losses = {"unigram": float(-np.log(counts / counts.sum())[plan.heldout_N].mean())}
@@ -127,7 +136,9 @@ def markdown(plan: SweepPlan, results: dict) -> str:
              f"Seeds {list(spec.seeds)}.", ""]
     done = [c for c in results["cells"] if c["seeds_scored"] == sorted(spec.seeds)]
     lines += [f"{len(done)} of {len(results['cells'])} cells finished.", "", "## Cells", ""]
-    header = ["cell", "steps", "tokens"] + [f"{k}@{x.text}" for k, x in spec.scored()]
+    chained = any(c.get("from") for c in results["cells"])
+    header = ["cell", *(["from"] if chained else []), "steps", "tokens"] + [
+        f"{k}@{x.text}" for k, x in spec.scored()]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in results["cells"]:
         by = {(e["kind"], e["length"]): e for e in c["by_length"]}
@@ -136,10 +147,21 @@ def markdown(plan: SweepPlan, results: dict) -> str:
             e = by.get((k, x.text))
             cells.append("pending" if not e or not e["per_seed"] else
                          f"{_fmt(e['mean'])} ± {_fmt(e['std'])}")
-        lines.append(f"| {c['name']} | {c['steps']} | {c['tokens']:,} | " + " | ".join(cells)
+        start = ""
+        if chained:
+            start = f"{c['from']} ({'zero-shot' if c['zero_shot'] else 'fine-tune'}) | " \
+                if c.get("from") else "| "
+        seen = c.get("tokens_seen", c["tokens"])
+        tokens = f"{seen:,}" + (f" ({c['tokens']:,} own)" if seen != c["tokens"] else "")
+        lines.append(f"| {c['name']} | {start}{c['steps']} | {tokens} | " + " | ".join(cells)
                      + " |")
     notes = ["Mean ± standard deviation over seeds of the held-out loss (nats per token); "
              "loss@L: windows of L tokens side by side"]
+    if chained:
+        notes.append("a cell with a parent starts from its run of each seed (fine-tune) or "
+                     "scores it with its own model options (zero-shot, no training); its "
+                     "tokens count its parent's, and its lengths and stride given as multiples "
+                     "are of the training length of the first cell of its chain (L0)")
     if spec.sliding:
         notes.append(f"sliding@L: windows of L sliding by {spec.stride.text} of seq_len, each "
                      "token scored with that much context or more")
@@ -150,11 +172,11 @@ def markdown(plan: SweepPlan, results: dict) -> str:
     lines += ["", "; ".join(notes) + "."]
     for budget, base in results["baselines"].items():
         lines += ["", f"Baselines on the same held-out tokens, fitted on {int(budget):,} "
-                  "training tokens (what a cell of that budget trains on): "
+                  "training tokens (what a cell of that budget trains on, with its parents'): "
                   + ", ".join(f"{k} {_fmt(v)}" for k, v in base.items()) + "."]
         best = min(base, key=base.get)
-        short = [c["name"] for c in done if c["tokens"] == int(budget) and c["by_length"]
-                 and c["by_length"][0]["mean"] >= base[best]]
+        short = [c["name"] for c in done if c.get("tokens_seen", c["tokens"]) == int(budget)
+                 and c["by_length"] and c["by_length"][0]["mean"] >= base[best]]
         if short:
             lines += ["", f"**Not past the {best} ({_fmt(base[best])}) at "
                       f"{spec.lengths[0].text}:** {', '.join(short)}. A comparison involving "

@@ -29,7 +29,16 @@ fix for a bad one; nothing here imports JAX.
     claim = "ALiBi degrades less than RoPE from L to 4L"
 
 ``[[cell]]`` tables list cells by hand (each ``name`` and its options) instead of, or beside,
-the product. A comparison's ``a`` and ``b`` select cells by axis values (or a cell's name);
+the product. A cell may start from another cell's runs, seed by seed (``from = "base"``): a
+fine-tune trains from the parent's run of the same seed with a budget of its own (``tokens``
+or ``train.steps``), a zero-shot cell (``train = false``) trains nothing and scores the
+parent's runs with its ``model.*`` options. ``[[stage]]`` tables (``name``, ``from``,
+``train``, ``tokens`` and options) take the product of the axes once per stage, each cell
+starting from the stage's ``from``: a cell's name, or another stage's name (then the cell of
+that stage with the same axis values). In a cell with a parent, multiples ("4x") in options
+and evaluation lengths are of the training length of the first cell of its chain (L0).
+
+A comparison's ``a`` and ``b`` select cells by axis values (or a cell's name);
 cells that differ in other axes are paired value by value, each pair one comparison of the
 family. ``against = {position = "rope"}`` compares every other value of that axis with it.
 """
@@ -49,8 +58,10 @@ except ImportError:  # Python 3.10
 from transformers_jax.config import ConfigError
 from transformers_jax.overrides import closest
 
-SECTIONS = {"title", "seeds", "base", "axes", "cell", "heldout", "eval", "baselines",
+SECTIONS = {"title", "seeds", "base", "axes", "cell", "stage", "heldout", "eval", "baselines",
             "compare"}
+CELL_KEYS = {"name", "from", "train", "tokens"}  # besides model.FIELD / train.FIELD options
+OPTION = re.compile(r"(model|train)\.[a-z_][a-z0-9_.]*")
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
 HELDOUT_KEYS = {"bytes", "seed"}
 EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "passkey", "batch_size",
@@ -156,16 +167,35 @@ class Spec:
     eval_max_tokens: int | None
     ngram_orders: tuple[int, ...]
     compares: tuple[Compare, ...]
+    stages: tuple[dict[str, Any], ...] = ()  # [[stage]] tables: name, from, train, tokens, ...
+    slid: tuple[Length, ...] | None = None  # the lengths scored sliding too (None: all)
+
+    @property
+    def sliding_lengths(self) -> tuple[Length, ...]:
+        """The evaluation lengths also scored in sliding windows."""
+        if not self.sliding:
+            return ()
+        return self.lengths if self.slid is None else self.slid
+
+    def stage_axis(self) -> Axis | None:
+        """The stages as an axis (``stage = NAME`` selects a stage's cells), None without."""
+        return Axis("stage", tuple(s["name"] for s in self.stages)) if self.stages else None
+
+    def selectable_axes(self) -> tuple[Axis, ...]:
+        """The axes a comparison selects cells by: the config axes, and the stages."""
+        stage = self.stage_axis()
+        return self.axes + ((stage,) if stage else ())
 
     def scored(self) -> list[tuple[str, Length]]:
         """Every (kind, length) a cell's runs are scored at, in the report's order."""
         out = [("loss", x) for x in self.lengths]
-        out += [("sliding", x) for x in self.lengths] if self.sliding else []
+        out += [("sliding", x) for x in self.sliding_lengths]
         return out + [("passkey", x) for x in self.passkey["lengths"]] if self.passkey else out
 
     def eval_settings(self) -> dict:
         """What decides a cell's scores besides its run (part of the score's key)."""
-        return {"lengths": [x.text for x in self.lengths], "sliding": self.sliding,
+        sliding = self.sliding if self.slid is None else [x.text for x in self.slid]
+        return {"lengths": [x.text for x in self.lengths], "sliding": sliding,
                 "stride": self.stride.text, "chunk_tokens": self.chunk_tokens,
                 "by_position": self.by_position,
                 "passkey": self.passkey and {**self.passkey, "lengths": [
@@ -196,6 +226,58 @@ def _positive_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(f"{where} = {value!r}: must be a positive integer")
     return value
+
+
+def _cell_table(table: dict, where: str, axes: list[Axis] | None = None) -> dict[str, Any]:
+    """A ``[[cell]]`` (or, with ``axes``, a ``[[stage]]``) table checked: its name, its parent
+    (``from``), whether it trains (``train``), its own budget (``tokens``) and its options."""
+    kind = "stage" if axes is not None else "cell"
+    name = table.get("name")
+    if not isinstance(name, str):
+        raise SpecError(f"{where}: give each {kind} a name = \"...\" and its options")
+    if not re.fullmatch(r"[A-Za-z0-9_.=,()+-]+", name):
+        raise SpecError(f"{where}: name {name!r} becomes a folder name; use letters, digits "
+                        "and _ . = , ( ) + -")
+    where = f"[[{kind}]] {name}"
+    for key in table:
+        if key == "seeds":
+            raise SpecError(f"{where}: seeds are the spec's (the top-level seeds key); a cell "
+                            "with a parent starts from the parent's run of each of them")
+        if key not in CELL_KEYS and not OPTION.fullmatch(key):
+            raise SpecError(f"{where}: {key!r} is not model.FIELD or train.FIELD, nor one of "
+                            f"{', '.join(sorted(CELL_KEYS - {'name'}))}")
+    parent = table.get("from")
+    if parent is not None and not isinstance(parent, str):
+        raise SpecError(f"{where}: from = {parent!r}: the name of the cell (or stage) whose "
+                        "runs it starts from")
+    if parent == name:
+        raise SpecError(f"{where}: from = {parent!r} names itself; a {kind} starts from "
+                        "another one")
+    trains = table.get("train", True)
+    if not isinstance(trains, bool):
+        raise SpecError(f"{where}: train = {trains!r}: true (train, from the parent's run if "
+                        "it has one) or false (zero-shot: score the parent's runs)")
+    tokens = table.get("tokens")
+    if tokens is not None:
+        tokens = _positive_int(tokens, f"{where} tokens")
+    options = {k for k in table if k not in CELL_KEYS}
+    options |= {a.key for a in axes or ()}
+    if not trains:
+        if parent is None:
+            raise SpecError(f"{where}: train = false scores another cell's runs; name them "
+                            "with from = \"CELL\"")
+        trained = sorted(k for k in options if k.startswith("train."))
+        if tokens is not None or trained:
+            raise SpecError(f"{where}: train = false (zero-shot) trains nothing, so "
+                            f"{', '.join(['tokens'] * (tokens is not None) + trained)} has no "
+                            "effect; drop it, or make it a fine-tune (train = true)")
+    if tokens is not None and "train.steps" in options:
+        raise SpecError(f"{where}: gives both tokens and train.steps: give the budget one way")
+    if parent is not None and trains and tokens is None and "train.steps" not in options:
+        raise SpecError(f"{where}: a fine-tune from {parent!r} needs a budget of its own: "
+                        "tokens = N (or train.steps); or train = false to score the parent's "
+                        "runs zero-shot")
+    return {**table, "from": parent, "train": trains, "tokens": tokens}
 
 
 def parse_length(text: Any, where: str) -> Length:
@@ -338,18 +420,16 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         raise SpecError(f"[axes]: two axes end in the same field name ({[a.key for a in axes]});"
                         " selectors use the last part, so it must be unique")
 
-    cells = []
-    for i, cell in enumerate(_tables(raw, "cell"), 1):
-        if not isinstance(cell.get("name"), str):
-            raise SpecError(f"[[cell]] {i}: give each cell a name = \"...\" and its options")
-        if not re.fullmatch(r"[A-Za-z0-9_.=,()+-]+", cell["name"]):
-            raise SpecError(f"[[cell]] {i}: name {cell['name']!r} becomes a folder name; use "
-                            "letters, digits and _ . = , ( ) + -")
-        for key in cell:
-            if key != "name" and not re.fullmatch(r"(model|train)\.[a-z_][a-z0-9_.]*", key):
-                raise SpecError(f"[[cell]] {cell['name']}: {key!r} is not model.FIELD or "
-                                "train.FIELD")
-        cells.append(dict(cell))
+    cells = [_cell_table(c, f"[[cell]] {i}") for i, c in enumerate(_tables(raw, "cell"), 1)]
+    stages = [_cell_table(s, f"[[stage]] {i}", axes)
+              for i, s in enumerate(_tables(raw, "stage"), 1)]
+    names = [s["name"] for s in stages]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SpecError(f"[[stage]]: two stages are named {twice[0]!r}; give each its own name")
+    if stages and any(a.short == "stage" for a in axes):
+        raise SpecError("[axes]: an axis ending in 'stage' clashes with the stages' own axis "
+                        "(stage = NAME); rename the stages' field or drop the [[stage]] tables")
 
     held = _table(raw, "heldout")
     _unknown(held, HELDOUT_KEYS, "[heldout]")
@@ -365,6 +445,17 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         raise SpecError("[eval] lengths: a non-empty list such as [\"1x\", \"2x\"] or [64, 128]")
     lengths = tuple(parse_length(x, "[eval] lengths") for x in lengths_raw)
     stride = parse_length(ev.get("stride", "0.25x"), "[eval] stride")
+    sliding = ev.get("sliding", False)
+    slid = None
+    if isinstance(sliding, list):
+        slid = tuple(parse_length(x, "[eval] sliding") for x in sliding)
+        missing = [x.text for x in slid if x.text not in [y.text for y in lengths]]
+        if not slid or missing:
+            raise SpecError(f"[eval] sliding = {sliding!r}: true, false, or a non-empty list "
+                            f"of lengths from [eval] lengths ({[x.text for x in lengths]})")
+    elif not isinstance(sliding, bool):
+        raise SpecError(f"[eval] sliding = {sliding!r}: true, false, or a list of the "
+                        "lengths to slide ([\"16x\"])")
     chunk = _positive_int(ev.get("chunk_tokens", 1000), "[eval] chunk_tokens")
     passkey = ev.get("passkey")
     if passkey is not None:
@@ -421,15 +512,17 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
             raise SpecError(f"{where}: {metric.text!r} subtracts a loss from an accuracy; "
                             "compare like with like")
         for kind, length in metric.terms:
-            if kind == "sliding" and not ev.get("sliding", False):
+            if kind == "sliding" and not sliding:
                 raise SpecError(f"{where}: {metric.text!r} needs sliding windows; set "
                                 "[eval] sliding = true")
             if kind == "passkey" and passkey is None:
                 raise SpecError(f"{where}: {metric.text!r} needs passkey retrieval; set "
                                 "[eval] passkey = true (or a table of its settings)")
-            scored = passkey["lengths"] if kind == "passkey" else lengths
+            scored = (passkey["lengths"] if kind == "passkey" else
+                      slid if kind == "sliding" and slid is not None else lengths)
             if not any(length.text == x.text for x in scored):
-                table = "[eval] passkey lengths" if kind == "passkey" else "[eval] lengths"
+                table = ("[eval] passkey lengths" if kind == "passkey" else "[eval] sliding"
+                         if kind == "sliding" and slid is not None else "[eval] lengths")
                 raise SpecError(f"{where}: {metric.text!r} needs length {length.text}, which "
                                 f"{table} ({[x.text for x in scored]}) does not score; add it "
                                 "there")
@@ -442,10 +535,10 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         raise SpecError("title: a string")
     return Spec(path, text, title, seeds, tuple(args), tokens, per_step, float(max_epochs),
                 tuple(axes), tuple(cells), heldout_bytes, heldout_seed, lengths,
-                bool(ev.get("sliding", False)), stride, chunk, bool(ev.get("by_position", True)),
+                bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
                 passkey,
                 _positive_int(ev.get("batch_size", 8), "[eval] batch_size"), max_tokens,
-                tuple(orders), tuple(compares))
+                tuple(orders), tuple(compares), tuple(stages), slid)
 
 
 def read_spec(path: str) -> Spec:

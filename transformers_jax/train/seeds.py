@@ -39,9 +39,10 @@ from transformers_jax.train.loop import (
 
 def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, seeds: Sequence[int],
                 run_dirs: Sequence[str] | None = None, auto_vocab: bool = False, *,
-                preset: str | None = None, command: str | None = None,
+                preset: str | None = None, command: str | Sequence[str] | None = None,
                 on_step: Callable[[int], None] | None = None,
-                devices: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+                devices: Sequence[Any] | None = None,
+                init_from: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Train ``seeds`` of one configuration together; return each seed's final metrics.
 
     The contract:
@@ -65,7 +66,10 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, seeds: Sequence[int],
       many tokens per step), and ``seeds_together`` is S.
     - Logging, evaluation and checkpoints happen at the same steps for all seeds; a seed whose
       training diverges (``train/guard.py``) stops all of them, with its run directory named.
-    - ``on_step(step)``: after each step, as ``train``'s.
+    - ``on_step(step)``: after each step, as ``train``'s. ``command``: what each run's
+      README records as the command that trains it (one string for all, or one per seed).
+    - ``init_from``: one run per seed that seed fine-tunes from (``cfg.init_from`` for all
+      when not given), e.g. each seed from its own pre-trained run.
     - ``devices``: the devices the seeds spread over, each training its own (a ``seed`` mesh
       axis, ``parallel.seeds``; the number of seeds a multiple of theirs). Default
       (``parallel.seeds.seed_devices``): as many of this host's devices as divide the seeds
@@ -80,9 +84,17 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, seeds: Sequence[int],
     seeds = [int(s) for s in seeds]
     _check_request(cfg, seeds, run_dirs)
     dirs = list(run_dirs) if run_dirs is not None else [None] * len(seeds)
-    cfgs = [cfg.replace(seed=seed, run_dir=run_dir) for seed, run_dir in zip(seeds, dirs,
-                                                                              strict=True)]
-    records = {"preset": preset, "command": command}
+    starts = list(init_from) if init_from is not None else [cfg.init_from] * len(seeds)
+    if len(starts) != len(seeds):
+        raise ValueError(f"{len(starts)} init_from runs for {len(seeds)} seeds: give one per "
+                         "seed, in the same order")
+    cfgs = [cfg.replace(seed=seed, run_dir=run_dir, init_from=start)
+            for seed, run_dir, start in zip(seeds, dirs, starts, strict=True)]
+    commands = [command] * len(seeds) if command is None or isinstance(command, str) \
+        else list(command)
+    if len(commands) != len(seeds):
+        raise ValueError(f"{len(commands)} commands for {len(seeds)} seeds: give one per seed")
+    records = [{"preset": preset, "command": c} for c in commands]
     warnings: list[list[str]] = [[] for _ in cfgs]  # each run's log opens later, locked
     with contextlib.ExitStack() as locks:
         for one, found in zip(cfgs, warnings, strict=True):
@@ -120,7 +132,7 @@ def _check_request(cfg: TrainConfig, seeds: list[int], run_dirs: Sequence[str] |
 
 
 def _train_seeds(model_cfg: ModelConfig, cfgs: list[TrainConfig], auto_vocab: bool,
-                 warnings: list[list[str]], records: dict,
+                 warnings: list[list[str]], records: list[dict],
                  on_step: Callable[[int], None] | None,
                  devices: Sequence[Any] | None) -> list[dict[str, Any]]:
     check_lengths(model_cfg, cfgs[0].seq_len)
@@ -140,7 +152,8 @@ def _train_seeds(model_cfg: ModelConfig, cfgs: list[TrainConfig], auto_vocab: bo
     setups = [prepare_run(model_cfg, plan, auto_vocab) for plan in plans]
     first = setups[0]
     for setup in setups[1:]:  # the program is built for the first: it must be every seed's
-        same_cfg = setup.cfg.replace(seed=first.cfg.seed, run_dir=first.cfg.run_dir)
+        same_cfg = setup.cfg.replace(seed=first.cfg.seed, run_dir=first.cfg.run_dir,
+                                     init_from=first.cfg.init_from)
         if setup.model_cfg != first.model_cfg or same_cfg != first.cfg:
             raise ValueError(
                 f"{setup.cfg.run_dir or setup.cfg.seed}: its run resolves another model or "
@@ -160,8 +173,8 @@ def _train_seeds(model_cfg: ModelConfig, cfgs: list[TrainConfig], auto_vocab: bo
                disable=not cfgs[0].progress, dynamic_ncols=True)
     lanes: list[Lane] = []
     try:
-        for setup, found in zip(setups, warnings, strict=True):
-            lanes.append(open_lane(setup, records, bar, found))
+        for setup, found, record in zip(setups, warnings, records, strict=True):
+            lanes.append(open_lane(setup, record, bar, found))
         return run_lanes(lanes, seeds_program(stacked), states, bar, on_step)
     finally:
         bar.close()
