@@ -249,6 +249,39 @@ def cmd_presets(argv: list[str]) -> int:
     return 0
 
 
+def cmd_corpus(argv: list[str]) -> int:
+    parser = CommandParser(
+        "tjax corpus", "Fetch and prepare a research corpus: 'linux-source' is the kernel tree "
+        "of Debian's linux-source-6.1 package (its Documentation/ prose and its C source), "
+        "pinned by sha256, split by file with duplicates removed across the splits; read it "
+        "with --data tfds:tjax_linux_source/CONFIG. Prints the manifest (bytes and files per "
+        "split, duplicates removed, held_out_overlap, sha256s) as JSON.")
+    parser.add_argument("corpus", choices=["linux-source"], help="which corpus")
+    parser.add_argument("--config", default="docs,c,all",
+                        help="configs to prepare, comma-separated: docs, c, all (both)")
+    parser.add_argument("--data-dir", default=None, help="where the tfds dataset goes (default "
+                        "$TJAX_DATA_DIR or ~/.cache/transformers_jax/datasets)")
+    parser.add_argument("--deb", default=None, help="a linux-source-6.1 .deb you already have "
+                        "(machines without Debian's apt); default: apt-get download")
+    parser.add_argument("--tarball", default=None,
+                        help="the kernel tree's tar.xz itself (usr/src/linux-source-6.1.tar.xz "
+                        "of the package, or another 6.1 tree with --sha256)")
+    parser.add_argument("--sha256", default=None,
+                        help="accept this sha256 of --deb/--tarball instead of the pinned one")
+    parser.add_argument("--version", default=None, help="the package version to download "
+                        "(default: the pinned one; another needs --sha256)")
+    args, _, _ = parser.parse(argv)
+    from transformers_jax.data import linux_source
+
+    result = {}
+    for config in [c.strip() for c in args.config.split(",") if c.strip()]:
+        result[config] = linux_source.prepare(
+            config, args.data_dir, deb=args.deb, tarball=args.tarball, sha256=args.sha256,
+            version=args.version or linux_source.VERSION)
+    print_json(result, indent=1)
+    return 0
+
+
 def cmd_bench(argv: list[str]) -> int:
     from transformers_jax.bench import main as bench_main
 
@@ -271,7 +304,7 @@ def cmd_plan(argv: list[str]) -> int:
 
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
             "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets,
-            "plan": cmd_plan, "sweep": cmd_sweep}
+            "plan": cmd_plan, "sweep": cmd_sweep, "corpus": cmd_corpus}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,6 +108,10 @@ def _did_you_mean(message: str) -> str:
 
 
 def _not_prepared_message(name: str, data_dir: str | None, cause: BaseException) -> str:
+    if name.startswith("tjax_linux_source"):
+        config = name.split("/")[1].split(":")[0] if "/" in name else "CONFIG"
+        return (f"{name!r} is not prepared in {data_dir}: run `tjax corpus linux-source "
+                f"--config {config}` (with --data-dir {data_dir} when that is not the default)")
     where = data_dir or "the default tfds data_dir (~/tensorflow_datasets or $TFDS_DATA_DIR)"
     return (
         f"tfds dataset {name!r} is not prepared in {where} and it cannot be downloaded here "
@@ -143,6 +147,18 @@ def _text_key(features: Any, name: str, text_key: str | None) -> str:
     )
 
 
+def _data_dir(name: str, data_dir: str | None) -> str | None:
+    """Registers this package's own builders (``tjax_linux_source``, prepared by ``tjax
+    corpus``) with tfds, and says where they live when ``data_dir`` is not given: in
+    ``local_text.default_data_dir()``, where ``tjax corpus`` puts them."""
+    from transformers_jax.data import linux_source
+    from transformers_jax.data.local_text import default_data_dir
+
+    if data_dir is None and name.split("/")[0].split(":")[0] == linux_source.BUILDER_NAME:
+        return default_data_dir()
+    return data_dir
+
+
 def tfds_builder(name: str, data_dir: str | None):
     """The tfds builder of catalog dataset ``name`` (its ``info``: splits, features, prepared
     version), or an ``UnknownDatasetError`` listing what is known to work."""
@@ -150,6 +166,7 @@ def tfds_builder(name: str, data_dir: str | None):
 
     from transformers_jax.data.local_text import quiet_tfds
 
+    data_dir = _data_dir(name, data_dir)
     try:
         with quiet_tfds():
             return tfds.builder(name, data_dir=data_dir)
@@ -179,6 +196,7 @@ def open_tfds(
 
     from transformers_jax.data.local_text import quiet_tfds
 
+    data_dir = _data_dir(name, data_dir)
     builder = tfds_builder(name, data_dir)
     key = _text_key(builder.info.features, name, text_key)
     try:

@@ -24,6 +24,7 @@ import tempfile
 
 import numpy as np
 
+from transformers_jax.data.leak import overlap  # noqa: F401  (sweep.plan reads it here)
 from transformers_jax.data.sources import Documents, open_documents, open_source, parse_spec
 
 MIN_DOCUMENTS = 100  # below this many documents, split by chunks
@@ -164,28 +165,3 @@ def _train_files(records, pieces, held_mask) -> list[bytes]:
     if current:
         files.append(b"".join(current))
     return [f for f in files if f.strip()]
-
-
-def overlap(train_texts, heldout_texts, width: int = 50) -> dict:
-    """How much held-out text also occurs in the training text: the share of the held-out
-    ``width``-byte windows found among the training ones (a hash of each; a hash collision
-    can only overstate it). Repeated boilerplate shows here, a leaked document as a share near
-    one."""
-    def hashes(texts) -> np.ndarray:
-        powers = np.uint64(1_000_003) ** np.arange(width - 1, -1, -1, dtype=np.uint64)
-        out = []
-        for text in texts:
-            b = np.frombuffer(text, np.uint8)
-            if b.size < width:
-                continue
-            for start in range(0, b.size - width + 1, 1 << 20):  # a MiB of windows at a time
-                part = b[start : start + (1 << 20) + width - 1]
-                windows = np.lib.stride_tricks.sliding_window_view(part, width)
-                out.append(windows.astype(np.uint64) @ powers)
-        return np.concatenate(out) if out else np.zeros(0, np.uint64)
-
-    with np.errstate(over="ignore"):
-        held, train = hashes(heldout_texts), np.unique(hashes(train_texts))
-    found = int(np.isin(held, train).sum()) if held.size else 0
-    return {"window_bytes": width, "heldout_windows": int(held.size), "found_in_training": found,
-            "share": found / held.size if held.size else 0.0}
