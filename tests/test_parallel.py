@@ -121,13 +121,16 @@ def assert_matches_reference(cfg, trainer, state, losses, norms, packed=True, ch
 
 # Mesh specs -------------------------------------------------------------------------------
 def test_parse_mesh_shapes():
-    assert parse_mesh("data=4,fsdp=2,tensor=1", 8) == {"data": 4, "fsdp": 2, "tensor": 1}
-    assert parse_mesh("fsdp=8", 8) == {"data": 1, "fsdp": 8, "tensor": 1}
-    assert parse_mesh(" tensor = 2 , data=-1 ", 8) == {"data": 4, "fsdp": 1, "tensor": 2}
-    assert parse_mesh(None, 8) == parse_mesh("auto", 8) == {"data": 8, "fsdp": 1, "tensor": 1}
+    one = {"context": 1}  # the context axis (tests/test_parallel_context.py): 1 unless asked
+    assert parse_mesh("data=4,fsdp=2,tensor=1", 8) == {"data": 4, "fsdp": 2, **one, "tensor": 1}
+    assert parse_mesh("fsdp=8", 8) == {"data": 1, "fsdp": 8, **one, "tensor": 1}
+    assert parse_mesh(" tensor = 2 , data=-1 ", 8) == {"data": 4, "fsdp": 1, **one, "tensor": 2}
+    assert parse_mesh(None, 8) == parse_mesh("auto", 8) == {"data": 8, "fsdp": 1, **one,
+                                                             "tensor": 1}
     assert parse_mesh({"data": 2, "tensor": 4}, 8)["tensor"] == 4
     mesh = make_mesh("data=2,fsdp=2,tensor=2")
-    assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.devices.shape == (2, 2, 2)
+    assert mesh.axis_names == ("data", "fsdp", "context", "tensor")
+    assert mesh.devices.shape == (2, 2, 1, 2)
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
 
@@ -136,7 +139,7 @@ def test_parse_mesh_shapes():
     [
         ("data=4,fsdp=4", "multiply to 16 but there are 8 devices.*'data=2,fsdp=4,tensor=1'"),
         ("data=3", "multiply to 3 but there are 8 devices"),
-        ("pipeline=8", "unknown mesh axis 'pipeline'; valid axes: data, fsdp, tensor"),
+        ("pipeline=8", "unknown mesh axis 'pipeline'; valid axes: data, fsdp, context, tensor"),
         ("data=two", "size 'two' of axis 'data' is not an integer"),
         ("data=4,data=2", "axis 'data' is given twice"),
         ("data:8", "is not NAME=SIZE"),
@@ -165,12 +168,13 @@ def test_rules_shard_parameters_and_activations():
     assert layer["mlp"]["gate"]["kernel"] == P("fsdp", "tensor")  # column parallel
     assert layer["mlp"]["down"]["kernel"] == P("tensor", "fsdp")  # row parallel
     assert layer["norm1"]["scale"] == P("fsdp")
-    # An activation [batch, length, embed]: batch takes data and fsdp, so embed stays whole.
+    # An activation [batch, length, embed]: batch takes data and fsdp, so embed stays whole;
+    # length goes to context (size 1 here: whole).
     assert nn.logical_to_mesh_axes(("batch", "length", "embed"), LOGICAL_RULES) == P(
-        ("data", "fsdp"), None, None
+        ("data", "fsdp"), "context", None
     )
     assert nn.logical_to_mesh_axes(("batch", "length", "mlp"), LOGICAL_RULES) == P(
-        ("data", "fsdp"), None, "tensor"
+        ("data", "fsdp"), "context", "tensor"
     )
 
 

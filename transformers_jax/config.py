@@ -45,6 +45,7 @@ REMAT_POLICIES = ("none", "full", "nothing_saveable", "dots_saveable",
                   "dots_with_no_batch_dims_saveable", "everything_saveable",
                   "save_attention_out", "save_qkv_proj")
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
+CONTEXT_ATTENTION = ("all_gather", "ring")  # attention across sequence shards (parallel/context.py)
 # Packed text rows shuffled within windows of this many by default: packing cuts a document
 # into consecutive rows, so unshuffled batches are mostly one document's neighbouring windows
 # (measured in experiments/length_extrapolation.py: NoPE at L=128 2.25 -> 1.757 nats held-out,
@@ -299,6 +300,9 @@ class TrainConfig:
     strategy: str = "single"  # single, pmap, shard_map, jit
     mesh: str | None = None  # e.g. "data=4,fsdp=2,tensor=1"; default: all devices on data
     grad_accum: int = 1  # micro-batches per step (the batch is split, the update is the same)
+    # With a context mesh axis (--train.mesh=data=2,context=4, strategy jit): how attention
+    # crosses the sequence shards, all_gather of keys/values or ring (see docs/scaling.md)
+    context_attention: str = "all_gather"
     # The CPU backend's (backends/cpu.py): small models trained 1.06-1.11x faster on 2 cores;
     # meshes of other devices refuse more than 1
     concurrent_groups: int = 1  # row groups per (micro-)batch computed side by side on a CPU
@@ -351,6 +355,7 @@ class TrainConfig:
                   f"applies to text: the synthetic task {self.task!r} lays out its own rows; "
                   "drop --train.bos_per_row")
         _check_choice("train.strategy", self.strategy, STRATEGIES)
+        _check_choice("train.context_attention", self.context_attention, CONTEXT_ATTENTION)
         if not 0 < self.mlm_rate <= 1 or not 0 <= self.mlm_mask_fraction <= 1 or not (
             0 <= self.mlm_random_fraction <= 1 - self.mlm_mask_fraction + 1e-9
         ):

@@ -3,8 +3,11 @@ and scan over layers live in ``nn/stack.py``).
 
 ``make_trainer(strategy, model, optimizer, example_batch, mesh="data=4,fsdp=2,tensor=1")``
 gives the steps of one strategy (``single``, ``pmap``, ``shard_map``, ``jit``); all of them
-compute the same update as one device on the same global batch. ``stack_seeds(trainer, S)``
-steps S seeds of a ``single`` trainer as one program (``parallel/seeds.py``).
+compute the same update as one device on the same global batch. A ``context`` mesh axis
+(``mesh="data=2,context=4"``, strategy ``jit``) splits sequences, attention crossing the
+shards by an all-gather of keys/values or a ring (``parallel/context.py``).
+``stack_seeds(trainer, S)`` steps S seeds of a ``single`` trainer as one program
+(``parallel/seeds.py``).
 """
 
 from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh, parse_mesh

@@ -1,12 +1,16 @@
 """Device meshes from a one-line spec such as ``"data=4,fsdp=2,tensor=1"``.
 
-Every mesh here has the same three named axes, in this order:
+Every mesh here has the same four named axes, in this order:
 
 - ``data``: pure data parallelism (parameters replicated, batch split);
 - ``fsdp``: data parallelism that also shards parameters and optimizer state (ZeRO-3 style);
+- ``context``: context (sequence) parallelism: every activation's length split, attention
+  computed across the shards (``parallel/context.py``); strategy ``jit`` only;
 - ``tensor``: tensor (model) parallelism over attention heads, MLP width and vocabulary.
 
 Axes left out of the spec have size 1; one axis may be ``-1`` to take the remaining devices.
+A spec is written back (``format_mesh``) without ``context`` when it is 1, so every mesh
+without context parallelism keeps the spelling it had before the axis existed.
 Meshes are built with ``AxisType.Auto`` on every axis (classic GSPMD propagation): the current
 ``jax.make_mesh`` default is ``Explicit``, which changes how unsharded inputs are treated.
 """
@@ -21,7 +25,8 @@ from jax.sharding import AxisType, Mesh
 
 from transformers_jax.config import ConfigError
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor")
+CONTEXT_AXIS = "context"
 
 
 def _divisors(n: int) -> list[int]:
@@ -29,13 +34,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def parse_mesh(spec: str | Mapping[str, int] | None, n_devices: int) -> dict[str, int]:
-    """``"data=4,fsdp=2"`` -> ``{"data": 4, "fsdp": 2, "tensor": 1}`` for ``n_devices`` devices.
+    """``"data=4,fsdp=2"`` -> ``{"data": 4, "fsdp": 2, "context": 1, "tensor": 1}`` for
+    ``n_devices`` devices.
 
     ``None``, ``""`` or ``"auto"`` put every device on ``data``. The product of the sizes must
     equal ``n_devices``; errors say what was wrong and suggest a shape that works.
     """
     if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "auto")):
-        return {"data": n_devices, "fsdp": 1, "tensor": 1}
+        return {"data": n_devices, "fsdp": 1, "context": 1, "tensor": 1}
     if isinstance(spec, Mapping):
         items = [(str(k), str(v)) for k, v in spec.items()]
         text = ",".join(f"{k}={v}" for k, v in items)
@@ -85,11 +91,10 @@ def parse_mesh(spec: str | Mapping[str, int] | None, n_devices: int) -> dict[str
         sizes[inferred[0]] = n_devices // known
     shape = {name: sizes.get(name, 1) for name in MESH_AXES}
     if math.prod(shape.values()) != n_devices:
-        rest = shape["fsdp"] * shape["tensor"]
+        rest = math.prod(size for name, size in shape.items() if name != "data")
         example = (
-            {"data": n_devices // rest, "fsdp": shape["fsdp"], "tensor": shape["tensor"]}
-            if n_devices % rest == 0
-            else {"data": n_devices, "fsdp": 1, "tensor": 1}
+            {**shape, "data": n_devices // rest} if n_devices % rest == 0
+            else {"data": n_devices}
         )
         raise ConfigError(
             f"mesh={text!r}: the axis sizes multiply to {math.prod(shape.values())} but there "
@@ -100,14 +105,16 @@ def parse_mesh(spec: str | Mapping[str, int] | None, n_devices: int) -> dict[str
 
 
 def format_mesh(shape: Mapping[str, int]) -> str:
-    """The spec string of a shape dict: ``data=4,fsdp=2,tensor=1``."""
-    return ",".join(f"{name}={shape[name]}" for name in MESH_AXES)
+    """The spec string of a shape dict: ``data=4,fsdp=2,tensor=1`` (``context`` only when it
+    is not 1: ``data=2,fsdp=1,context=4,tensor=1``). Axes missing from ``shape`` are 1."""
+    return ",".join(f"{name}={shape.get(name, 1)}" for name in MESH_AXES
+                    if name != CONTEXT_AXIS or shape.get(name, 1) != 1)
 
 
 def make_mesh(
     spec: str | Mapping[str, int] | None = None, devices: Sequence[jax.Device] | None = None
 ) -> Mesh:
-    """A ``data x fsdp x tensor`` mesh over ``devices`` (default: every device of every
+    """A ``data x fsdp x context x tensor`` mesh over ``devices`` (default: every device of every
     process), all axes ``AxisType.Auto``."""
     devices = list(jax.devices() if devices is None else devices)
     shape = parse_mesh(spec, len(devices))
@@ -120,4 +127,6 @@ def make_mesh(
 
 
 def mesh_shape(mesh: Mesh) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    """Axis name -> size; every axis of ``MESH_AXES`` (1 where the mesh lacks it)."""
+    return {**dict.fromkeys(MESH_AXES, 1),
+            **dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))}

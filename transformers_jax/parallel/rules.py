@@ -4,7 +4,8 @@ Model code names array dimensions logically (parameters through ``nn.with_logica
 activations through ``nn.with_logical_constraint``); this module is the only place that says
 which mesh axis each name is split over. Rules are tried in order and a mesh axis is used at most
 once per array, so an activation ``[batch, length, embed]`` splits ``batch`` over
-``(data, fsdp)`` and leaves ``embed`` whole, while a weight ``[embed, mlp]`` (no batch) splits
+``(data, fsdp)``, ``length`` over ``context`` (context parallelism; size 1 unless the mesh
+asks) and leaves ``embed`` whole, while a weight ``[embed, mlp]`` (no batch) splits
 ``embed`` over ``fsdp`` (FSDP) and ``mlp`` over ``tensor`` (tensor parallelism).
 """
 
@@ -31,7 +32,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),  # MLP: up is column-parallel, down row-parallel
     ("head_dim", None),
-    ("length", None),
+    ("length", "context"),  # activations' sequence: context parallelism (parallel/context.py)
     ("layers", None),  # the stacked-layer axis of a scanned model
 )
 
@@ -92,6 +93,17 @@ def data_parallel_size(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES) -> int:
     """How many ways the batch is split: the product of the mesh axes ``batch`` maps to."""
     spec = batch_spec(1, rules)
     return math.prod(mesh.shape[a] for a in _axes_tuple(spec[0]))
+
+
+def length_axes(rules: LogicalRules = LOGICAL_RULES) -> tuple[str, ...]:
+    """The mesh axes the activations' ``length`` is split over (``("context",)``)."""
+    return _axes_tuple(nn.logical_to_mesh_axes(("length",), rules)[0])
+
+
+def context_parallel_size(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES) -> int:
+    """How many ways each sequence is split: the product of the mesh axes ``length`` maps to
+    (1 without context parallelism)."""
+    return math.prod(mesh.shape.get(a, 1) for a in length_axes(rules))
 
 
 def _path_name(path) -> str:

@@ -16,10 +16,12 @@ optimizer update. What differs is who holds what:
   global loss ``psum(local sum)`` instead and let JAX insert the one all-reduce. An attention
   implementation whose kernel has no varying-axis types (``typed_under_shard_map=False``:
   Pallas) runs with ``check_vma=False`` and the pmap idiom (local gradient sums, one psum).
-- ``jit``: global arrays on a ``data x fsdp x tensor`` mesh. Parameters and optimizer state are
-  placed by the logical-axis rules (``rules.LOGICAL_RULES``): FSDP shards them over ``fsdp``,
-  tensor parallelism splits heads, MLP width and vocabulary over ``tensor``; activations follow
-  the model's logical constraints. XLA (GSPMD) inserts the collectives.
+- ``jit``: global arrays on a ``data x fsdp x context x tensor`` mesh. Parameters and optimizer
+  state are placed by the logical-axis rules (``rules.LOGICAL_RULES``): FSDP shards them over
+  ``fsdp``, tensor parallelism splits heads, MLP width and vocabulary over ``tensor``;
+  activations follow the model's logical constraints, their length split over ``context``
+  (context parallelism: attention across the shards by ``context.attention_hook``, an
+  all-gather of keys and values or a ring). XLA (GSPMD) inserts the other collectives.
 
 Gradient accumulation (``grad_accum=k``) scans over k micro-batches inside the step, adding
 weighted loss sums and gradients of sums, and normalises once by the global weight: exactly the
@@ -55,7 +57,9 @@ from jax.sharding import PartitionSpec as P
 
 from transformers_jax import backends
 from transformers_jax.config import ConfigError
+from transformers_jax.nn.attention import across_shards
 from transformers_jax.parallel import multihost
+from transformers_jax.parallel.context import attention_hook, check_context
 from transformers_jax.parallel.mesh import make_mesh, mesh_shape
 from transformers_jax.parallel.rules import (
     LOGICAL_RULES,
@@ -176,12 +180,14 @@ class ParallelTrainer:
     init_fn: Callable | None = None
     abstract_state: Callable[[], TrainState] | None = None  # None: pmap (local devices only)
     batch_shardings: Callable[[dict], dict] | None = None  # batch -> NamedSharding per key
+    context_attention: str = "all_gather"  # with a context axis: all_gather or ring
 
     def traced(self):
         """The context this strategy's steps are traced in (the mesh and logical-axis rules
-        of jit and single; nothing for pmap and shard_map)."""
+        of jit and single, and attention across sequence shards with a context axis; nothing
+        for pmap and shard_map)."""
         if self.strategy in ("jit", "single"):
-            return mesh_rules(self.mesh, self.rules)
+            return mesh_rules(self.mesh, self.rules, self.context_attention)
         return contextlib.nullcontext()
 
     def abstract_batch(self, batch: dict) -> dict:
@@ -216,11 +222,15 @@ class ParallelTrainer:
 
 
 @contextlib.contextmanager
-def mesh_rules(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES):
+def mesh_rules(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES,
+               context_attention: str = "all_gather"):
     """``jax.set_mesh(mesh)`` and ``nn.logical_axis_rules(rules)`` while a step is traced: the
     model's ``nn.with_logical_constraint`` calls then become real sharding constraints (with
-    no mesh or no rules they are no-ops, which is what pmap and shard_map want)."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    no mesh or no rules they are no-ops, which is what pmap and shard_map want). When the rules
+    split the sequence over the mesh (a ``context`` axis), the model's attention runs across
+    the shards by ``context_attention`` (``all_gather`` or ``ring``; ``parallel/context.py``)."""
+    hook = attention_hook(mesh, rules, context_attention)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules), across_shards(hook):
         yield
 
 
@@ -239,11 +249,13 @@ def _is_host_batch(batch: dict) -> bool:
 
 def _check_strategy_mesh(strategy: str, mesh: Mesh) -> None:
     shape = mesh_shape(mesh)
-    if strategy in ("pmap", "shard_map") and (shape["fsdp"] != 1 or shape["tensor"] != 1):
+    others = {a: shape[a] for a in ("fsdp", "context", "tensor") if shape[a] != 1}
+    if strategy in ("pmap", "shard_map") and others:
+        got = ", ".join(f"{a}={size}" for a, size in others.items())
         raise ConfigError(
             f"train.strategy={strategy!r} is data parallel only, so the mesh must be "
-            f"'data=N' (got fsdp={shape['fsdp']}, tensor={shape['tensor']}); use "
-            "train.strategy=jit to shard parameters (fsdp) or heads/MLP (tensor)"
+            f"'data=N' (got {got}); use train.strategy=jit to shard parameters (fsdp), "
+            "sequences (context) or heads/MLP (tensor)"
         )
 
 
@@ -260,6 +272,7 @@ def make_trainer(
     rules: LogicalRules = LOGICAL_RULES,
     donate: bool = True,
     groups: int = 1,
+    context_attention: str = "all_gather",
 ) -> ParallelTrainer:
     """Build the train/eval steps of ``strategy`` for global batches shaped like
     ``example_batch`` (a host dict of ``[B, ...]`` arrays).
@@ -270,7 +283,9 @@ def make_trainer(
     the step reuses the input state's buffers (do not touch a state after passing it in).
     ``groups``: each (micro-)batch computed as this many independent row groups
     (``train.concurrent_groups``; ``train.step.grouped_sums_and_grads``): for CPU devices only,
-    a ConfigError for others.
+    a ConfigError for others. ``context_attention``: how attention crosses the sequence
+    shards of a mesh with a ``context`` axis (``all_gather`` of keys and values, or ``ring``;
+    ``parallel/context.py``); ignored without one.
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"train.strategy={strategy!r}: valid choices: {', '.join(STRATEGIES)}")
@@ -290,12 +305,15 @@ def make_trainer(
     elif not isinstance(mesh, Mesh):
         mesh = make_mesh(mesh)
     _check_strategy_mesh(strategy, mesh)
+    check_context(strategy, mesh, rules, example_batch, model.config.attention, context_attention)
     backends.for_devices(mesh.devices.flat).check_row_groups(groups)  # XLA:CPU's only
     check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules, groups)
     build = _pmap_trainer if strategy == "pmap" else (
         _shard_map_trainer if strategy == "shard_map" else _jit_trainer)
-    return build(_Setup(strategy, model, optimizer, example_batch, mesh, schedule, grad_accum,
-                        objective, rules, (0,) if donate else (), groups))
+    trainer = build(_Setup(strategy, model, optimizer, example_batch, mesh, schedule,
+                           grad_accum, objective, rules, (0,) if donate else (), groups,
+                           context_attention))
+    return dataclasses.replace(trainer, context_attention=context_attention)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +329,7 @@ class _Setup:
     rules: LogicalRules
     donate: tuple[int, ...]
     groups: int = 1
+    context_attention: str = "all_gather"
 
     def fresh(self, seed: int | jax.Array) -> TrainState:
         """``train.step.init_state`` (for any objective) of ``seed``, a Python int or a traced
@@ -372,7 +391,7 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
         return multihost.local_rows(NamedSharding(mesh, batch_spec(1, rules)), (batch_size,))
 
     def init(seed: int) -> TrainState:
-        with mesh_rules(mesh, rules):
+        with mesh_rules(mesh, rules, c.context_attention):
             return c.init(seed, out_shardings=state_sh)
 
     def placed_abstract_state() -> TrainState:

@@ -18,7 +18,7 @@ import numpy as np
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
-from transformers_jax.parallel.mesh import MESH_AXES, format_mesh, make_mesh
+from transformers_jax.parallel.mesh import format_mesh, make_mesh, mesh_shape
 from transformers_jax.parallel.seeds import seed_devices, stack_seeds
 from transformers_jax.parallel.strategies import make_trainer, mesh_rules
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
@@ -58,14 +58,15 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seed
     trainer = make_trainer(cfg.strategy, model, make_optimizer(cfg), host_zeros(batch), mesh=mesh,
                            schedule=learning_rate_schedule(cfg), grad_accum=cfg.grad_accum,
                            objective=objective_for(model_cfg.family),
-                           groups=cfg.concurrent_groups)
+                           groups=cfg.concurrent_groups,
+                           context_attention=cfg.context_attention)
     program = trainer if seeds == 1 else stack_seeds(
         trainer, seeds, devices=seed_devices(seeds, target.devices))
     wall = time.perf_counter()
     state = program.abstract_state()
     n = trainer.mesh.size if seeds == 1 else program.devices
     head = {"strategy": cfg.strategy,
-            "mesh": format_mesh(dict(zip(MESH_AXES, trainer.mesh.devices.shape, strict=True)))
+            "mesh": format_mesh(mesh_shape(trainer.mesh))
             if seeds == 1 else f"seed={n}",
             "devices": n, "remat": model_cfg.remat,
             "params": count_params(trainer.abstract_state().params),
@@ -178,7 +179,7 @@ def candidate_meshes(n_devices: int, which: str = "all", per_host: int | None = 
     else:
         raise ConfigError(f"--search-meshes={which!r}: one of {', '.join(MESH_SETS)}")
     unique = list(dict.fromkeys(shapes))
-    return [format_mesh(dict(zip(MESH_AXES, s, strict=True))) for s in unique]
+    return [format_mesh(dict(zip(("data", "fsdp", "tensor"), s, strict=True))) for s in unique]
 
 
 def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,

@@ -337,7 +337,8 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
     trainer = make_trainer(cfg.strategy, setup.model, setup.optimizer, example, mesh=cfg.mesh,
                            schedule=setup.schedule, grad_accum=cfg.grad_accum,
                            objective=setup.objective,
-                           groups=cfg.concurrent_groups)
+                           groups=cfg.concurrent_groups,
+                           context_attention=cfg.context_attention)
     state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
 
     main = multihost.is_main_process()  # every process trains and saves; one of them talks

@@ -46,6 +46,7 @@ from transformers_jax.lazy import lazy_exports
 _EXPORTS = {
     "ATTENTION": "transformers_jax.registry",
     "Mask": "transformers_jax.nn.attention.api",
+    "across_shards": "transformers_jax.nn.attention.api",
     "attend_to_cache": "transformers_jax.nn.attention.api",
     "dot_product_attention": "transformers_jax.nn.attention.api",
     "AttentionImpl": "transformers_jax.nn.attention.implementations",

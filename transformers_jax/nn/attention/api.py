@@ -1,6 +1,8 @@
 """The attention API: ``dot_product_attention`` (any implementation, by name or
 ``implementations.py`` entry), ``attend_to_cache`` (a decoding step over the KV cache), the
-input checks, and the bias and mask layout the kernels share.
+input checks, the bias and mask layout the kernels share, and ``across_shards``: the one seam
+through which the parallel layer computes attention over a sequence split across devices
+(context parallelism) without the model knowing about devices.
 
 Shape legend: B batch, Q query length, K key length, H query heads, N key/value heads,
 G = H // N query heads per key/value head, D head dimension, S cache slots.
@@ -8,8 +10,11 @@ G = H // N query heads per key/value head, D head dimension, S cache slots.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +24,26 @@ from transformers_jax.nn.masks import AttentionMask, as_dense
 from transformers_jax.registry import ATTENTION, Switch
 
 Mask = AttentionMask | jax.Array | None
+
+# ``hook(impl, q, k, v, *, bias, mask, scale, logit_softcap) -> out``: the attention of global
+# q, k, v (as the model sees them) computed however the hook sees fit, typically by ``impl``
+# on each device's shards (``parallel/context.py``). Unset: ``impl.attend`` directly.
+AttentionHook = Callable[..., jax.Array]
+_HOOK: contextvars.ContextVar[AttentionHook | None] = contextvars.ContextVar(
+    "transformers_jax_attention_hook", default=None)
+
+
+@contextlib.contextmanager
+def across_shards(hook: AttentionHook | None) -> Iterator[None]:
+    """While tracing inside this context, ``dot_product_attention`` hands its checked inputs to
+    ``hook`` instead of calling the implementation (None: no hook). The parallel layer enters
+    it with the mesh (``parallel.strategies.mesh_rules``) when the sequence is split over
+    devices; nothing in ``nn/`` or ``models/`` sets it."""
+    token = _HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _HOOK.reset(token)
 
 
 def dot_product_attention(
@@ -54,6 +79,10 @@ def dot_product_attention(
             impl = dataclasses.replace(impl, chunk_size=chunk_size)
     check_inputs(q, k, v, bias, mask, logit_softcap)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    hook = _HOOK.get()
+    if hook is not None:  # the sequence is split over devices (parallel/context.py)
+        return hook(impl, q, k, v, bias=bias, mask=mask, scale=scale,
+                    logit_softcap=logit_softcap)
     return impl.attend(q, k, v, bias=bias, mask=mask, scale=scale, logit_softcap=logit_softcap)
 
 
