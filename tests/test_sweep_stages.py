@@ -501,3 +501,32 @@ def test_the_rope_extension_bands_are_where_the_spec_says(tmp_path, monkeypatch)
     assert bands["llama3"] == (list(range(0, 11)), list(range(16, 32)))
     turns = 512 / (2 * np.pi / plain)  # rotations over L0: YaRN's r
     assert turns[3] > 32 > turns[4] and turns[15] > 1 > turns[16]
+
+
+# ----------------------------------------------------------------- length extrapolation
+
+LENGTH_SPEC = os.path.join(os.path.dirname(__file__), "..", "experiments", "specs",
+                           "length_extrapolation.toml")
+
+
+def test_the_length_extrapolation_spec_covers_every_positional_scheme():
+    """Every registered positional scheme is a value of the spec's position axis (a scheme
+    registered later fails here until the experiment includes it), trained at three lengths,
+    and each declared claim is a pair at every training length; resolved without data (the
+    research corpus is not prepared here)."""
+    from transformers_jax.registry import POSITIONS
+    from transformers_jax.sweep.plan import in_tokens
+
+    spec = read_spec(LENGTH_SPEC)
+    cells = expand(spec)
+    position = next(a for a in spec.axes if a.key == "model.position")
+    names = {v["name"] if isinstance(v, dict) else v for v in position.values}
+    assert names == set(POSITIONS.names())
+    assert len(cells) == len(names) * 3 and len(spec.seeds) >= 3
+    found = pairs(spec, cells)
+    assert len(found) == 3 * len(spec.compares)
+    assert {p.metric.text for p in found} == {"loss@4x", "loss@16x"}
+    fire = in_tokens(next(c for c in cells if c.name == "position=fire,seq_len=128"))
+    assert "--model.position.init_threshold=32" in fire.args
+    learned = in_tokens(next(c for c in cells if c.name == "position=learned,seq_len=32"))
+    assert "--model.max_len=512" in learned.args  # rows for every evaluated position
