@@ -172,6 +172,20 @@ def test_read_as_data_and_by_default_data_dir(prepared, monkeypatch, tmp_path, c
     held = open_documents("tfds:tjax_linux_source/docs", "eval")
     assert held.source.info.split == "validation"
     assert len(train) >= 10 and all(train[i].text for i in range(len(train)))
+    # a sweep scores the validation split and records what the corpus measured of it
+    from transformers_jax.sweep.splits import make_split
+
+    split = make_split("tfds:tjax_linux_source/docs", heldout_bytes=10**9)
+    assert split.unit == "tfds split validation"
+    assert split.heldout == tuple(held[i].text for i in range(len(held)))
+    recorded = split.meta()["dataset_metadata"]
+    assert recorded["held_out_overlap"] == manifests["docs"]["held_out_overlap"]
+    json.dumps(recorded)  # plain JSON, as results.json holds it
+    from transformers_jax.sweep.report import recorded_overlap
+
+    share = manifests["docs"]["held_out_overlap"]["validation"]
+    assert f"validation {share:.2%}" in recorded_overlap(split.meta())
+    assert recorded_overlap({}) == ""
     # prepared already: the command prints the manifest without fetching anything
     assert cli.main(["corpus", "linux-source", "--config", "docs,c"]) == 0
     printed = json.loads(capsys.readouterr().out)

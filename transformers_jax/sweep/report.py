@@ -120,6 +120,16 @@ def _fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
+def recorded_overlap(data: dict) -> str:
+    """What the dataset itself measured, where it did (the research corpus: over the whole
+    training split, which the sweep reads only in part)."""
+    recorded = (data.get("dataset_metadata") or {}).get("held_out_overlap")
+    if not recorded:
+        return ""
+    return (" (the dataset's own measure over all of its training text, 64-byte windows: "
+            + ", ".join(f"{k} {v:.2%}" for k, v in recorded.items()) + ")")
+
+
 def markdown(plan: SweepPlan, results: dict) -> str:
     spec = plan.spec
     prov = results["provenance"]
@@ -132,8 +142,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
              + f". Data {prov['data']['corpus']} (sha256 {prov['data']['sha256'][:12]}), "
              f"{prov['data']['heldout_tokens']:,} held-out tokens drawn by seed "
              f"{spec.heldout_seed}; {prov['data']['overlap']['share']:.2%} of the held-out "
-             f"{prov['data']['overlap']['window_bytes']}-byte windows also occur in training. "
-             f"Seeds {list(spec.seeds)}.", ""]
+             f"{prov['data']['overlap']['window_bytes']}-byte windows also occur in training"
+             + recorded_overlap(prov["data"]) + f". Seeds {list(spec.seeds)}.", ""]
     done = [c for c in results["cells"] if c["seeds_scored"] == sorted(spec.seeds)]
     lines += [f"{len(done)} of {len(results['cells'])} cells finished.", "", "## Cells", ""]
     chained = any(c.get("from") for c in results["cells"])

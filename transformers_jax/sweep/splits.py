@@ -45,13 +45,19 @@ class Split:
     heldout: tuple[bytes, ...]
     train_units: int
     train_bytes: int
+    # what a tfds dataset records about itself (``info.metadata``): for the research corpus
+    # its source package and sha256s, duplicates removed and ``held_out_overlap`` per split
+    dataset_metadata: dict | None = None
 
     def meta(self) -> dict:
         """What a result JSON records about its data."""
-        return {"corpus": self.corpus, "sha256": self.sha256, "split_seed": self.seed,
-                "split_unit": self.unit, "train_units": self.train_units,
-                "train_bytes": self.train_bytes, "heldout_units": len(self.heldout),
-                "heldout_bytes": sum(len(t) for t in self.heldout)}
+        out = {"corpus": self.corpus, "sha256": self.sha256, "split_seed": self.seed,
+               "split_unit": self.unit, "train_units": self.train_units,
+               "train_bytes": self.train_bytes, "heldout_units": len(self.heldout),
+               "heldout_bytes": sum(len(t) for t in self.heldout)}
+        if self.dataset_metadata:
+            out["dataset_metadata"] = self.dataset_metadata
+        return out
 
     def train_texts(self, max_bytes: int | None = None) -> list[bytes]:
         """The training text (for the n-gram baselines), at most ``max_bytes`` of it."""
@@ -111,7 +117,7 @@ def make_split(spec: str | None, seed: int = 0, heldout_bytes: int = 200_000,
                     break
             digest = hashlib.sha256(b"".join(texts)).hexdigest()
             return Split(name, digest, seed, f"tfds split {held.source.info.split}", spec,
-                         tuple(texts), -1, -1)
+                         tuple(texts), -1, -1, _dataset_metadata(held.source.info))
     source = open_source(spec, "train")
     records = [source[r] for r in range(len(source))]
     digest = hashlib.sha256()
@@ -146,6 +152,19 @@ def make_split(spec: str | None, seed: int = 0, heldout_bytes: int = 200_000,
     files = _train_files(records, pieces, held_mask)
     write_documents(folder, files)
     return Split(name, sha, seed, unit, folder, heldout, len(files), sum(map(len, files)))
+
+
+def _dataset_metadata(info) -> dict | None:
+    """The tfds builder's own ``info.metadata`` as plain JSON values (None when it has none,
+    as most catalog datasets)."""
+    import json
+
+    from transformers_jax.data.sources import tfds_builder
+
+    metadata = tfds_builder(info.name, info.data_dir).info.metadata
+    if not metadata:
+        return None
+    return json.loads(json.dumps(dict(metadata), default=str))
 
 
 def _train_files(records, pieces, held_mask) -> list[bytes]:
