@@ -35,6 +35,9 @@ def test_tjax_bench_tiny_prints_every_figure(tmp_path, capsys):
         assert _positive(training[key]), key
     assert set(training["mfu"]) == set(training["peak_flops"]) == {"float32"}
     assert _positive(training["mfu"]["float32"])
+    # causal attention at half (MaxText's count): fewer FLOPs, a lower MFU
+    assert 0 < training["flops_per_token_causal_half"] < training["flops_per_token"]
+    assert 0 < training["mfu_causal_half"]["float32"] < training["mfu"]["float32"]
     decoding = result["decoding"]
     for batch in ("batch_1", "batch_2"):
         for key in ("decode_tokens_per_s", "ms_per_step", "time_to_first_token_ms"):

@@ -169,7 +169,7 @@ def test_registry_select_refuses_what_a_config_may_not_name():
     with pytest.raises(ConfigError, match="x.w='gizmo': not known; valid choices: built$"):
         reg.select("gizmo", "x.w")
     with pytest.raises(ConfigError, match="train.tokenizer='wordpiece': not known; valid "
-                       "choices: byte, char, sentencepiece, sentencepiece_bpe$"):
+                       "choices: byte, char, hf, sentencepiece, sentencepiece_bpe$"):
         TrainConfig(tokenizer="wordpiece")
 
 

@@ -150,7 +150,10 @@ def test_make_tokenizer_trains_on_the_training_text_once(tmp_path):
 
 def test_tokenizer_errors():
     assert trainable() == ("byte", "char", "sentencepiece", "sentencepiece_bpe")
-    with pytest.raises(ValueError, match="not known; valid choices: " + ", ".join(trainable())):
+    assert TOKENIZERS.selectable() == ("byte", "char", "hf", "sentencepiece",
+                                       "sentencepiece_bpe")  # hf:PATH, a tokenizer.json
+    with pytest.raises(ValueError, match="not known; valid choices: "
+                       + ", ".join(TOKENIZERS.selectable())):
         train_tokenizer("wordpiece", ["text"])
     for make in (train_tokenizer, make_tokenizer):  # refused before any text is read
         with pytest.raises(ValueError, match="'huggingface': restored with the converted run "

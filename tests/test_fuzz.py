@@ -139,6 +139,8 @@ TRAIN_TEXT = {
     "context_attention": st.sampled_from(["all_gather", "ring", "zigzag"]),
     "num_processes": st.one_of(INT_TEXT, st.just("none")),
     "process_id": st.one_of(INT_TEXT, st.just("none")),
+    "profile": st.sampled_from(["none", "1:2", "0:1", "5", "a:b", "3:0", "-1:2", "1:2:3", "",
+                                ":", "10000:1", " 2 : 3"]),
 }
 
 

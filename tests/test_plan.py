@@ -211,6 +211,14 @@ def test_roofline_adds_collectives_and_counts_model_flops():
     assert line["step_s"] == pytest.approx(0.011)
     assert line["mfu"] == pytest.approx(0.5 / 1.1)
     assert line["bound"] == "compute"
+    assert "mfu_causal_half" not in line  # only when the causal-halved count is given
+    # MaxText's convention: the same step time, fewer model FLOPs
+    line = planning.roofline(per_device_flops=1.97e12, model_flops=0.985e12,
+                             bytes_accessed=8.19e8, ici_bytes=4e8, target=target,
+                             model_flops_causal_half=0.788e12)
+    assert line["mfu"] == pytest.approx(0.5 / 1.1) and line["step_s"] == pytest.approx(0.011)
+    assert line["mfu_causal_half"] == pytest.approx(0.4 / 1.1)
+    assert line["mfu_causal_half_overlapped"] == pytest.approx(0.4)
 
 
 def test_candidate_meshes_cover_every_split():

@@ -395,6 +395,24 @@ def test_settings_given_as_multiples_of_seq_len_follow_each_cell(sweep_env):
         resolve_cell(bad, expand(bad)[0])
 
 
+def test_a_cell_key_holds_what_trains_not_how_it_reports(sweep_env):
+    """Settings of how a run reports (a profile, logging, TensorBoard) leave a cell's key as it
+    was, so its finished runs stay valid; one that changes the training gives another key."""
+    import dataclasses
+
+    tmp_path, spec_path, _ = sweep_env
+    plan = make_plan(parse_spec(spec_path.read_text()), str(tmp_path / "data"))
+    planned = plan.cells[0]
+
+    def key(**train) -> str:
+        changed = dataclasses.replace(planned, train=planned.train.replace(**train))
+        return runner.cell_record(plan, changed)["key"]
+
+    same = key()
+    assert key(profile="1:1", log_every=3, tensorboard=True, progress=True) == same
+    assert key(learning_rate=planned.train.learning_rate / 2) != same
+
+
 @pytest.mark.slow
 def test_passkey_retrieval_is_scored_and_compared_trial_by_trial(sweep_env, capsys):
     tmp_path, spec, _ = sweep_env

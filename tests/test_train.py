@@ -75,6 +75,33 @@ def test_flops_per_token_by_hand():
     assert flops_per_token(bert, seq_len=4, training=False) == 2 * (macs + 8 * 8)
 
 
+def test_flops_per_token_both_attention_conventions_by_hand():
+    """Full context (ours, PaLM's) against causal attention at half (MaxText's since its PR
+    #1988), worked by hand for a tiny config at T = 16."""
+    cfg = ModelConfig(vocab_size=10, d_model=8, n_layers=2, n_heads=2, d_ff=16)  # H=2, D=4
+    T = 16
+    weights = 2 * (2 * 512 + 80)  # FLOPs per token: 2 layers of q,k,v,o + MLP; the head
+    # per token and layer, QK^T and AV are 2*T*H*D = 256 FLOPs each: 512 per layer
+    full_attention = 2 * (256 + 256)  # two layers
+    half_attention = 2 * 256  # causal: a query sees T/2 keys on average
+    assert flops_per_token(cfg, T, training=False) == weights + full_attention == 3232
+    assert flops_per_token(cfg, T, training=False, causal_half=True) == 2720
+    assert 2720 == weights + half_attention
+    assert flops_per_token(cfg, T, causal_half=True) == 3 * 2720  # training: x3
+    # not causal: both conventions agree (bert's bidirectional mask; + its 8x8 head transform)
+    bert = cfg.replace(family="bert", mask={"name": "bidirectional"})
+    assert (flops_per_token(bert, T, causal_half=True)
+            == flops_per_token(bert, T) == 3 * (3232 + 2 * 64))
+    # a sliding window is causal: halved too (the window itself is not modelled)
+    window = cfg.replace(mask={"name": "sliding_window", "window": 4})
+    assert flops_per_token(window, T, training=False, causal_half=True) == 2720
+    # encoder-decoder: only the decoder's self-attention is causal (2 layers x 256 FLOPs
+    # saved); the encoder's self-attention and the cross-attention stay full
+    encdec = cfg.replace(family="encdec")
+    full = flops_per_token(encdec, T, training=False)
+    assert full - flops_per_token(encdec, T, training=False, causal_half=True) == 2 * 256
+
+
 def test_corpus_errors_and_default(tmp_path):
     assert len(default_corpus()) > 400_000
     with pytest.raises(FileNotFoundError, match="no such file"):

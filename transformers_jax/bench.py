@@ -18,12 +18,16 @@ command in BENCHMARKS.md.
     tjax bench --tiny                            # seconds: a toy model, for smoke tests
     tjax bench --packed                          # rows of several documents, as tjax train's
     tjax bench --preset gpt2 --train.batch_size=4  # a named model (tjax presets)
+    tjax bench --profile 4:2                      # trace steps 4 and 5 (jax.profiler)
 
 Options besides ``--model.*``/``--train.*`` (``--steps`` = ``--train.steps``): ``--warmup N``
 (untimed steps, 3), ``--decode-batches 1,8``, ``--decode-prompt 16``, ``--decode-tokens 240``,
 ``--no-decode``, ``--packed`` (documents packed into each row: segment ids and restarting
 positions), ``--compile-cache DIR``, ``--tiny``, ``--out FILE`` (also write the JSON),
-``--preset NAME`` (a named model instead of the default; ``--model.*`` applies on top).
+``--preset NAME`` (a named model instead of the default; ``--model.*`` applies on top),
+``--profile START:STEPS`` (= ``--train.profile``: a ``jax.profiler`` trace of those steps,
+counted from 0 over every step run, the untimed first and warm-up ones included, into
+``--run-dir``/profile or a temporary folder, printed on stderr).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from transformers_jax.overrides import (
 from transformers_jax.registry import FAMILIES
 from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
+from transformers_jax.train.profile import StepProfiler
 from transformers_jax.train.step import init_state, make_train_step
 
 # The default benchmark model: a character-level GPT-2 shape. Attention is the chunked kernel
@@ -165,26 +170,49 @@ def training_setup(model_cfg: ModelConfig, cfg: TrainConfig, packed: bool = Fals
     return step_fn, state, batch
 
 
+def _say(step: int, text: str, values: dict) -> None:
+    print(f"tjax bench: {text}", file=sys.stderr)
+
+
 def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup: int = 3,
                    packed: bool = False):
+    """Time the training step. With ``cfg.profile`` (``START:STEPS``) the steps START.. of
+    every step run here (0: the first, untimed; then ``warmup``, then the timed ones) are
+    traced (``train/profile.py``) into ``cfg.run_dir``/profile or a temporary folder; the
+    timed steps inside the window carry the tracer's overhead."""
     step_fn, state, batch = training_setup(model_cfg, cfg, packed)
     wall, cpu = time.perf_counter(), time.process_time()
     compiled = step_fn.lower(state, batch).compile()
     compile_s, compile_cpu_s = time.perf_counter() - wall, time.process_time() - cpu
     memory = compiled.memory_analysis()
-    state, first_s = _timed(compiled, state, batch)
-    state = state[0]
-    for _ in range(warmup):
-        state, _ = _timed(compiled, state, batch)[0]
-    times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(steps):
-        (state, _), seconds = _timed(compiled, state, batch)
-        times.append(seconds)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    profiler = StepProfiler(cfg.profile, cfg.run_dir, _say)
+    count = iter(range(1 + warmup + steps))
+
+    def run(state):  # one step, in the profile window's numbering
+        step = next(count)
+        with profiler.step(step):
+            out = _timed(compiled, state, batch)
+        profiler.after(step, out[0])
+        return out
+
+    try:
+        state, first_s = run(state)
+        state = state[0]
+        for _ in range(warmup):
+            state, _ = run(state)[0]
+        times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(steps):
+            (state, _), seconds = run(state)
+            times.append(seconds)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    finally:
+        profiler.close()
     median = statistics.median(times)
     tokens = cfg.batch_size * cfg.seq_len
     flops = flops_per_token(model_cfg, cfg.seq_len)
+    flops_causal = flops_per_token(model_cfg, cfg.seq_len, causal_half=True)
     achieved = flops * tokens / median
+    achieved_causal = flops_causal * tokens / median
     peaks = {dtype: measure_matmul_peak(dtype) for dtype in compute_dtypes(model_cfg)}
     out = {
         "params": count_params(state.params),
@@ -201,6 +229,9 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
         "peak_flops": peaks,
         "peak_source": "measured 2048^3 matmul per dtype, float32 accumulation",
         "mfu": {dtype: achieved / peak for dtype, peak in peaks.items()},
+        # causal attention counted at half its full-context FLOPs (MaxText's convention)
+        "flops_per_token_causal_half": flops_causal,
+        "mfu_causal_half": {dtype: achieved_causal / peak for dtype, peak in peaks.items()},
         "compile_s": compile_s,
         "compile_cpu_s": compile_cpu_s,
         "first_step_s": first_s,
@@ -215,6 +246,7 @@ def bench_training(model_cfg: ModelConfig, cfg: TrainConfig, steps: int, warmup:
     if sheet is not None:
         out["datasheet_bf16_peak"] = sheet
         out["mfu_vs_datasheet_bf16"] = achieved / sheet
+        out["mfu_causal_half_vs_datasheet_bf16"] = achieved_causal / sheet
     return out
 
 

@@ -71,7 +71,7 @@ def load_families() -> None:
 
 
 def load_tokenizers() -> None:
-    from transformers_jax.data import tokenizers  # noqa: F401
+    from transformers_jax.data import hf_tokenizer, tokenizers  # noqa: F401
 
 
 POSITIONS.fill_from(load_positions)

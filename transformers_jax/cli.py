@@ -3,7 +3,8 @@
 Every field of ``ModelConfig`` and ``TrainConfig`` can be overridden as ``--model.position=alibi``;
 a switch's own settings as ``--model.position.scaling yarn`` (``--model.mask=sliding_window
 --model.mask.window=64``); ``--config FILE.json`` loads both sections first. Short
-aliases: ``--data PATH``, ``--steps N``, ``--json``, ``--run-dir DIR``, ``--family NAME``.
+aliases: ``--data PATH``, ``--steps N``, ``--json``, ``--run-dir DIR``, ``--family NAME``,
+``--profile START:STEPS``.
 """
 
 from __future__ import annotations
@@ -282,6 +283,58 @@ def cmd_corpus(argv: list[str]) -> int:
     return 0
 
 
+def cmd_tokenizer(argv: list[str]) -> int:
+    parser = CommandParser(
+        "tjax tokenizer", "Train a Hugging Face tokenizer on your text with the tokenizers "
+        "library: byte-level BPE (default) or unigram, lossless on any text, with the special "
+        "tokens <pad> <s> </s> [MASK]. Writes one tokenizer.json; train a model with it by "
+        "'tjax train --train.tokenizer=hf:FILE'. Prints a JSON summary.")
+    parser.add_argument("action", choices=["train"], help="what to do (train: a new tokenizer)")
+    parser.add_argument("--data", default=None, help="text to train on, as for tjax train: "
+                        "PATH (file, folder or glob), lines:PATH, tfds:NAME (default: the "
+                        "built-in corpus)")
+    parser.add_argument("--vocab", type=int, default=8192,
+                        help="vocabulary size, special tokens and the 256 byte symbols included")
+    parser.add_argument("--model", choices=["bpe", "unigram"], default="bpe",
+                        help="the tokenizer model")
+    parser.add_argument("--out", required=True,
+                        help="the tokenizer.json to write (a folder: FOLDER/tokenizer.json)")
+    parser.add_argument("--data-dir", default=None, help="tfds data_dir (as --train.data_dir)")
+    parser.add_argument("--text-key", default=None, help="tfds text feature (as "
+                        "--train.text_key; auto-detected)")
+    parser.add_argument("--val-fraction", type=float, default=0.05,
+                        help="share of the text held out, as tjax train holds it out (never "
+                        "trained on)")
+    parser.add_argument("--max-bytes", type=int, default=100_000_000,
+                        help="read at most about this much text, evenly spaced over the data")
+    args, _, _ = parser.parse(argv)
+    if args.max_bytes <= 0:
+        raise ValueError(f"--max-bytes {args.max_bytes}: must be a positive integer")
+    out = args.out
+    if not out:
+        raise ValueError("--out: give the tokenizer.json to write")
+    if os.path.isdir(out) or out.endswith(os.sep):
+        out = os.path.join(out, "tokenizer.json")
+    from transformers_jax.data.hf_tokenizer import HFJsonTokenizer, train_hf_tokenizer
+    from transformers_jax.data.pipeline import training_texts
+
+    texts = training_texts(args.data, args.max_bytes, data_dir=args.data_dir,
+                           text_key=args.text_key, val_fraction=args.val_fraction)
+    trained = train_hf_tokenizer(texts, args.vocab, args.model, length=len(texts))
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(trained.to_str(pretty=True))
+    except OSError as err:
+        raise ValueError(f"--out {args.out}: cannot write it ({err.strerror or err})") from None
+    tok = HFJsonTokenizer.from_path(out)  # what --train.tokenizer=hf:OUT will read
+    print_json({"out": out, "model": args.model, "vocab_size": tok.vocab_size,
+                "special": tok.special, "pieces": len(texts),
+                "bytes": sum(len(t) for t in texts),
+                "use": f"tjax train --train.tokenizer=hf:{out}"}, indent=1)
+    return 0
+
+
 def cmd_bench(argv: list[str]) -> int:
     from transformers_jax.bench import main as bench_main
 
@@ -304,7 +357,8 @@ def cmd_plan(argv: list[str]) -> int:
 
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
             "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets,
-            "plan": cmd_plan, "sweep": cmd_sweep, "corpus": cmd_corpus}
+            "plan": cmd_plan, "sweep": cmd_sweep, "corpus": cmd_corpus,
+            "tokenizer": cmd_tokenizer}
 
 
 def main(argv: list[str] | None = None) -> int:

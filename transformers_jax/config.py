@@ -265,7 +265,9 @@ class TrainConfig:
     data_dir: str | None = None  # tfds data_dir (catalog datasets, prepared local text)
     text_key: str | None = None  # tfds text feature (auto-detected); labelled data: text column
     label_key: str = "label"  # labelled data (JSONL/CSV): the label column
-    tokenizer: str = "byte"  # how text becomes ids (trained on the data unless byte)
+    # how text becomes ids: trained on the data (unless byte), or hf:PATH, a Hugging Face
+    # tokenizer.json or a model folder holding one, used as it is
+    tokenizer: str = "byte"  # byte, char, sentencepiece(_bpe), or hf:PATH (a tokenizer.json)
     tokenizer_vocab: int | None = None  # vocabulary size of a trained tokenizer
     pack: str = "concat"  # concat, first_fit, none
     bos_per_row: bool = False  # every row (window) starts with bos, not only each document
@@ -300,17 +302,38 @@ class TrainConfig:
     strategy: str = "single"  # single, pmap, shard_map, jit
     mesh: str | None = None  # e.g. "data=4,fsdp=2,tensor=1"; default: all devices on data
     grad_accum: int = 1  # micro-batches per step (the batch is split, the update is the same)
-    # With a context mesh axis (--train.mesh=data=2,context=4, strategy jit): how attention
-    # crosses the sequence shards, all_gather of keys/values or ring (see docs/scaling.md)
-    context_attention: str = "all_gather"
+    # with a context mesh axis (--train.mesh=data=2,context=4, strategy jit): how attention
+    # crosses the sequence shards (docs/scaling.md)
+    context_attention: str = "all_gather"  # all_gather (of keys/values) or ring
     # The CPU backend's (backends/cpu.py): small models trained 1.06-1.11x faster on 2 cores;
     # meshes of other devices refuse more than 1
     concurrent_groups: int = 1  # row groups per (micro-)batch computed side by side on a CPU
     coordinator: str | None = None  # HOST:PORT of process 0 for multi-host runs
     num_processes: int | None = None  # processes of a multi-host run (with coordinator)
     process_id: int | None = None  # this process's index, 0 .. num_processes-1
+    # A jax.profiler trace of steps START..START+STEPS-1 (from 0; step 0 compiles) into
+    # RUN_DIR/profile, or a temporary folder without a run_dir (train/profile.py)
+    profile: str | None = None  # START:STEPS, e.g. 10:3; None: no trace
     json: bool = False  # print the final metrics as one JSON object
     progress: bool = True  # tqdm progress bar
+
+    def _check_tokenizer(self) -> None:
+        """``train.tokenizer``: a kind that can be built here, and ``KIND:PATH`` for the kinds
+        read from a file (``hf:PATH``), with no ``tokenizer_vocab`` (the file has its own)."""
+        kind, colon, path = self.tokenizer.partition(":")
+        entry = TOKENIZERS.select(kind, "train.tokenizer")  # only kinds that can be built
+        reads_file = getattr(entry, "from_path", None) is not None
+        if reads_file and not path.strip():
+            _fail("train.tokenizer", self.tokenizer,
+                  f"needs a path: {kind}:PATH, a tokenizer.json or a Hugging Face model folder "
+                  "holding one")
+        if colon and not reads_file:
+            _fail("train.tokenizer", self.tokenizer,
+                  f"a {kind!r} tokenizer is trained on the data and takes no path; give "
+                  f"{kind}, or hf:PATH for a Hugging Face tokenizer.json")
+        if reads_file and self.tokenizer_vocab is not None:
+            _fail("train.tokenizer_vocab", self.tokenizer_vocab,
+                  f"a {kind}:PATH tokenizer has its own vocabulary; drop train.tokenizer_vocab")
 
     def __post_init__(self) -> None:
         check_field_types(self, "train.")
@@ -339,7 +362,7 @@ class TrainConfig:
                   "must be positive (the largest global gradient norm kept)")
         if not 0.0 < self.val_fraction < 1.0:
             _fail("train.val_fraction", self.val_fraction, "must be in (0, 1)")
-        TOKENIZERS.select(self.tokenizer, "train.tokenizer")  # only kinds that can be trained
+        self._check_tokenizer()
         _check_choice("train.pack", self.pack, ("concat", "first_fit", "none"))
         if self.shuffle_rows is None:  # resolved here, so saved configs hold the number
             object.__setattr__(self, "shuffle_rows", 0 if self.task else SHUFFLE_ROWS)
@@ -384,6 +407,8 @@ class TrainConfig:
             object.__setattr__(self, name, lo_hi)  # JSON gives lists
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             _fail("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        if self.profile is not None:
+            check_profile(self.profile, self.steps)
 
     @property
     def schedule_total(self) -> int:
@@ -400,6 +425,23 @@ class TrainConfig:
         if "task" in changes and changes["task"] != self.task:
             changes.setdefault("shuffle_rows", None)
         return dataclasses.replace(self, **changes)
+
+
+def check_profile(spec: str, steps: int) -> None:
+    """``train.profile`` is ``START:STEPS``: integers, START >= 0 and before the run's last
+    step, STEPS >= 1."""
+    try:
+        start, count = (int(part) for part in spec.split(":"))
+    except ValueError:  # not two parts, or not integers
+        start = count = None
+    if start is None or count is None:
+        _fail("train.profile", spec, "must be START:STEPS, two integers (e.g. 10:3: trace "
+              "steps 10, 11 and 12, counted from 0)")
+    if start < 0 or count < 1:
+        _fail("train.profile", spec, "needs START >= 0 and STEPS >= 1 (e.g. 10:3)")
+    if start >= steps:
+        _fail("train.profile", spec, f"START must be below train.steps={steps} (steps are "
+              f"counted from 0), or the run ends before the trace starts")
 
 
 def check_family(name: str) -> None:

@@ -43,6 +43,7 @@ ALIASES = {
     "--family": "model.family",
     "--task": "train.task",
     "--tokenizer": "train.tokenizer",
+    "--profile": "train.profile",
 }
 FLAGS = {"--json": "train.json", "--no-progress": ("train.progress", "false")}
 SECTIONS = ("model", "train")

@@ -39,7 +39,12 @@ import numpy as np
 
 from transformers_jax.data.sources import Documents, Piece, open_documents
 from transformers_jax.data.synthetic import FORMATS, task_source
-from transformers_jax.data.tokenizers import Tokenizer, train_tokenizer, trainable_kind
+from transformers_jax.data.tokenizers import (
+    Tokenizer,
+    split_tokenizer_value,
+    train_tokenizer,
+    trainable_kind,
+)
 
 PACKINGS = ("concat", "first_fit", "none")
 _STATE_VERSION = 1
@@ -518,18 +523,31 @@ def make_tokenizer(
     cache_dir: str | None = None,
     **source_kwargs,
 ) -> Tokenizer:
-    """The tokenizer ``kind`` ("byte", "char", "sentencepiece", "sentencepiece_bpe") for the
-    training text of ``source_spec``.
+    """The tokenizer ``kind`` ("byte", "char", "sentencepiece", "sentencepiece_bpe", or
+    "hf:PATH", a Hugging Face tokenizer.json read as it is) for the training text of
+    ``source_spec``.
 
-    Trained tokenizers see at most ``max_bytes`` of the training pieces (evenly spaced over the
-    split, never the held-out part) and are cached by a hash of that text and the settings in
-    ``cache_dir`` (default: ``<data dir>/tokenizers``), so a second run does not train again.
+    Trained tokenizers see at most ``max_bytes`` of the training pieces (``training_texts``)
+    and are cached by a hash of that text and the settings in ``cache_dir`` (default:
+    ``<data dir>/tokenizers``), so a second run does not train again.
     ``source_kwargs`` go to ``open_documents`` (``data_dir``, ``val_fraction``, ...).
     """
-    if not trainable_kind(kind).needs_text:
+    entry = trainable_kind(split_tokenizer_value(kind)[0])
+    if not entry.needs_text or entry.from_path is not None:  # byte, or hf:PATH (a file)
         return train_tokenizer(kind)
     from transformers_jax.data.local_text import default_data_dir
 
+    texts = training_texts(source_spec, max_bytes, **source_kwargs)
+    if cache_dir is None:
+        cache_dir = os.path.join(source_kwargs.get("data_dir") or default_data_dir(), "tokenizers")
+    return train_tokenizer(kind, texts, vocab_size, cache_dir=cache_dir)
+
+
+def training_texts(source_spec: str | None, max_bytes: int = 20_000_000,
+                   **source_kwargs) -> list[bytes]:
+    """The text a tokenizer is trained on: the training pieces of ``source_spec`` (never the
+    held-out part), at most about ``max_bytes`` of them, evenly spaced over a large split.
+    ``source_kwargs`` go to ``open_documents``."""
     docs = open_documents(source_spec, "train", **source_kwargs)
     stride = 1
     if len(docs) > 1000:  # a large split: estimate its size from 1000 pieces, then sample
@@ -543,9 +561,7 @@ def make_tokenizer(
         total += len(text)
         if total >= max_bytes:
             break
-    if cache_dir is None:
-        cache_dir = os.path.join(source_kwargs.get("data_dir") or default_data_dir(), "tokenizers")
-    return train_tokenizer(kind, texts, vocab_size, cache_dir=cache_dir)
+    return texts
 
 
 # ----------------------------------------------------------------------------- tasks

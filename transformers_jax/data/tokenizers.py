@@ -342,8 +342,9 @@ EXTERNAL = "external"  # a run's tokenizer kind when it has none of its own (con
 
 
 def trainable() -> tuple[str, ...]:
-    """The ``train.tokenizer`` values: the registered kinds that can be built here."""
-    return TOKENIZERS.selectable()
+    """The kinds built here from text (or none, byte); ``train.tokenizer`` also takes the
+    kinds read from a file, ``hf:PATH`` (``TOKENIZERS.selectable()`` lists both)."""
+    return TOKENIZERS.names_where(lambda entry: entry.train is not None)
 
 
 def trainable_kind(kind: str) -> TokenizerKind:
@@ -365,7 +366,10 @@ def train_tokenizer(
     ``vocab_size``. With ``cache_dir``, a trained tokenizer is saved under a hash of the text and
     settings, and a second call with the same inputs loads it instead of training again.
     """
+    kind, path = split_tokenizer_value(kind)
     entry = trainable_kind(kind)
+    if entry.from_path is not None or path is not None:
+        return tokenizer_from_path(kind, path, entry)
     if not entry.needs_text:
         return entry.train([], vocab_size)
     if texts is None:
@@ -387,6 +391,29 @@ def train_tokenizer(
     if cached is not None:
         tok.save(cached)
     return tok
+
+
+def tokenizer_from_path(kind: str, path: str | None, entry: TokenizerKind) -> Tokenizer:
+    """``train.tokenizer=KIND:PATH``: the tokenizer the file at ``path`` holds."""
+    if entry.from_path is None:
+        raise ValueError(f"tokenizer={kind}:{path}: a {kind!r} tokenizer is trained here and "
+                         f"takes no path; give tokenizer={kind}")
+    if not path:
+        raise ValueError(f"tokenizer={kind!r} reads a file: give {kind}:PATH (a tokenizer.json "
+                         "or a Hugging Face model folder)")
+    return entry.from_path(path)
+
+
+def require_special(tokenizer: Tokenizer, key: str, purpose: str) -> None:
+    """Refuse ``tokenizer`` for ``purpose`` unless it has the special token ``key`` (only a
+    Hugging Face tokenizer.json may lack one: ``[MASK]`` in a GPT tokenizer)."""
+    if key in tokenizer.special:
+        return
+    hint = tokenizer.special_hint(key) if hasattr(tokenizer, "special_hint") else ""
+    raise ValueError(
+        f"{purpose} needs a {key} token and the {tokenizer.name} tokenizer has none"
+        + (f" ({hint})" if hint else "") + "; use a tokenizer that has one: a BERT-family "
+        "tokenizer.json ([MASK]), or one trained by 'tjax tokenizer train' (it adds [MASK])")
 
 
 def load_tokenizer(directory: str) -> Tokenizer:
@@ -518,6 +545,14 @@ class TokenizerKind:
     train: Callable[[list, int | None], Tokenizer] | None = None
     needs_text: bool = True  # False: the same tokenizer whatever the text (byte)
     needs_vocab_size: bool = False
+    # PATH -> the tokenizer a file holds (``train.tokenizer=KIND:PATH``); None: takes no path
+    from_path: Callable[[str], Tokenizer] | None = None
+
+
+def split_tokenizer_value(value: str) -> tuple[str, str | None]:
+    """``"hf:PATH"`` -> ``("hf", "PATH")``; a plain kind -> ``(kind, None)``."""
+    kind, colon, path = value.partition(":")
+    return (kind, path) if colon else (value, None)
 
 
 def _restore_sentencepiece(directory: str, meta: dict) -> SentencePieceTokenizer:
@@ -544,5 +579,5 @@ TOKENIZERS.add("sentencepiece_bpe", TokenizerKind(
 TOKENIZERS.add("huggingface", TokenizerKind(  # needs transformers
     lambda directory, meta: HFTokenizer.load(directory)))
 TOKENIZERS.refusal = lambda kind: (
-    None if kind.train is not None
+    None if kind.train is not None or kind.from_path is not None
     else "restored with the converted run it came with, not trained")

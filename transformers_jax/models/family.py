@@ -83,12 +83,20 @@ class Family:
         tokens = jnp.zeros((1, length), jnp.int32)
         return tokens, self.inputs_for(config, tokens)
 
-    def forward_flops(self, config: ModelConfig, seq_len: int) -> float:
+    def forward_flops(self, config: ModelConfig, seq_len: int, causal_half: bool = False
+                      ) -> float:
         """Matmul FLOPs per token of one forward pass (2 per multiply-add): every weight
         matmul (the output head and any transform before it included, not the embedding
         lookup) and the two attention matmuls over the full ``seq_len`` keys (PaLM's MFU
         convention: causal masking is not subtracted). An encoder-decoder counts both stacks
-        over equally long sequences."""
+        over equally long sequences.
+
+        ``causal_half``: MaxText's convention instead (since its PR #1988): the self-attention
+        of a stack whose mask is causal (``mask.causal``: gpt's causal or sliding-window
+        mask, an encoder-decoder's decoder) counts half of its scores and weighted-sum FLOPs,
+        as a query sees on average half of the keys. Per token and causal layer, attention is
+        then ``2 * T * H * D`` FLOPs instead of ``4 * T * H * D`` (T keys, H heads of D);
+        bidirectional and cross-attention stay full, and a window is not modelled further."""
         C, H, N, D, F, V = (config.d_model, config.n_heads, config.kv_heads,
                             config.dims_per_head, config.ff_dim, config.vocab_size)
         mlp_mats = 3 if config.mlp.gated else 2
@@ -101,7 +109,11 @@ class Family:
         weight_macs = layers * per_layer + cross_layers * attention + C * V
         if self.head_transform:
             weight_macs += C * C
+        # scores (q.k) and weighted sum (p.v): seq_len * H * D multiply-adds each, per token
         attention_macs = (layers + cross_layers) * 2 * seq_len * H * D
+        if causal_half and config.mask.causal:  # the causal self-attention stack: half of it
+            causal_layers = cross_layers if self.cross_attention else config.n_layers
+            attention_macs -= causal_layers * seq_len * H * D
         return 2.0 * (weight_macs + attention_macs)
 
 
@@ -177,8 +189,10 @@ def build_lstm(config: ModelConfig) -> nn.Module:
 
 
 class LSTMFamily(Family):
-    def forward_flops(self, config: ModelConfig, seq_len: int) -> float:
-        # four gates, each an input and a recurrent matmul, per layer; then the output head
+    def forward_flops(self, config: ModelConfig, seq_len: int, causal_half: bool = False
+                      ) -> float:
+        # no attention, so both conventions agree: four gates, each an input and a recurrent
+        # matmul, per layer; then the output head
         return 2.0 * (config.n_layers * 8 * config.d_model**2 + config.d_model * config.vocab_size)
 
 

@@ -110,10 +110,14 @@ def cost(compiled: Any, module: Module | None = None) -> dict[str, Any]:
 
 
 def roofline(per_device_flops: float, model_flops: float, bytes_accessed: float,
-             ici_bytes: float, target: Target) -> dict[str, float]:
+             ici_bytes: float, target: Target, model_flops_causal_half: float | None = None
+             ) -> dict[str, float]:
     """Step time from the datasheet: compute and HBM traffic overlap (the larger counts),
     collectives add on top (``step_s``) or hide entirely (``step_s_overlapped``). MFU is the
-    model's own FLOPs (no remat recompute) per device over the step time at peak."""
+    model's own FLOPs (no remat recompute) per device over the step time at peak, attention
+    over the full context; given ``model_flops_causal_half`` (causal attention at half, as
+    MaxText counts it: ``train.flops.flops_per_token``), also ``mfu_causal_half`` and
+    ``mfu_causal_half_overlapped`` over the same step times."""
     share = target.devices_per_chip
     peak, hbm_bw = target.chip.peak_flops / share, target.chip.hbm_bytes_per_s / share
     compute_s = max(per_device_flops, model_flops) / peak
@@ -121,7 +125,11 @@ def roofline(per_device_flops: float, model_flops: float, bytes_accessed: float,
     ici_s = ici_bytes / (target.chip.ici_bytes_per_s / share)
     step_s = max(compute_s, memory_s) + ici_s
     overlapped = max(compute_s, memory_s, ici_s)
-    return {"compute_s": compute_s, "hbm_s": memory_s, "ici_s": ici_s, "step_s": step_s,
+    line = {"compute_s": compute_s, "hbm_s": memory_s, "ici_s": ici_s, "step_s": step_s,
             "step_s_overlapped": overlapped, "mfu": model_flops / (step_s * peak),
             "mfu_overlapped": model_flops / (overlapped * peak),
             "bound": max((compute_s, "compute"), (memory_s, "hbm"), (ici_s, "ici"))[1]}
+    if model_flops_causal_half is not None:
+        line["mfu_causal_half"] = model_flops_causal_half / (step_s * peak)
+        line["mfu_causal_half_overlapped"] = model_flops_causal_half / (overlapped * peak)
+    return line

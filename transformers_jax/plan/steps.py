@@ -88,14 +88,18 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seed
     costs = cost(compiled, module)
     tokens = seeds * cfg.batch_size * cfg.seq_len  # per step, over all devices (and seeds)
     model_flops = flops_per_token(model_cfg, cfg.seq_len) * tokens / n
+    # MaxText's count: causal attention at half (the roofline's mfu_causal_half)
+    model_flops_causal = flops_per_token(model_cfg, cfg.seq_len, causal_half=True) * tokens / n
     ici = sum(c["ici_bytes"] for c in comms.values())
-    line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target)
+    line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target,
+                    model_flops_causal_half=model_flops_causal)
     return {
         **head,
         "compile_s": compile_s,
         "memory": memory(compiled, hbm),
         "flops_per_device": costs["flops"],
         "model_flops_per_device": model_flops,
+        "model_flops_causal_half_per_device": model_flops_causal,
         "bytes_accessed_per_device": costs["bytes_accessed"],
         **_loop_fields(costs),
         "collectives": comms,
@@ -205,7 +209,8 @@ def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
                 row["compiler"] = plan["memory"]["compiler"]
             else:
                 row.update(total_bytes=plan["memory"]["total_bytes"],
-                           step_s=plan["roofline"]["step_s"], mfu=plan["roofline"]["mfu"])
+                           step_s=plan["roofline"]["step_s"], mfu=plan["roofline"]["mfu"],
+                           mfu_causal_half=plan["roofline"]["mfu_causal_half"])
             tried.append(row)
             log(json.dumps(row))
             if plan["memory"]["fits"]:

@@ -70,7 +70,7 @@ RESUME_IGNORES = frozenset({
     "steps", "schedule_steps", "json", "progress", "log_every", "eval_every", "eval_batches",
     "run_dir", "checkpoint_every", "keep_checkpoints", "resume", "skip_nonfinite_steps",
     "coordinator",  # where process 0 listens, not what is trained
-    "accept_data_change", "tensorboard", "wandb_project", *DATA_FIELDS})
+    "accept_data_change", "tensorboard", "wandb_project", "profile", *DATA_FIELDS})
 # Settings added after checkpoints were first written: an older checkpoint ran with these.
 TRAIN_FIELDS_BEFORE = {"concurrent_groups": 1, "objective": None}
 

@@ -70,11 +70,19 @@ def parent_run(planned: PlannedCell, run_dir: str) -> str:
     return os.path.join(cells, planned.parent.source.cell.folder, os.path.basename(run_dir))
 
 
+# How a run reports, not what it trains: a setting added here later keeps the cells trained
+# before it (their keys leave it out)
+NOT_IN_KEY = frozenset({"json", "progress", "profile", "tensorboard", "wandb_project",
+                        "log_every", "checkpoint_every", "keep_checkpoints"})
+
+
 def cell_record(plan: SweepPlan, planned: PlannedCell) -> dict:
     """What decides a cell's runs: its configs and its data, and its parent's key (the
     key); and its code."""
+    train = {k: v for k, v in dataclasses.asdict(planned.train).items()
+             if k not in NOT_IN_KEY}
     decided = {"model": dataclasses.asdict(planned.model),
-               "train": dataclasses.asdict(planned.train), "data_sha256": plan.split.sha256,
+               "train": train, "data_sha256": plan.split.sha256,
                "heldout": [plan.spec.heldout_seed, plan.spec.heldout_bytes]}
     if planned.parent is not None:
         decided["parent"] = {"name": planned.parent.cell.name,

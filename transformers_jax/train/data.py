@@ -29,7 +29,7 @@ from transformers_jax.data.pipeline import (
 )
 from transformers_jax.data.prefix_lm import PrefixBatches, eval_prefix_batches
 from transformers_jax.data.synthetic import FORMATS, longest_fitting_length
-from transformers_jax.data.tokenizers import Tokenizer
+from transformers_jax.data.tokenizers import Tokenizer, require_special
 from transformers_jax.models import family_of
 
 # The TrainConfig fields that choose what the run reads: a resume that changes one reads other
@@ -111,6 +111,7 @@ def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Token
                                      max_len=max_len, **({"split": split} if split else {}))
     eval_batches = take(held_out, cfg.eval_batches)
     if family.masked_lm:
+        require_special(tokenizer, "mask", f"family={model_cfg.family} (a masked LM)")
         return mask_eval_batches(eval_batches, cfg.seed, tokenizer, masking_of(cfg))
     if prefix:
         return eval_prefix_batches(eval_batches, cfg.seed)
@@ -144,6 +145,8 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
                        + (f", the most that fit seq_len={cfg.seq_len}"
                           if lengths != tuple(cfg.train_lengths) else "") + ")",
                        data_fingerprint(cfg))
+    if family.masked_lm:  # before reading any text
+        require_special(tokenizer, "mask", f"family={model_cfg.family} (a masked LM)")
     common = dict(data_dir=cfg.data_dir, text_key=cfg.text_key, val_fraction=cfg.val_fraction,
                   max_len=max_len)
     train = make_lm_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size, seed=cfg.seed,

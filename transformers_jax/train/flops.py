@@ -24,16 +24,21 @@ KNOWN_PEAKS = {
 }
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True) -> float:
+def flops_per_token(cfg: ModelConfig, seq_len: int, training: bool = True,
+                    causal_half: bool = False) -> float:
     """Matmul FLOPs per token: 2 per multiply-add, forward; backward doubles it again (x3).
 
     Counts every weight matmul (including the output head, not the embedding lookup) and the
     two attention matmuls (scores and weighted sum) over the full ``seq_len`` keys, the
-    convention of the PaLM paper's MFU (causal masking is not subtracted).
+    convention of the PaLM paper's MFU (causal masking is not subtracted): per token and
+    layer, attention adds ``2 * (2 * T * H * D)`` forward FLOPs (T = ``seq_len``, H heads of
+    D dims). ``causal_half``: MaxText's convention, where a causal self-attention layer counts
+    half of that, ``2 * T * H * D`` (``Family.forward_flops``). ``mfu`` uses the first,
+    ``mfu_causal_half`` the second; they differ most at long context.
     """
     from transformers_jax.models import family_of
 
-    forward = family_of(cfg).forward_flops(cfg, seq_len)
+    forward = family_of(cfg).forward_flops(cfg, seq_len, causal_half=causal_half)
     return 3 * forward if training else forward
 
 

@@ -61,6 +61,7 @@ from transformers_jax.train.flops import device_peak, flops_per_token
 from transformers_jax.train.guard import Guard, NonFiniteError
 from transformers_jax.train.objectives import run_objective
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
+from transformers_jax.train.profile import StepProfiler
 from transformers_jax.train.step import TrainState
 from transformers_jax.train.tracking import Tracker
 
@@ -568,10 +569,15 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
     cfg, model_cfg = lanes[0].cfg, lanes[0].setup.model_cfg
     n_params = count_params(states[0].params)
     flops = flops_per_token(model_cfg, cfg.seq_len)
+    flops_causal = flops_per_token(model_cfg, cfg.seq_len, causal_half=True)  # MaxText's count
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
     if cfg.strategy != "single":  # the whole mesh works on each step
         peak, peak_source = peak * trainer.mesh.size, f"{peak_source}, x{trainer.mesh.size}"
     tokens_per_step = cfg.batch_size * cfg.seq_len  # each lane's
+    # one trace of the program (all lanes), in the first lane's run directory
+    profiler = StepProfiler(cfg.profile, cfg.run_dir,
+                            lambda step, text, values: lanes[0].log.write("profile", step,
+                                                                          values, text))
 
     try:
         states = [lane.start(state, trainer) for lane, state in zip(lanes, states, strict=True)]
@@ -587,13 +593,16 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
         state = program.place(states)
         del states
         bar.update(start_step)
+        if skipped := profiler.skipped(start_step):  # a resume past the window
+            lanes[0].log.write("profile", start_step, {}, skipped)
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         for lane in lanes:
             lane.started = started
             lane.log.write(
                 "start",
                 start_step,
-                {"params": n_params, "flops_per_token": flops, "peak_flops": peak},
+                {"params": n_params, "flops_per_token": flops,
+                 "flops_per_token_causal_half": flops_causal, "peak_flops": peak},
                 f"{model_cfg.family}: {n_params / 1e6:.2f}M params, attention="
                 f"{model_cfg.attention}, mask={model_cfg.mask}, position={model_cfg.position}; "
                 f"data: {lane.data.description}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})"
@@ -630,7 +639,9 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
                 positions = [lane.data.train.get_state() for lane in lanes]
                 batches = [next(lane.data.train) for lane in lanes]
                 start = time.perf_counter()
-                state, metrics = program.step(state, batches)
+                with profiler.step(step):
+                    state, metrics = program.step(state, batches)
+                profiler.after(step, state)
                 first = step == start_step
                 if first:  # the first call compiles; keep it out of the throughput figures
                     jax.block_until_ready(state)
@@ -654,7 +665,8 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
                            if steps_timed and elapsed else 0.0)
                     for i, lane in enumerate(lanes):
                         values = {**_window_metrics([program.lane_metrics(r, i) for r in rows]),
-                                  "tokens_per_s": tps, "mfu": tps * flops / peak}
+                                  "tokens_per_s": tps, "mfu": tps * flops / peak,
+                                  "mfu_causal_half": tps * flops_causal / peak}
                         lane.history.append({"step": step + 1, **values})
                         lane.log.write(
                             "train",
@@ -685,6 +697,7 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
                         lane.log.write("stop", step + 1, {}, f"{stopping}: saved step {step + 1}, "
                                        "stopping; run the same command again to resume")
                     break
+        profiler.close(state)  # a run that ended or stopped inside the profile window
         final_step = int(program.lane_state(state, 0).step)
         tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else 0.0
         return [_finish(lane, final_step, start_step, {
@@ -696,7 +709,10 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
             "tokens_per_s": tokens_per_s,
             "tokens_per_step": tokens_per_step,
             "mfu": tokens_per_s * flops / peak,
+            # causal attention counted at half its full-context FLOPs (MaxText's convention)
+            "mfu_causal_half": tokens_per_s * flops_causal / peak,
             "flops_per_token": flops,
+            "flops_per_token_causal_half": flops_causal,
             "peak_flops": peak,
             "peak_source": peak_source,
             "compile_s": compile_s,
@@ -706,6 +722,7 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
             "history": lane.history,
         }) for lane in lanes]
     finally:
+        profiler.close()  # a run that failed inside the profile window
         for lane in lanes:
             if lane.ckpt is not None:
                 lane.ckpt.close()  # waits for the last asynchronous save (the last good one)
