@@ -509,23 +509,30 @@ LENGTH_SPEC = os.path.join(os.path.dirname(__file__), "..", "experiments", "spec
                            "length_extrapolation.toml")
 
 
-def test_the_length_extrapolation_spec_covers_every_positional_scheme():
-    """Every registered positional scheme is a value of the spec's position axis (a scheme
-    registered later fails here until the experiment includes it), trained at three lengths,
-    and each declared claim is a pair at every training length; resolved without data (the
-    research corpus is not prepared here)."""
+@pytest.mark.parametrize("name, lengths", [("length_extrapolation.toml", 3),
+                                           ("length_extrapolation_cpu.toml", 1)])
+def test_the_length_extrapolation_specs_cover_every_positional_scheme(name, lengths):
+    """Every registered positional scheme is a value of each spec's position axis (a scheme
+    registered later fails here until the experiment includes it), and each declared claim is
+    a pair at every training length; resolved without data (the research corpus is not
+    prepared here)."""
     from transformers_jax.registry import POSITIONS
-    from transformers_jax.sweep.plan import in_tokens
 
-    spec = read_spec(LENGTH_SPEC)
+    spec = read_spec(os.path.join(os.path.dirname(LENGTH_SPEC), name))
     cells = expand(spec)
     position = next(a for a in spec.axes if a.key == "model.position")
     names = {v["name"] if isinstance(v, dict) else v for v in position.values}
     assert names == set(POSITIONS.names())
-    assert len(cells) == len(names) * 3 and len(spec.seeds) >= 3
+    assert len(cells) == len(names) * lengths and len(spec.seeds) >= 3
     found = pairs(spec, cells)
-    assert len(found) == 3 * len(spec.compares)
+    assert len(found) == lengths * len(spec.compares) == lengths * 36
     assert {p.metric.text for p in found} == {"loss@4x", "loss@16x"}
+
+
+def test_the_length_extrapolation_spec_scales_settings_with_the_training_length():
+    from transformers_jax.sweep.plan import in_tokens
+
+    cells = expand(read_spec(LENGTH_SPEC))
     fire = in_tokens(next(c for c in cells if c.name == "position=fire,seq_len=128"))
     assert "--model.position.init_threshold=32" in fire.args
     learned = in_tokens(next(c for c in cells if c.name == "position=learned,seq_len=32"))
