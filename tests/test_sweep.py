@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from sweep_runs import record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
@@ -178,19 +179,6 @@ def sweep_env(tmp_path, monkeypatch):
     return tmp_path, spec, code
 
 
-def _trained(monkeypatch) -> list[str]:
-    """Record every run the sweep trains."""
-    calls = []
-    real = runner.train_seeds_of
-
-    def counted(planned, seeds, run_dirs, log, apart=False):
-        calls.extend(f"{planned.cell.name}/{seed}" for seed in seeds)
-        return real(planned, seeds, run_dirs, log, apart)
-
-    monkeypatch.setattr(runner, "train_seeds_of", counted)
-    return calls
-
-
 @pytest.mark.slow
 def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
         sweep_env, monkeypatch, capsys):
@@ -211,7 +199,7 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     report = (out / "report.md").read_text()
     assert "1 of 2 cells finished" in report and "| pending |" in report
     monkeypatch.setattr(runner, "train_seeds_of", real)
-    calls = _trained(monkeypatch)
+    calls = record_trained(monkeypatch)
     assert main(["sweep", str(spec), "--out", str(out)]) == 0
     assert calls == ["position=alibi/0", "position=alibi/1"]  # only what was missing
 
@@ -249,7 +237,7 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
 
     # started again: nothing trains, nothing is rescored
     before = os.path.getmtime(out / "cells/position=rope/seed1" / runner.SCORES_FILE)
-    calls = _trained(monkeypatch)
+    calls = record_trained(monkeypatch)
     assert main(["sweep", str(spec), "--out", str(out)]) == 0
     assert calls == []
     assert os.path.getmtime(out / "cells/position=rope/seed1" / runner.SCORES_FILE) == before
@@ -309,7 +297,7 @@ def test_a_masked_lm_cell_is_refused(sweep_env, capsys):
 def test_a_locked_cell_is_skipped_and_a_shard_trains_its_share(sweep_env, monkeypatch):
     tmp_path, spec, _ = sweep_env
     out = tmp_path / "out"
-    calls = _trained(monkeypatch)
+    calls = record_trained(monkeypatch)
     spec.write_text(TINY.replace("seeds = 2", "seeds = 1"))
     assert main(["sweep", str(spec), "--out", str(out), "--shard", "1/2"]) == 0
     assert calls == ["position=alibi/0"]

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from sweep_runs import record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
@@ -79,15 +80,7 @@ def _patched(mp: pytest.MonkeyPatch, root) -> list[str]:
     """The sweep's code state fixed, its split cache in ``root``; every seed trained recorded."""
     mp.setenv("TJAX_SPLIT_CACHE", str(root / "splits"))
     mp.setattr(provenance, "code_state", lambda: dict(CODE))
-    calls: list[str] = []
-    real = runner.train_seeds_of
-
-    def counted(planned, seeds, run_dirs, log, apart=False):
-        calls.extend(f"{planned.cell.name}/{seed}" for seed in seeds)
-        return real(planned, seeds, run_dirs, log, apart)
-
-    mp.setattr(runner, "train_seeds_of", counted)
-    return calls
+    return record_trained(mp)
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ class SeedsTrainer:
                              out_specs=P(SEED_AXIS))
 
     def stack(self, states: Sequence[TrainState]) -> TrainState:
-        """One state of ``[S, ...]`` leaves on the trainer's device, seed s at index s."""
+        """One state of ``[S, ...]`` leaves, seed s at index s, placed as ``sharding`` says."""
         if len(states) != self.seeds:
             raise ValueError(f"{len(states)} states for {self.seeds} seeds")
         return jax.device_put(jax.tree.map(lambda *xs: jnp.stack(xs), *states), self.sharding)
