@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from transformers_jax.config import ModelConfig
+from transformers_jax.config import ConfigError, ModelConfig
+from transformers_jax.registry import MASKS
 
 
 @struct.dataclass
@@ -91,15 +92,27 @@ def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot, axis: int = 1
     return jax.vmap(one_row)(old, new.astype(old.dtype), where.slot)
 
 
-def init_cache(config: ModelConfig, batch_size: int, size: int,
-               n_layers: int | None = None) -> KVCache:
-    """An empty cache of ``size`` slots per row for ``n_layers`` layers (default all)."""
+def check_decoding(config: ModelConfig) -> None:
+    """Refuse, before any work, a model that cannot decode token by token with a KV cache:
+    its mask, positional scheme or attention kernel (each entry says why and what works)."""
+    if not config.mask.decodes:
+        decoding = [name for name, kind in MASKS.items() if kind.decodes]
+        raise ConfigError(
+            f"mask={config.mask.name!r} does not decode left to right; use a mask that does "
+            f"({', '.join(decoding)})")
     if not config.position.cacheable:
-        raise ValueError(
+        raise ConfigError(
             f"position={config.position}: its positions outside training depend on the whole "
             "sequence, so decoding token by token with a KV cache cannot reproduce them; "
             "choose a setting of the scheme that evaluates on the real positions (for "
             "randomized: --model.position.evaluate=real)")
+    config.attention.check_decoding(config)
+
+
+def init_cache(config: ModelConfig, batch_size: int, size: int,
+               n_layers: int | None = None) -> KVCache:
+    """An empty cache of ``size`` slots per row for ``n_layers`` layers (default all)."""
+    check_decoding(config)
     N, D = config.kv_heads, config.dims_per_head
     dtype = jnp.dtype(config.dtype)
     layers = config.n_layers if n_layers is None else n_layers

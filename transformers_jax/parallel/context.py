@@ -52,7 +52,7 @@ from transformers_jax.parallel.rules import (
     length_axes,
 )
 
-__all__ = ["CONTEXT_ATTENTION", "attention_hook", "check_context"]
+__all__ = ["CONTEXT_ATTENTION", "attention_hook", "check_context", "method_refusal"]
 
 
 def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch: Mapping,
@@ -78,12 +78,21 @@ def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch:
                 f"mesh context={ways}: the batch's {key!r} has length {shape[1]}, which does "
                 f"not split into {ways} equal shards; use a sequence length that is a multiple "
                 f"of {ways} (train.seq_len), or a context size that divides {shape[1]}")
+    refusal = method_refusal(attention, method)
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def method_refusal(attention: Any, method: str) -> str | None:
+    """Why ``method`` cannot split attention computed by the kernel ``attention`` over the
+    sequence (None when it can). The ring computes its blocks itself; the all-gather hands
+    each device's queries every key, which a kernel that masks by array index cannot do."""
     if method == "all_gather" and not attention.dense_masks:
-        raise ConfigError(
-            f"attention={attention.name!r} with context parallelism: the all_gather method "
-            "gives each device's queries all keys, which this kernel (causality by array "
-            "index) cannot mask; use train.context_attention=ring, or attention=chunked, xla "
-            "or reference")
+        return (f"attention={attention.name!r} with context parallelism: the all_gather method "
+                "gives each device's queries all keys, which this kernel (causality by array "
+                "index) cannot mask; use train.context_attention=ring, or attention=chunked, "
+                "xla or reference")
+    return None
 
 
 def attention_hook(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES,

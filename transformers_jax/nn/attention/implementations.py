@@ -22,14 +22,19 @@ class AttentionImpl(Switch):
     takes any boolean mask (otherwise only causal and segment masks: no window, no prefix-LM).
     ``backends``: the JAX platforms it runs on. ``typed_under_shard_map``: its outputs carry
     the varying-axis types ``shard_map(check_vma=True)`` needs (the shard_map strategy turns
-    the check off for a kernel without them). ``oracle``: the plain definition the others are
-    checked against (every score materialised, every feature): for tests, never a candidate in
-    a speed comparison. Settings of the kernel are dataclass fields."""
+    the check off for a kernel without them). ``decodes``: attends from a few new queries to a
+    longer KV cache (causality by position, not by array index). ``bias_backends``: the
+    platforms on which it adds a bias (ALiBi, T5, FIRE, KERPLE). ``oracle``: the plain
+    definition the others are checked against (every score materialised, every feature): for
+    tests, never a candidate in a speed comparison. Settings of the kernel are dataclass
+    fields."""
 
     oracle: ClassVar[bool] = False
     softcap: ClassVar[bool] = True
     dense_masks: ClassVar[bool] = True
+    decodes: ClassVar[bool] = True
     backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
+    bias_backends: ClassVar[tuple[str, ...] | None] = None  # None: every backend it runs on
     typed_under_shard_map: ClassVar[bool] = True
 
     def attend(self, q, k, v, *, bias, mask, scale, logit_softcap) -> jax.Array:
@@ -47,6 +52,14 @@ class AttentionImpl(Switch):
             raise ConfigError(
                 f"attention={self.name!r}: supports causal and segment masks only, not "
                 f"mask={config.mask.name}; use attention=chunked")
+
+    def check_decoding(self, config: Any) -> None:
+        """Refuse KV-cache decoding before it starts when the kernel cannot do it."""
+        if not self.decodes:
+            raise ConfigError(
+                f"attention={self.name!r} cannot decode with a KV cache (its causal mask is "
+                "by array index, so it needs as many queries as keys); sample with "
+                "--model.attention=chunked or xla: the same weights give the same numbers")
 
 
 @ATTENTION.register("reference")
@@ -121,7 +134,9 @@ class Pallas(AttentionImpl):
 
     softcap: ClassVar[bool] = False
     dense_masks: ClassVar[bool] = False
+    decodes: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("gpu", "tpu")
+    bias_backends: ClassVar[tuple[str, ...]] = ("tpu",)  # the Triton kernel takes no bias
     typed_under_shard_map: ClassVar[bool] = False  # pallas_call outputs have no vma
 
     def attend(self, q, k, v, **options) -> jax.Array:
