@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from transformers_jax.config import LoraConfig
+from transformers_jax.models import family_of
 from transformers_jax.nn.layers import Dense
 from transformers_jax.registry import ConfigError
 from transformers_jax.train.step import SkipsNonFinite
@@ -242,3 +243,19 @@ def adapter_state(state: Any) -> Any:
 def with_base(state: Any, base: Any) -> Any:
     """``adapter_state``'s inverse: the base put back."""
     return state.replace(params={BASE: base, LORA: state.params[LORA]})
+
+
+def wrap(model: nn.Module, lora: LoraConfig) -> nn.Module:
+    """``with_lora`` on the example inputs of ``model``'s family (its config's)."""
+    if not lora.enabled:
+        return model
+    config = model.config
+    tokens, inputs = family_of(config).example_inputs(config, min(8, config.max_len))
+    return with_lora(model, lora, {"inputs": tokens}, inputs)
+
+
+def trainable_count(params: Any) -> int:
+    """Parameters the optimizer moves: the adapters of a LoRA tree, else all of them."""
+    if isinstance(params, dict) and set(params) == {BASE, LORA}:
+        params = params[LORA]
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
