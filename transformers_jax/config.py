@@ -456,9 +456,6 @@ class TrainConfig:
             check_profile(self.profile, self.steps)
         if isinstance(self.lora, dict):  # from JSON
             object.__setattr__(self, "lora", from_dict(LoraConfig, self.lora, "train.lora."))
-        if self.lora.enabled and self.init_from is None:
-            _fail("train.lora.rank", self.lora.rank, "LoRA adapts a trained or converted model: "
-                  "give it with --train.init_from=RUN (e.g. a run written by tjax convert)")
 
     @property
     def schedule_total(self) -> int:

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from transformers_jax import __version__
-from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
+from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, check_lengths
 from transformers_jax.evaluation import held_out_metrics, mean_metrics
 from transformers_jax.models import family_of
 from transformers_jax.nn.layers import count_params
@@ -393,6 +393,10 @@ def prepare_run(model_cfg: ModelConfig, plan: SegmentPlan, auto_vocab: bool) -> 
     (``plan_segment``); a classifier's labels are written into a new run directory.
     ``auto_vocab``: the model's vocabulary follows the tokenizer's (else a smaller one fails)."""
     cfg = plan.cfg
+    if cfg.lora.enabled and cfg.init_from is None:  # (tjax plan may size LoRA without one)
+        raise ConfigError(f"train.lora.rank={cfg.lora.rank}: LoRA adapts a trained or converted "
+                          "model; give it with --train.init_from=RUN (e.g. a run written by "
+                          "tjax convert)")
     objective = run_objective(model_cfg, cfg.objective)
     tokenizer = source_tokenizer(cfg) or training_tokenizer(cfg)
     if auto_vocab:

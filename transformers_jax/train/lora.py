@@ -259,3 +259,27 @@ def trainable_count(params: Any) -> int:
     if isinstance(params, dict) and set(params) == {BASE, LORA}:
         params = params[LORA]
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def memory_count(model: nn.Module, lora: LoraConfig) -> dict[str, int]:
+    """Bytes a fine-tune of ``model`` keeps between steps, full versus LoRA (shapes only).
+
+    Full: the weights, their gradients and AdamW's two moments (4x the weights, in the
+    parameter dtype). LoRA: the weights once, and the same four copies of the adapters only.
+    ``lora_step_extra``: what the LoRA step adds while it runs, at most (every folded target
+    kernel and its gradient alive at once; XLA frees them layer by layer)."""
+    wrapped = wrap(model, lora)
+    config = model.config
+    tokens, inputs = family_of(config).example_inputs(config, min(8, config.max_len))
+    shapes = nn.meta.unbox(jax.eval_shape(
+        lambda key: wrapped.init(key, tokens, **inputs), jax.random.key(0))["params"])
+
+    def nbytes(tree) -> int:
+        return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+    base, adapters = shapes[BASE], shapes[LORA]
+    targets = [_at(base, t.path)["kernel"] for t in wrapped.targets]
+    return {"params": trainable_count(base), "adapter_params": trainable_count(adapters),
+            "weights_bytes": nbytes(base), "full_finetune_bytes": 4 * nbytes(base),
+            "lora_bytes": nbytes(base) + 4 * nbytes(adapters),
+            "lora_step_extra_bytes": 2 * nbytes(targets)}
