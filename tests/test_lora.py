@@ -35,8 +35,9 @@ def batch_of(seed: int = 0, rows: int = 4, length: int = 16) -> dict:
 
 def random_adapters(model: lora.LoraModel, seed: int = 1) -> dict:
     """Params with B non-zero, so the adapters change every target."""
-    params = nn.meta.unbox(model.init(jax.random.key(0), jnp.asarray(batch_of()["inputs"]))
-                           ["params"])
+    params = nn.meta.unbox(
+        model.init(jax.random.key(0), jnp.asarray(batch_of()["inputs"]))["params"]
+    )
     leaves, tree = jax.tree.flatten(params[lora.LORA])
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     noisy = [0.1 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]
@@ -59,7 +60,7 @@ def adapter_path_logits(model: lora.LoraModel, params: dict, x) -> jax.Array:
         if node is None:
             return y
         x_in = args[0]
-        n_in = math.prod(x_in.shape[x_in.ndim - module.in_dims:])
+        n_in = math.prod(x_in.shape[x_in.ndim - module.in_dims :])
         a = node["a"].reshape(n_in, -1)
         b = node["b"].reshape(a.shape[1], -1)
         low = (x_in.reshape(-1, n_in) @ a) @ b
@@ -104,8 +105,9 @@ def test_only_adapters_train_and_the_loss_falls():
     model = lora.wrap(build_model(TINY), BOTH)
     cfg = TrainConfig(lora=BOTH, init_from="x", learning_rate=3e-2, warmup_steps=0, steps=30)
     batch = batch_of()
-    trainer = make_trainer("single", model, make_optimizer(cfg), batch,
-                           objective=objective_for("gpt"))
+    trainer = make_trainer(
+        "single", model, make_optimizer(cfg), batch, objective=objective_for("gpt")
+    )
     state = trainer.init_state(0)
     base0 = jax.tree.map(np.asarray, state.params[lora.BASE])
     lora0 = jax.tree.map(np.asarray, state.params[lora.LORA])
@@ -118,19 +120,30 @@ def test_only_adapters_train_and_the_loss_falls():
         state, metrics = trainer.step(state, trainer.place_batch(batch))
         losses.append(float(metrics["loss"]))
     assert losses[-1] < losses[0] - 0.2, losses  # one batch memorised through the adapters
-    for a, b in zip(jax.tree.leaves(base0), jax.tree.leaves(state.params[lora.BASE]),
-                    strict=True):
+    for a, b in zip(jax.tree.leaves(base0), jax.tree.leaves(state.params[lora.BASE]), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert all(not np.array_equal(a, b) for a, b in zip(
-        jax.tree.leaves(lora0), jax.tree.leaves(state.params[lora.LORA]), strict=True))
+    assert all(
+        not np.array_equal(a, b)
+        for a, b in zip(
+            jax.tree.leaves(lora0), jax.tree.leaves(state.params[lora.LORA]), strict=True
+        )
+    )
 
 
 def count(tree) -> int:
     return sum(x.size for x in jax.tree.leaves(tree))
 
 
-SMALL = dict(batch_size=4, seq_len=32, eval_every=100, eval_batches=1, log_every=100,
-             progress=False, tensorboard=False, learning_rate=1e-2)
+SMALL = dict(
+    batch_size=4,
+    seq_len=32,
+    eval_every=100,
+    eval_batches=1,
+    log_every=100,
+    progress=False,
+    tensorboard=False,
+    learning_rate=1e-2,
+)
 GPT = ModelConfig(n_layers=2, d_model=32, n_heads=2)
 
 
@@ -141,8 +154,7 @@ def dir_bytes(path: str) -> int:
 def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path):
     base = str(tmp_path / "base")
     train(GPT, TrainConfig(steps=4, run_dir=base, **SMALL), auto_vocab=True)
-    cfg = TrainConfig(steps=6, schedule_steps=6, init_from=base, lora=LoraConfig(rank=2),
-                      **SMALL)
+    cfg = TrainConfig(steps=6, schedule_steps=6, init_from=base, lora=LoraConfig(rank=2), **SMALL)
     train(GPT, cfg.replace(run_dir=str(tmp_path / "straight")), auto_vocab=True)
     split = str(tmp_path / "split")
     train(GPT, cfg.replace(run_dir=split, steps=3), auto_vocab=True)
@@ -151,8 +163,7 @@ def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path):
     straight, resumed = open_run(str(tmp_path / "straight")), open_run(split)
     assert straight.step == resumed.step == 6
     assert straight.meta["lora_base"] == {"run": os.path.abspath(base), "step": 4}
-    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params),
-                    strict=True):
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params), strict=True):
         np.testing.assert_array_equal(a, b)
     # the checkpoint holds the adapters, not the model: far smaller than the base's
     step_dir = os.path.join(split, "checkpoints", "6")
@@ -163,11 +174,20 @@ def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path):
     merged = open_run(merged_dir)
     assert merged.step == 0 and not merged.train_config.lora.enabled
     x = jnp.asarray(batch_of(length=8)["inputs"] % 200)
-    np.testing.assert_array_equal(merged.model.apply({"params": merged.params}, x),
-                                  resumed.model.apply({"params": resumed.params}, x))
+    np.testing.assert_array_equal(
+        merged.model.apply({"params": merged.params}, x),
+        resumed.model.apply({"params": resumed.params}, x),
+    )
     base_run = open_run(base)
-    assert float(jnp.abs(base_run.model.apply({"params": base_run.params}, x)
-                         - merged.model.apply({"params": merged.params}, x)).max()) > 0
+    assert (
+        float(
+            jnp.abs(
+                base_run.model.apply({"params": base_run.params}, x)
+                - merged.model.apply({"params": merged.params}, x)
+            ).max()
+        )
+        > 0
+    )
     with pytest.raises(ValueError, match="not trained with --train.lora.rank"):
         merge_lora_run(base, str(tmp_path / "again"))
 

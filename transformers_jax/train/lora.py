@@ -66,8 +66,11 @@ def _matches(path: tuple[str, ...], pattern: str) -> bool:
     """``query`` or ``attention`` (a component of the path), or a glob over the path
     (``layer_0/attention/*``, also matched against every tail of it)."""
     joined = "/".join(path)
-    return (pattern in path or fnmatch.fnmatchcase(joined, pattern)
-            or fnmatch.fnmatchcase(joined, "*/" + pattern))
+    return (
+        pattern in path
+        or fnmatch.fnmatchcase(joined, pattern)
+        or fnmatch.fnmatchcase(joined, "*/" + pattern)
+    )
 
 
 def dense_layers(model: nn.Module, example: dict, inputs: dict) -> dict:
@@ -83,7 +86,8 @@ def dense_layers(model: nn.Module, example: dict, inputs: dict) -> dict:
 
     with nn.intercept_methods(note):
         variables = jax.eval_shape(
-            lambda key: model.init(key, example["inputs"], **inputs), jax.random.key(0))
+            lambda key: model.init(key, example["inputs"], **inputs), jax.random.key(0)
+        )
     params = variables["params"]
     out = {}
     for path, (in_dims, out_dims) in seen.items():
@@ -91,16 +95,19 @@ def dense_layers(model: nn.Module, example: dict, inputs: dict) -> dict:
     return out
 
 
-def find_targets(model: nn.Module, example: dict, inputs: dict,
-                 lora: LoraConfig) -> tuple[Target, ...]:
+def find_targets(
+    model: nn.Module, example: dict, inputs: dict, lora: LoraConfig
+) -> tuple[Target, ...]:
     """The projections of ``model`` that ``lora.targets`` names; a ``ConfigError`` naming the
     projections there are when a pattern matches none, or when the model has none."""
     layers = dense_layers(model, example, inputs)
     name = type(model).__name__
     if not layers:
-        raise ConfigError(f"train.lora: {name} ({model.config.family}) has no projection "
-                          "LoRA can adapt (no Dense layer); fine-tune it without "
-                          "--train.lora.rank")
+        raise ConfigError(
+            f"train.lora: {name} ({model.config.family}) has no projection "
+            "LoRA can adapt (no Dense layer); fine-tune it without "
+            "--train.lora.rank"
+        )
     known = sorted({p[-1] for p in layers})
     for pattern in lora.targets:
         if not any(_matches(path, pattern) for path in layers):
@@ -108,7 +115,8 @@ def find_targets(model: nn.Module, example: dict, inputs: dict,
                 f"train.lora.targets: {pattern!r} matches no projection of {name}; its "
                 f"projections are named {', '.join(known)} (modules: "
                 f"{', '.join(sorted({c for p in layers for c in p[:-1]}))}), e.g. "
-                f"--train.lora.targets=query,key,value,out or a glob such as 'layer_0/*'")
+                f"--train.lora.targets=query,key,value,out or a glob such as 'layer_0/*'"
+            )
     targets = []
     for path, (in_dims, out_dims, kernel) in sorted(layers.items()):
         if any(_matches(path, p) for p in lora.targets):
@@ -159,8 +167,9 @@ def merge(base: Any, adapters: Any, targets: tuple[Target, ...], scale: float) -
     for t in targets:
         module, ab = _at(merged, t.path), _at(adapters, t.path)
         w = module["kernel"]
-        module["kernel"] = (w.astype(jnp.float32)
-                            + delta(t, ab["a"], ab["b"], scale, w.shape)).astype(w.dtype)
+        module["kernel"] = (
+            w.astype(jnp.float32) + delta(t, ab["a"], ab["b"], scale, w.shape)
+        ).astype(w.dtype)
     return merged
 
 
@@ -192,8 +201,9 @@ class LoraModel(nn.Module):
     def __call__(self, *args, **kwargs):
         inner = self.plain()
         base = self.param(BASE, lambda key: inner.init(key, *args, **kwargs)["params"])
-        adapters = self.param(LORA, lambda key: init_adapters(
-            key, nn.meta.unbox(base), self.targets, self.rank))
+        adapters = self.param(
+            LORA, lambda key: init_adapters(key, nn.meta.unbox(base), self.targets, self.rank)
+        )
         params = merge(jax.lax.stop_gradient(base), adapters, self.targets, self.scale)
         rngs = {"dropout": self.make_rng("dropout")} if self.has_rng("dropout") else None
         return inner.apply({"params": params}, *args, rngs=rngs, **kwargs)
@@ -223,8 +233,10 @@ def _adapter_mask(params: Any) -> Any:
     with a placeholder for the whole tree: every leaf of it is trained."""
     if not isinstance(params, dict) or set(params) != {BASE, LORA}:
         return True
-    return {BASE: jax.tree.map(lambda _: False, params[BASE]),
-            LORA: jax.tree.map(lambda _: True, params[LORA])}
+    return {
+        BASE: jax.tree.map(lambda _: False, params[BASE]),
+        LORA: jax.tree.map(lambda _: True, params[LORA]),
+    }
 
 
 def adapters_only(optimizer: SkipsNonFinite) -> SkipsNonFinite:
@@ -271,15 +283,20 @@ def memory_count(model: nn.Module, lora: LoraConfig) -> dict[str, int]:
     wrapped = wrap(model, lora)
     config = model.config
     tokens, inputs = family_of(config).example_inputs(config, min(8, config.max_len))
-    shapes = nn.meta.unbox(jax.eval_shape(
-        lambda key: wrapped.init(key, tokens, **inputs), jax.random.key(0))["params"])
+    shapes = nn.meta.unbox(
+        jax.eval_shape(lambda key: wrapped.init(key, tokens, **inputs), jax.random.key(0))["params"]
+    )
 
     def nbytes(tree) -> int:
         return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
     base, adapters = shapes[BASE], shapes[LORA]
     targets = [_at(base, t.path)["kernel"] for t in wrapped.targets]
-    return {"params": trainable_count(base), "adapter_params": trainable_count(adapters),
-            "weights_bytes": nbytes(base), "full_finetune_bytes": 4 * nbytes(base),
-            "lora_bytes": nbytes(base) + 4 * nbytes(adapters),
-            "lora_step_extra_bytes": 2 * nbytes(targets)}
+    return {
+        "params": trainable_count(base),
+        "adapter_params": trainable_count(adapters),
+        "weights_bytes": nbytes(base),
+        "full_finetune_bytes": 4 * nbytes(base),
+        "lora_bytes": nbytes(base) + 4 * nbytes(adapters),
+        "lora_step_extra_bytes": 2 * nbytes(targets),
+    }
