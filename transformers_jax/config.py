@@ -333,8 +333,7 @@ class TrainConfig:
     # What is trained (train/objectives.py): None, the family's own (gpt lm, bert mlm, ...);
     # sequence_classification, a classifier on the encoder, on labelled --data (JSONL/CSV).
     objective: str | None = None  # None: the family's; sequence_classification: labelled data
-    # LoRA fine-tuning of init_from's model: --train.lora.rank=R (docs/lora.md)
-    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # adapters (docs/lora.md)
     # Reliability (see train/guard.py, train/loop.py): bad updates skipped before the run stops,
     # and whether a resume may read other data or another tokenizer than the checkpoint's.
     skip_nonfinite_steps: int = 0  # updates with a non-finite loss/grad skipped; then stop
