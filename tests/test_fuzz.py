@@ -141,6 +141,11 @@ TRAIN_TEXT = {
     "process_id": st.one_of(INT_TEXT, st.just("none")),
     "profile": st.sampled_from(["none", "1:2", "0:1", "5", "a:b", "3:0", "-1:2", "1:2:3", "",
                                 ":", "10000:1", " 2 : 3"]),
+    "init_from": st.sampled_from(["none", "runs/base"]),
+    "lora.rank": st.one_of(INT_TEXT, st.just("none")),
+    "lora.alpha": st.one_of(FLOAT_TEXT, st.just("none")),
+    "lora.targets": st.sampled_from(["query,value", "attention,mlp", "", ",", "layer_0/*", "q"]),
+    "lora.dropout": FLOAT_TEXT,  # not a field: refused, naming the fields there are
 }
 
 

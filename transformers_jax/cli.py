@@ -232,6 +232,21 @@ def cmd_convert(argv: list[str]) -> int:
     return convert_main(argv)
 
 
+def cmd_merge(argv: list[str]) -> int:
+    parser = CommandParser(
+        "tjax merge", "Fold a LoRA run's adapters (--train.lora.rank) into its base model and "
+        "write the result as a plain run directory, which tjax sample, eval and convert "
+        "--to-hf read like any other.")
+    parser.add_argument("--run", required=True, help="the LoRA run directory")
+    parser.add_argument("--out", required=True, help="the new run directory")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out's checkpoints")
+    args, _, _ = parser.parse(argv)
+    from transformers_jax.runs.write import merge_lora_run
+
+    print(merge_lora_run(args.run, args.out, overwrite=args.overwrite))
+    return 0
+
+
 def cmd_presets(argv: list[str]) -> int:
     parser = CommandParser(
         "tjax presets", "Named models: published architectures with their exact parameter "
@@ -358,7 +373,7 @@ def cmd_plan(argv: list[str]) -> int:
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,
             "convert": cmd_convert, "fill-mask": cmd_fill_mask, "presets": cmd_presets,
             "plan": cmd_plan, "sweep": cmd_sweep, "corpus": cmd_corpus,
-            "tokenizer": cmd_tokenizer}
+            "tokenizer": cmd_tokenizer, "merge": cmd_merge}
 
 
 def main(argv: list[str] | None = None) -> int:

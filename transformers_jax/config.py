@@ -244,6 +244,49 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (``train/lora.py``): each targeted projection's kernel ``W`` trains as
+    ``W + (alpha / rank) * A @ B`` with ``W`` frozen; only ``A`` and ``B`` are trained and saved.
+
+    ``alpha`` defaults to ``rank`` (a scale of 1): a change of rank then leaves the size of an
+    update step where it was, so a learning rate found at one rank carries to another (peft's
+    default for its rank 8 is the same). ``targets`` are the names of projections as the
+    parameter tree holds them (``query``, ``key``, ``value``, ``out``, ``up``, ``gate``,
+    ``down``), a module holding some (``attention``, ``mlp``), or a glob over the path
+    (``layer_0/attention/*``)."""
+
+    rank: int | None = None  # adapter rank R; None: no LoRA (the whole model trains)
+    alpha: float | None = None  # the update is scaled by alpha / rank; None: alpha = rank
+    targets: tuple[str, ...] = ("query", "key", "value", "out")  # projections given adapters
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "train.lora.")
+        object.__setattr__(self, "targets", tuple(self.targets))  # JSON gives a list
+        if self.rank is None:
+            if self.alpha is not None:
+                _fail("train.lora.alpha", self.alpha, "needs train.lora.rank (LoRA is off "
+                      "without a rank): add --train.lora.rank=R, e.g. 8")
+            return
+        if self.rank <= 0:
+            _fail("train.lora.rank", self.rank, "must be a positive integer (e.g. 8), or unset "
+                  "for full fine-tuning")
+        if self.alpha is not None and self.alpha <= 0:
+            _fail("train.lora.alpha", self.alpha, "must be positive (or unset: alpha = rank)")
+        if not self.targets or not all(isinstance(t, str) and t.strip() for t in self.targets):
+            _fail("train.lora.targets", self.targets, "must name at least one projection, e.g. "
+                  "query,key,value,out (or attention,mlp)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank is not None
+
+    @property
+    def scale(self) -> float:
+        """``alpha / rank``, the factor of the adapters' product."""
+        return (self.rank if self.alpha is None else self.alpha) / self.rank
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and run settings for ``tjax train``."""
 
@@ -290,6 +333,7 @@ class TrainConfig:
     # What is trained (train/objectives.py): None, the family's own (gpt lm, bert mlm, ...);
     # sequence_classification, a classifier on the encoder, on labelled --data (JSONL/CSV).
     objective: str | None = None  # None: the family's; sequence_classification: labelled data
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # adapters (docs/lora.md)
     # Reliability (see train/guard.py, train/loop.py): bad updates skipped before the run stops,
     # and whether a resume may read other data or another tokenizer than the checkpoint's.
     skip_nonfinite_steps: int = 0  # updates with a non-finite loss/grad skipped; then stop
@@ -409,6 +453,8 @@ class TrainConfig:
             _fail("train.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
         if self.profile is not None:
             check_profile(self.profile, self.steps)
+        if isinstance(self.lora, dict):  # from JSON
+            object.__setattr__(self, "lora", from_dict(LoraConfig, self.lora, "train.lora."))
 
     @property
     def schedule_total(self) -> int:

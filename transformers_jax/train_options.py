@@ -92,6 +92,12 @@ def option_help() -> str:
             if not f.init:
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if dataclasses.is_dataclass(default):  # a group of settings (train.lora): each one
+                own = field_help(type(default))
+                lines += [f"  {f'--{section}.{f.name}.{g.name}={describe_default(g.default)}':<34}"
+                          f" {own.get(g.name, '')}".rstrip()
+                          for g in dataclasses.fields(default) if g.init]
+                continue
             option = f"--{section}.{f.name}={describe_default(default)}"
             text = helps.get(f.name, "")
             if f.name in NAMED_FIELDS:  # the names as registered, never a stale list

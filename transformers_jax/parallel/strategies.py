@@ -358,9 +358,12 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
     check_shardable(abstract["params"], mesh, rules)
     param_sh = mesh_shardings(abstract["params"], mesh, rules)
     replicated = NamedSharding(mesh, P())
+    # a masked optimizer (LoRA: train.lora.adapters_only) keeps MaskedNode, no array, where
+    # it trains nothing
     opt_sh = optax.tree_utils.tree_map_params(
-        c.optimizer, lambda _, s: s, abstract_state.opt_state, param_sh,
-        transform_non_params=lambda _: replicated,
+        c.optimizer, lambda x, s: x if isinstance(x, optax.MaskedNode) else s,
+        abstract_state.opt_state, param_sh, transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, optax.MaskedNode),
     )
     state_sh = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated)
 

@@ -25,6 +25,7 @@ from transformers_jax.plan.compiled import collectives, cost, memory, roofline
 from transformers_jax.plan.hlo import Module
 from transformers_jax.plan.targets import Target
 from transformers_jax.sample import decode_step
+from transformers_jax.train import lora
 from transformers_jax.train.flops import flops_per_token
 from transformers_jax.train.objectives import objective_for
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -52,7 +53,7 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seed
     seeds``, strategy ``single``), as ``train.seeds.train_seeds`` runs it: over as many of the
     target's devices as divide the seeds (``seed_devices``; one on a CPU target), each device
     its own seeds; FLOPs and memory per device."""
-    model = build_model(model_cfg)
+    model = lora.wrap(build_model(model_cfg), cfg.lora)  # --train.lora.rank: adapters only
     mesh = make_mesh(cfg.mesh, devices=target.devices)
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
     trainer = make_trainer(cfg.strategy, model, make_optimizer(cfg), host_zeros(batch), mesh=mesh,

@@ -23,6 +23,7 @@ from transformers_jax.runs.checkpoint import Checkpointer, abstract_like
 from transformers_jax.runs.labels import read_labels
 from transformers_jax.runs.layout import LABELS_FILE
 from transformers_jax.runs.tokenizer import run_tokenizer
+from transformers_jax.train import lora
 from transformers_jax.train.objectives import Objective, run_objective
 from transformers_jax.train.optim import make_optimizer
 from transformers_jax.train.step import TrainState, init_state
@@ -63,12 +64,15 @@ def state_target(config: ModelConfig, train_cfg: TrainConfig, objective: Objecti
                  num_labels: int | None = None) -> tuple[nn.Module, TrainState]:
     """``(model, abstract TrainState)``: the model ``objective`` trains and the shapes, dtypes
     and tree of the state a checkpoint of it holds (nothing allocated)."""
-    model = objective.build(config, num_labels)
+    model = lora.wrap(objective.build(config, num_labels), train_cfg.lora)
     tokens, inputs = family_of(config).example_inputs(config, min(8, config.max_len))
     example = {"inputs": tokens, **inputs}
     optimizer = make_optimizer(train_cfg)
-    return model, jax.eval_shape(
-        lambda: init_state(model, optimizer, train_cfg.seed, example, objective))
+    target = jax.eval_shape(lambda: init_state(model, optimizer, train_cfg.seed, example,
+                                               objective))
+    if train_cfg.lora.enabled:  # a LoRA checkpoint holds the adapters, not the base
+        target = lora.adapter_state(target)
+    return model, target
 
 
 def _labels_of(run_dir: str, objective: Objective) -> tuple[str, ...] | None:
@@ -107,8 +111,27 @@ def open_run(run_dir: str, step: int | None = None, shardings: Any | None = None
         state, _ = ckpt.restore(abstract_like(target, shardings), step)
     finally:
         ckpt.close()
-    return Run(run_dir, step, meta, config, train_cfg, objective, labels, model, state.params,
+    params = state.params
+    if train_cfg.lora.enabled:  # LoRA: the base run's params with these adapters folded in
+        base = lora_base_params(run_dir, meta)
+        params = model.merged({lora.BASE: base, lora.LORA: params[lora.LORA]})
+        model = model.plain()
+    return Run(run_dir, step, meta, config, train_cfg, objective, labels, model, params,
                run_tokenizer(run_dir, meta["tokenizer"]))
+
+
+def lora_base_params(run_dir: str, meta: dict) -> Any:
+    """The params of the base checkpoint a LoRA run's ``meta["lora_base"]`` names."""
+    reference = meta.get("lora_base") or {}
+    if not reference.get("run"):
+        raise ValueError(f"{run_dir} is a LoRA run whose checkpoint names no base run")
+    try:
+        return open_run(reference["run"], reference["step"]).params
+    except (FileNotFoundError, ValueError) as err:
+        raise FileNotFoundError(
+            f"{run_dir} holds LoRA adapters of {reference['run']} step {reference['step']}, "
+            f"which cannot be read ({err}); its adapters need that checkpoint: restore it, or "
+            "merge the adapters where it is (tjax merge)") from None
 
 
 def load_run(run_dir: str, step: int | None = None, shardings: Any | None = None):

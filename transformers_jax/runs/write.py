@@ -26,7 +26,7 @@ from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.data.tokenizers import EXTERNAL, Tokenizer
 from transformers_jax.runs.checkpoint import Checkpointer
 from transformers_jax.runs.layout import TOKENIZER_DIR, checkpoint_dir
-from transformers_jax.runs.load import state_target
+from transformers_jax.runs.load import open_run, state_target
 from transformers_jax.train.objectives import objective_for
 from transformers_jax.train.optim import make_optimizer
 from transformers_jax.train.step import TrainState
@@ -123,3 +123,29 @@ def write_run(
     finally:
         ckpt.close()
     return os.path.join(ckpt_dir, "0")
+
+
+def merge_lora_run(run_dir: str, out_dir: str, *, overwrite: bool = False) -> str:
+    """Write a LoRA run's newest adapters folded into its base as a plain run (step 0 of
+    ``out_dir``, as ``write_run`` does) that ``tjax sample``, ``eval`` and ``convert --to-hf``
+    read like any other; the base's ``source`` record (a converted model's config.json) is
+    carried over, with where the adapters came from. Returns the checkpoint directory."""
+    run = open_run(run_dir)
+    if not run.train_config.lora.enabled:
+        raise ValueError(f"{run_dir} was not trained with --train.lora.rank (no adapters): "
+                         "it is a plain run already, read it as it is")
+    base = run.meta["lora_base"]
+    source = dict(read_meta_of(base["run"], base["step"]).get("source") or {})
+    source["lora"] = {"run": os.path.abspath(run_dir), "step": run.step, "base": base,
+                      **dataclasses.asdict(run.train_config.lora)}
+    return write_run(out_dir, run.config, run.params, tokenizer=run.tokenizer,
+                     tokenizer_note=run.meta["tokenizer"].get("note"), source=source,
+                     overwrite=overwrite)
+
+
+def read_meta_of(run_dir: str, step: int) -> dict:
+    ckpt = Checkpointer(run_dir, create=False)
+    try:
+        return ckpt.read_meta(step)
+    finally:
+        ckpt.close()

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from transformers_jax import __version__
-from transformers_jax.config import ModelConfig, TrainConfig, check_lengths
+from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, check_lengths
 from transformers_jax.evaluation import held_out_metrics, mean_metrics
 from transformers_jax.models import family_of
 from transformers_jax.nn.layers import count_params
@@ -44,7 +44,7 @@ from transformers_jax.parallel.strategies import ParallelTrainer, make_trainer
 from transformers_jax.runs.checkpoint import Checkpointer, abstract_like, check_same_model
 from transformers_jax.runs.labels import resumed_labels, write_labels
 from transformers_jax.runs.layout import METRICS_FILE, checkpoint_dir
-from transformers_jax.runs.load import load_run
+from transformers_jax.runs.load import load_run, lora_base_params
 from transformers_jax.runs.lock import RunLock
 from transformers_jax.runs.meta import (
     check_same_data,
@@ -56,6 +56,7 @@ from transformers_jax.runs.meta import (
 from transformers_jax.runs.readme import write_run_readme
 from transformers_jax.runs.tokenizer import source_tokenizer, training_tokenizer
 from transformers_jax.sample import SamplingConfig, generate
+from transformers_jax.train import lora
 from transformers_jax.train.data import RunData, make_run_data
 from transformers_jax.train.flops import device_peak, flops_per_token
 from transformers_jax.train.guard import Guard, NonFiniteError
@@ -232,7 +233,12 @@ def _resume(ckpt: Checkpointer, state: TrainState, data: RunData, model_cfg, cfg
     if diffs:
         log.write("warning", 0, {}, "resuming with different training settings (the run "
                   "will not match an uninterrupted one):\n  " + "\n  ".join(diffs))
-    state, _ = ckpt.restore(abstract_like(state, shardings), step)  # onto this run's devices
+    if cfg.lora.enabled:  # the checkpoint holds the adapters; the base is the base run's
+        target = lora.adapter_state(abstract_like(state, shardings))
+        state, _ = ckpt.restore(target, step)
+        state = lora.with_base(state, lora_base_params(cfg.run_dir, meta))
+    else:
+        state, _ = ckpt.restore(abstract_like(state, shardings), step)  # onto this run's devices
     iterator = meta["data"].get("iterator")
     iterators = meta["data"].get("iterators") or []
     if len(iterators) == jax.process_count():  # this host's own position (multi-host)
@@ -262,15 +268,27 @@ def _init_from(cfg: TrainConfig, model_cfg: ModelConfig, data: RunData, state: T
     differs = f"model differs from {run_dir}: " + (", ".join(changes) or "nothing")
     objective = run_objective(model_cfg, cfg.objective)  # as _train built the model
     model = objective.build(model_cfg, data.labels and len(data.labels))
+    lora_on = cfg.lora.enabled  # the base from the run, the adapters as initialised
     try:
-        params = objective.start_from(model, state.params, source, jax.random.key(cfg.seed),
-                                      data.eval_batches[0])
+        params = objective.start_from(model, state.params[lora.BASE] if lora_on else state.params,
+                                      source, jax.random.key(cfg.seed), data.eval_batches[0])
     except ValueError as err:
         raise ValueError(f"cannot initialise from {run_dir}: {err}; fine-tuning keeps the "
                          f"architecture ({differs})") from None
     log.write("init", 0, {"changes": changes}, f"initialised parameters from {run_dir}; "
               f"{differs}")
+    if lora_on:
+        params = {lora.BASE: params, lora.LORA: state.params[lora.LORA]}
     return state.replace(params=params, opt_state=optimizer.init(params))
+
+
+def _newest_checkpoint(run_dir: str) -> dict:
+    """``{"run": absolute RUN_DIR, "step": its newest intact step}``: what init_from read."""
+    ckpt = Checkpointer(run_dir, create=False)
+    try:
+        return {"run": os.path.abspath(run_dir), "step": ckpt.pick(None)}
+    finally:
+        ckpt.close()
 
 
 def _model_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -375,6 +393,10 @@ def prepare_run(model_cfg: ModelConfig, plan: SegmentPlan, auto_vocab: bool) -> 
     (``plan_segment``); a classifier's labels are written into a new run directory.
     ``auto_vocab``: the model's vocabulary follows the tokenizer's (else a smaller one fails)."""
     cfg = plan.cfg
+    if cfg.lora.enabled and cfg.init_from is None:  # (tjax plan may size LoRA without one)
+        raise ConfigError(f"train.lora.rank={cfg.lora.rank}: LoRA adapts a trained or converted "
+                          "model; give it with --train.init_from=RUN (e.g. a run written by "
+                          "tjax convert)")
     objective = run_objective(model_cfg, cfg.objective)
     tokenizer = source_tokenizer(cfg) or training_tokenizer(cfg)
     if auto_vocab:
@@ -389,7 +411,7 @@ def prepare_run(model_cfg: ModelConfig, plan: SegmentPlan, auto_vocab: bool) -> 
     data = make_run_data(model_cfg, cfg, tokenizer, objective, known)
     if data.labels and cfg.run_dir and known is None:
         write_labels(cfg.run_dir, data.labels, cfg.data)
-    model = objective.build(model_cfg, data.labels and len(data.labels))
+    model = lora.wrap(objective.build(model_cfg, data.labels and len(data.labels)), cfg.lora)
     return RunSetup(model_cfg, plan, objective, data, model, make_optimizer(cfg),
                     learning_rate_schedule(cfg))
 
@@ -437,6 +459,7 @@ class Lane:
     last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
     guard: Guard | None = None
     eval_batches: list[dict] = dataclasses.field(default_factory=list)  # placed
+    lora_base: dict | None = None  # a LoRA run's base checkpoint: {"run": DIR, "step": N}
     started: str = ""  # when this invocation's segment began
 
     @property
@@ -459,6 +482,7 @@ class Lane:
         if self.ckpt is not None and cfg.resume and self.ckpt.latest_step() is not None:
             state, saved = _resume(self.ckpt, state, self.data, setup.model_cfg, cfg, log,
                                    trainer.state_shardings)
+            self.lora_base = saved.get("lora_base")
             self.before = segments_of(saved)
             for kind, text in setup.plan.notes:  # what a changed step count does to the schedule
                 log.write(kind, int(state.step), {"message": text}, text)
@@ -466,6 +490,8 @@ class Lane:
                 self.records = {**self.records, "preset": saved.get("preset")}  # same record
         elif cfg.init_from:
             state = _init_from(cfg, setup.model_cfg, self.data, state, setup.optimizer, log)
+            if cfg.lora.enabled:
+                self.lora_base = _newest_checkpoint(cfg.init_from)
         return state
 
     def segments(self, start: int, end: int) -> list[dict]:
@@ -484,9 +510,11 @@ class Lane:
             raise NonFiniteError(f"the state after step {step} holds non-finite values although "
                                  "every loss and gradient norm was finite; not saved (the "
                                  "latest checkpoint is the last good one)")
-        self.ckpt.save(step, state, run_meta(self.setup.model_cfg, self.cfg, self.data, step,
-                                             self.records.get("preset"),
-                                             self.segments(start, step)))
+        meta = run_meta(self.setup.model_cfg, self.cfg, self.data, step,
+                        self.records.get("preset"), self.segments(start, step))
+        if self.cfg.lora.enabled:  # the adapters only, and the base they adapt
+            state, meta = lora.adapter_state(state), {**meta, "lora_base": self.lora_base}
+        self.ckpt.save(step, state, meta)
 
     def evaluate(self, step: int, eval_step: Callable, params: Any,
                  host_params: Callable[[], Any]) -> None:
@@ -500,7 +528,8 @@ class Lane:
             + (f", accuracy {last['accuracy']:.3f}" if "accuracy" in last else ""),
         )
         if self.sampler is not None:
-            self.log.tracker.text("samples", step, self.sampler(host_params()))
+            params = lora.plain_params(self.setup.model, host_params())
+            self.log.tracker.text("samples", step, self.sampler(params))
 
 
 def open_lane(setup: RunSetup, records: dict, bar: tqdm | None,
@@ -519,7 +548,7 @@ def open_lane(setup: RunSetup, records: dict, bar: tqdm | None,
     for text in early_warnings:
         log.write("warning", 0, {"message": text}, text)
     try:
-        sampler = (_make_sampler(setup.model, setup.model_cfg, setup.data)
+        sampler = (_make_sampler(lora.plain_model(setup.model), setup.model_cfg, setup.data)
                    if tracker is not None else None)
     except BaseException:
         log.close()

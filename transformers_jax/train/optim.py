@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from transformers_jax.config import TrainConfig
+from transformers_jax.train.lora import adapters_only
 from transformers_jax.train.step import SkipsNonFinite
 
 
@@ -41,8 +42,10 @@ def decay_mask(params):
 
 
 def make_optimizer(cfg: TrainConfig) -> SkipsNonFinite:
-    return clipped_adamw(learning_rate_schedule(cfg), max_norm=cfg.grad_clip, b1=cfg.b1,
-                         b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
+    """AdamW (``clipped_adamw``); with ``--train.lora.rank`` on the adapters only."""
+    optimizer = clipped_adamw(learning_rate_schedule(cfg), max_norm=cfg.grad_clip, b1=cfg.b1,
+                              b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
+    return adapters_only(optimizer) if cfg.lora.enabled else optimizer
 
 
 def clipped_adamw(schedule: optax.Schedule, *, max_norm: float, b1: float, b2: float,
