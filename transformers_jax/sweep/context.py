@@ -15,6 +15,7 @@ very same perturbed windows, and their losses pair window by window.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import zlib
 from collections.abc import Callable
@@ -73,7 +74,7 @@ class Far:
 
 @dataclasses.dataclass(frozen=True)
 class Perturbation:
-    about: str  # one line for the report
+    about: str  # one line for the report ({span}: the spec's local span)
     apply: Callable[[np.ndarray, np.random.Generator, Far], np.ndarray]  # far_F -> new far
 
 
@@ -105,7 +106,9 @@ PERTURBATIONS.add(
 )
 PERTURBATIONS.add(
     "shuffle_local",
-    Perturbation("the far context shuffled within spans (order across spans kept)", _shuffle_local),
+    Perturbation(
+        "the far context shuffled within spans of {span} tokens (their order kept)", _shuffle_local
+    ),
 )
 PERTURBATIONS.add(
     "replace_unigram",
@@ -157,6 +160,7 @@ class Windows:
     perturbed: dict[tuple[str, int], np.ndarray]  # (perturbation, b) -> [W, T'] (T' shorter
     # when truncated)
 
+    @functools.cached_property
     def digest(self) -> str:
         """Of every token scored: equal digests, equal windows."""
         h = hashlib.sha256(self.intact_WT.tobytes())
