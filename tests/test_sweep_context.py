@@ -299,3 +299,19 @@ def test_a_gpt_and_an_lstm_are_scored_on_the_same_perturbed_windows(tmp_path, mo
     assert "## Context usage" in report and "**replace_unigram**" in report
     assert "| family=gpt | 0 | context:truncate@4 |" in report
     assert "context_usage.png" in results["plots"]
+
+
+def test_the_committed_context_usage_spec_reads_and_pairs():
+    from pathlib import Path
+
+    from transformers_jax.sweep.cells import expand, pairs
+    from transformers_jax.sweep.spec import read_spec
+
+    path = Path(__file__).resolve().parents[1] / "experiments/specs/context_usage.toml"
+    spec = read_spec(str(path))
+    cells = expand(spec)
+    assert [c.name for c in cells] == ["transformer", "lstm"]
+    assert set(spec.context.perturbations) == set(PERTURBATIONS.names())
+    spec.context.check(spec.context.window.resolve(384), "[eval.context]")
+    found = pairs(spec, cells)
+    assert len(found) == 18 and sum(p.b is None for p in found) == 14
