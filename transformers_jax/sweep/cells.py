@@ -161,13 +161,15 @@ class Pair:
 
     index: int  # the spec's [[compare]] it came from (from 1)
     a: Cell
-    b: Cell
+    b: Cell | None  # None: ``a``'s metric (a difference) against zero
     metric: Any  # spec.Metric
     better: str
     claim: str
 
     @property
     def title(self) -> str:
+        if self.b is None:
+            return f"{self.a.name}: {self.metric.text} against zero"
         return f"{self.a.name} vs {self.b.name}: {self.metric.text}"
 
 
@@ -183,6 +185,8 @@ def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
             base = select(cells, c.against, f"{where} against", axes)
             others = [x for x in cells if x.values.get(key) not in (None, value)]
             found = [(x, _partner(x, base, {key}, where)) for x in others]
+        elif c.b is None:  # a alone: each of its cells against zero
+            found = [(x, None) for x in select(cells, c.a, f"{where} a", axes)]
         else:
             a_cells = select(cells, c.a, f"{where} a", axes)
             b_cells = select(cells, c.b, f"{where} b", axes)
@@ -192,7 +196,7 @@ def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
         if not found:
             raise SpecError(f"{where}: selects no pair of cells")
         for a, b in found:
-            if a.name == b.name:
+            if b is not None and a.name == b.name:
                 raise SpecError(f"{where}: compares cell {a.name!r} with itself; a and b must "
                                 "select different cells")
             out.append(Pair(c.index, a, b, c.metric, c.better, c.claim))

@@ -77,13 +77,8 @@ def _step_seconds(planned: PlannedCell, tokenizer) -> float:
 
 def _eval_seconds(planned: PlannedCell, plan: SweepPlan, cache: dict) -> float:
     """The time scoring one seed of this cell should take here: one batch of windows timed
-    at each length (sliding too), times the batches the held-out stream makes."""
-    import jax
-    import numpy as np
-
-    from transformers_jax.evaluation import window_losses
-    from transformers_jax.models import build_model
-
+    at each length (sliding too), times the batches the held-out stream makes; and the
+    context windows' batches, intact and perturbed (truncated ones timed at full length)."""
     spec = plan.spec
     model = planned.model
     if planned.auto_vocab:
@@ -93,21 +88,38 @@ def _eval_seconds(planned: PlannedCell, plan: SweepPlan, cache: dict) -> float:
     for x, length in zip(spec.lengths, planned.lengths(spec), strict=True):
         strides = [length] + ([min(spec.stride.resolve(planned.reference_len), length)]
                               if x.text in slid else [])
-        key = (_shape_key(model), length)
-        if key not in cache:
-            module = build_model(model)
-            windows = np.zeros((spec.eval_batch_size, length + 1), np.int32)
-            params = module.init(jax.random.key(0), windows[:1, :8])["params"]
-            losses = window_losses(module)
-            jax.block_until_ready(losses(params, windows))  # compile
-            start = time.perf_counter()
-            jax.block_until_ready(losses(params, windows))
-            cache[key] = time.perf_counter() - start
         for stride in strides:
             batches = -(-len(range(0, plan.heldout_N.size - length, stride))
                         // spec.eval_batch_size)
-            total += cache[key] * batches
+            total += _batch_seconds(model, length, spec.eval_batch_size, cache) * batches
+    if plan.context is not None:
+        batches = -(-spec.context.windows // spec.eval_batch_size) * (
+            1 + len(plan.context.perturbed))
+        total += _batch_seconds(model, plan.context.window, spec.eval_batch_size,
+                                cache) * batches
     return total
+
+
+def _batch_seconds(model, length: int, batch_size: int, cache: dict) -> float:
+    """Seconds one batch of windows of ``length`` takes to score (compiled), kept in
+    ``cache`` by the model's shape."""
+    import jax
+    import numpy as np
+
+    from transformers_jax.evaluation import window_losses
+    from transformers_jax.models import build_model
+
+    key = (_shape_key(model), length)
+    if key not in cache:
+        module = build_model(model)
+        windows = np.zeros((batch_size, length + 1), np.int32)
+        params = module.init(jax.random.key(0), windows[:1, :8])["params"]
+        losses = window_losses(module)
+        jax.block_until_ready(losses(params, windows))  # compile
+        start = time.perf_counter()
+        jax.block_until_ready(losses(params, windows))
+        cache[key] = time.perf_counter() - start
+    return cache[key]
 
 
 def _shape_key(model) -> str:

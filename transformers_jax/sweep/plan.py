@@ -16,6 +16,7 @@ from transformers_jax.data.sources import open_documents
 from transformers_jax.registry import FAMILIES
 from transformers_jax.runs.tokenizer import source_tokenizer, training_tokenizer
 from transformers_jax.sweep.cells import Cell, Pair, expand, pairs
+from transformers_jax.sweep.context import Sources, Windows, draw_windows
 from transformers_jax.sweep.spec import Spec, SpecError
 from transformers_jax.sweep.splits import Split, make_split, overlap
 from transformers_jax.train_options import build_configs, follows_tokenizer
@@ -80,6 +81,7 @@ class SweepPlan:
     heldout_N: np.ndarray  # the held-out text as one token stream (documents joined by eos)
     train_N: np.ndarray  # the training text the cells read, likewise (up to READ_CAP)
     train_complete: bool  # whether train_N holds all of it
+    context: Windows | None = None  # [eval.context]'s windows, intact and perturbed
 
     def data_record(self) -> dict:
         return {**self.split.meta(), "overlap": self.overlap,
@@ -284,5 +286,29 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
                         f"windows of {longest} and chunks of {spec.chunk_tokens}; raise "
                         "[heldout] bytes")
     complete = len(train_texts) == len(docs) and train_N.size < max(needed, READ_CAP)
+    context = _context_windows(spec, cells, tokenizer, train_N, heldout_N) if spec.context \
+        else None
     return SweepPlan(spec, cells, compared, split, overlap(train_texts, split.heldout),
-                     tokenizer, heldout_N, train_N, complete)
+                     tokenizer, heldout_N, train_N, complete, context)
+
+
+def _context_windows(spec: Spec, cells: list[PlannedCell], tokenizer, train_N: np.ndarray,
+                     heldout_N: np.ndarray) -> Windows:
+    """The windows every cell and seed scores for context usage: one length for all cells
+    (so that they pair window by window), drawn by ``[eval.context] seed``; replacements
+    from the training tokens' unigram distribution and from other held-out documents."""
+    ctx = spec.context
+    by_cell = {c.cell.name: ctx.window.resolve(c.reference_len) for c in cells}
+    if len(set(by_cell.values())) > 1:
+        raise SpecError(f"[eval.context] window = {ctx.window.text!r} is {by_cell} tokens in "
+                        "these cells; every cell must score the same windows to be compared: "
+                        "give the window in tokens")
+    window = next(iter(by_cell.values()))
+    ctx.check(window, "[eval.context]")
+    try:
+        sources = Sources.of(train_N, heldout_N, tokenizer.eos_id, tokenizer.vocab_size)
+        return draw_windows(sources, window, ctx.target, ctx.distances, ctx.perturbations,
+                            ctx.windows, ctx.seed, ctx.span)
+    except ValueError as err:
+        raise SpecError(f"[eval.context]: {err}; raise [heldout] bytes or lower windows") \
+            from None

@@ -6,7 +6,8 @@
   while a cell of it is unfinished);
 - ``OUT/results.json``: the same figures, the per-chunk scores behind them, and ``provenance``
   (code, data, library versions, host, times, the spec);
-- ``OUT/loss_by_length.png`` and ``OUT/loss_by_position.png`` (with matplotlib);
+- ``OUT/loss_by_length.png`` and ``OUT/loss_by_position.png`` (with matplotlib), and with
+  ``[eval.context]`` ``OUT/context_usage.png``;
 - ``OUT/hparams/``: TensorBoard's hparams view of the cells.
 """
 
@@ -24,16 +25,40 @@ from transformers_jax.sweep.runner import read_scores, train_args, write_json
 from transformers_jax.sweep.spec import Metric
 
 
+def term(scores: dict, kind: str, length: str) -> dict:
+    """One term's scores in a seed's scores: ``loss``/``sliding``/``passkey`` by length,
+    ``context:NAME`` by distance."""
+    kind, _, name = kind.partition(":")
+    table = scores[kind]
+    return (table[name] if name else table)[length]
+
+
 def metric_chunks(scores: dict, metric: Metric) -> np.ndarray:
-    """One seed's per-chunk values of ``metric`` (a difference: chunk by chunk)."""
-    values = [np.asarray(scores[kind][length.text]["chunks"], np.float64)
+    """One seed's per-chunk (context: per-window) values of ``metric`` (a difference: chunk
+    by chunk)."""
+    values = [np.asarray(term(scores, kind, length.text)["chunks"], np.float64)
               for kind, length in metric.terms]
     return values[0] if len(values) == 1 else values[0] - values[1]
 
 
 def metric_mean(scores: dict, metric: Metric) -> float:
-    values = [scores[kind][length.text]["mean"] for kind, length in metric.terms]
+    values = [term(scores, kind, length.text)["mean"] for kind, length in metric.terms]
     return values[0] if len(values) == 1 else values[0] - values[1]
+
+
+def verdict(low: float, high: float, a: str, b: str | None, metric: Metric,
+            better: str) -> str:
+    """Plain words for the interval: which cell is better; for a context metric (more loss
+    added: more context used) which is higher; for ``a`` alone whether it is above zero."""
+    if b is None:
+        if math.isnan(low) or math.isnan(high):
+            return "not scored"
+        return "inconclusive" if low <= 0 <= high else ("above zero" if low > 0
+                                                        else "below zero")
+    if metric.per_window:
+        word = stats.verdict(low, high, a, b, "higher")
+        return word.replace(" better", " higher")
+    return stats.verdict(low, high, a, b, better)
 
 
 def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
@@ -42,27 +67,54 @@ def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
     seeds = plan.spec.seeds
     rows, tests = [], []
     for pair in plan.pairs:
-        row = {"compare": pair.index, "claim": pair.claim, "a": pair.a.name, "b": pair.b.name,
+        b_name = pair.b.name if pair.b is not None else None
+        row = {"compare": pair.index, "claim": pair.claim, "a": pair.a.name, "b": b_name,
                "metric": pair.metric.text, "better": pair.better}
-        a, b = scored.get(pair.a.name, {}), scored.get(pair.b.name, {})
+        a = scored.get(pair.a.name, {})
+        b = scored.get(b_name, {}) if b_name else {s: None for s in seeds}
         if not all(s in a and s in b for s in seeds):
             rows.append({**row, "verdict": "pending"})
             continue
-        d_SC = np.stack([metric_chunks(a[s], pair.metric) - metric_chunks(b[s], pair.metric)
+        # against zero (b None): a's own values, themselves differences
+        d_SC = np.stack([metric_chunks(a[s], pair.metric)
+                         - (metric_chunks(b[s], pair.metric) if b[s] is not None else 0.0)
                          for s in seeds])
         result = stats.paired(d_SC)
         row.update(mean=result.mean, per_seed=result.per_seed.tolist(),
                    p=result.p_value(), chunks=int(result.d_SC.shape[1]))
         rows.append(row)
-        tests.append((row, result))
-    adjusted, levels = stats.holm([row["p"] for row, _ in tests])
-    for (row, result), p_holm, level in zip(tests, adjusted, levels, strict=True):
+        tests.append((row, result, pair.metric))
+    adjusted, levels = stats.holm([row["p"] for row, _, _ in tests])
+    for (row, result, metric), p_holm, level in zip(tests, adjusted, levels, strict=True):
         low, high = result.interval(level) if not math.isnan(level) else (math.nan, math.nan)
-        a_label, b_label = row["a"], row["b"]
         row.update(p_holm=p_holm, level=1 - level if not math.isnan(level) else math.nan,
                    low=low, high=high,
-                   verdict=stats.verdict(low, high, a_label, b_label, row["better"]))
+                   verdict=verdict(low, high, row["a"], row["b"], metric, row["better"]))
     return rows
+
+
+def context_summary(plan: SweepPlan, scores: dict[int, dict]) -> dict:
+    """A cell's context usage over its seeds: the intact loss of the targets, and for each
+    perturbation and distance the mean increase with its paired 95% interval over seeds x
+    windows (each entry on its own, not corrected for the table's many: the claims are the
+    declared comparisons) and the relative increase."""
+    ctx = plan.spec.context
+    seeds = sorted(scores)
+    out: dict = {"window": plan.context.window, "target": ctx.target,
+                 "intact": [scores[s]["context"]["intact"]["mean"] for s in seeds], "rows": []}
+    intact = float(np.mean(out["intact"])) if seeds else math.nan
+    for name in ctx.perturbations:
+        for b in ctx.distances:
+            row: dict = {"perturbation": name, "b": b, "per_seed": [
+                scores[s]["context"][name][str(b)]["mean"] for s in seeds]}
+            if seeds:
+                result = stats.paired(np.stack([scores[s]["context"][name][str(b)]["chunks"]
+                                                for s in seeds]))
+                low, high = result.interval()
+                row.update(mean=result.mean, low=low, high=high,
+                           relative=result.mean / intact)
+            out["rows"].append(row)
+    return out
 
 
 def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict]) -> dict:
@@ -85,6 +137,8 @@ def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict])
             "tokens": length_spec.resolve(planned.reference_len),
             "per_seed": means, "mean": float(np.mean(means)) if means else math.nan,
             "std": float(np.std(means, ddof=1)) if len(means) > 1 else math.nan})
+    if spec.context is not None:
+        out["context"] = context_summary(plan, scores)
     if spec.by_position and scores:
         out["by_position"] = {
             x.text: np.mean([scores[s]["by_position"][x.text] for s in scores], 0).tolist()
@@ -191,27 +245,92 @@ def markdown(plan: SweepPlan, results: dict) -> str:
             lines += ["", f"**Not past the {best} ({_fmt(base[best])}) at "
                       f"{spec.lengths[0].text}:** {', '.join(short)}. A comparison involving "
                       "them says little about the switch: train longer or on more data."]
+    if spec.context is not None:
+        lines += context_markdown(plan, results)
     lines += ["", "## Comparisons", "",
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
               "reported, each a paired difference a - b over seeds x held-out chunks of "
-              f"{spec.chunk_tokens} tokens. The interval is drawn at the level Holm's "
-              "procedure tests it at (family-wise 95% over the scored ones); \"inconclusive\" "
-              "when it holds zero.", "",
+              f"{spec.chunk_tokens} tokens (context metrics: over seeds x windows; b = 0: a's "
+              "own values, themselves differences, against zero). The interval is drawn at the "
+              "level Holm's procedure tests it at (family-wise 95% over the scored ones); "
+              "\"inconclusive\" when it holds zero.", "",
               "| # | claim | a | b | metric | a - b | interval | p (Holm) | verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in results["comparisons"]:
         if r["verdict"] == "pending":
-            lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b']} | "
+            lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b'] or 0} | "
                          f"{r['metric']} | | | | pending |")
             continue
-        lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b']} | {r['metric']} "
+        lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b'] or 0} | {r['metric']} "
                      f"| {r['mean']:+.4f} | [{r['low']:+.4f}, {r['high']:+.4f}] "
                      f"({_fmt(100 * r['level'], 2)}%) | {_fmt(r['p_holm'], 4)} | "
                      f"{r['verdict']} |")
-    for name in ("loss_by_length.png", "loss_by_position.png"):
+    for name in ("loss_by_length.png", "loss_by_position.png", "context_usage.png"):
         if name in results.get("plots", []):
             lines += ["", f"![{name}]({name})"]
     return "\n".join(lines) + "\n"
+
+
+def context_markdown(plan: SweepPlan, results: dict) -> list[str]:
+    """One table per perturbation: the loss it adds at each distance, cells side by side."""
+    ctx = plan.spec.context
+    from transformers_jax.sweep.context import PERTURBATIONS
+
+    first = plan.context.window + 1 - ctx.target
+    lines = ["", "## Context usage", "",
+             f"{ctx.windows} held-out windows of {plan.context.window} tokens, the last "
+             f"{ctx.target} scored (the first of them with {first} tokens before it), drawn by "
+             f"seed {ctx.seed}: the same windows and the same perturbations for every cell and "
+             "seed. Each entry is the loss the perturbation of the context farther than b "
+             "tokens from the first target adds (nats per token, mean over seeds x windows), "
+             "its paired 95% interval over seeds x windows (each entry alone, not corrected: "
+             "the claims are the declared comparisons), and the relative increase over the "
+             "intact loss (Khandelwal et al. 2018's measure).", "",
+             "Intact loss of the targets: " + ", ".join(
+                 f"{c['name']} {_fmt(float(np.mean(c['context']['intact'])))}"
+                 for c in results["cells"] if c["context"]["intact"]) + "."]
+    for name in ctx.perturbations:
+        about = PERTURBATIONS.get(name).about.format(span=ctx.span)
+        lines += ["", f"**{name}**: {about}.", "",
+                  "| cell | " + " | ".join(f"b={b}" for b in ctx.distances) + " |",
+                  "|---|" + "---|" * len(ctx.distances)]
+        for c in results["cells"]:
+            rows = {r["b"]: r for r in c["context"]["rows"] if r["perturbation"] == name}
+            entries = [f"{rows[b]['mean']:+.3f} [{rows[b]['low']:+.3f}, {rows[b]['high']:+.3f}] "
+                       f"{100 * rows[b]['relative']:+.1f}%" if "mean" in rows[b] else "pending"
+                       for b in ctx.distances]
+            lines.append(f"| {c['name']} | " + " | ".join(entries) + " |")
+    return lines
+
+
+def context_plot(plan: SweepPlan, results: dict, out: str, plt) -> list[str]:
+    """The relative loss increase against b, a panel per perturbation, cells side by side,
+    each with its paired 95% interval as a band."""
+    ctx = plan.spec.context
+    cells = [c for c in results["cells"] if c["context"]["intact"]]
+    if not cells:
+        return []
+    fig, axes = plt.subplots(1, len(ctx.perturbations), squeeze=False,
+                             figsize=(3.6 * len(ctx.perturbations), 3.6))
+    for ax, name in zip(axes[0], ctx.perturbations, strict=True):
+        for c in cells:
+            rows = [r for r in c["context"]["rows"] if r["perturbation"] == name]
+            intact = float(np.mean(c["context"]["intact"]))
+            x = [r["b"] for r in rows]
+            (line,) = ax.plot(x, [100 * r["relative"] for r in rows], marker="o", markersize=3,
+                              label=c["name"])
+            ax.fill_between(x, [100 * r["low"] / intact for r in rows],
+                            [100 * r["high"] / intact for r in rows], color=line.get_color(),
+                            alpha=0.2, linewidth=0)
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("b (tokens before the first target)")
+    axes[0][0].set_ylabel("loss increase (%), band: paired 95%")
+    axes[0][-1].legend(fontsize=7)
+    fig.savefig(os.path.join(out, "context_usage.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return ["context_usage.png"]
 
 
 def plots(plan: SweepPlan, results: dict, out: str) -> list[str]:
@@ -262,6 +381,8 @@ def plots(plan: SweepPlan, results: dict, out: str) -> list[str]:
         fig.savefig(os.path.join(out, "loss_by_position.png"), dpi=110, bbox_inches="tight")
         written.append("loss_by_position.png")
     plt.close(fig)
+    if plan.spec.context is not None:
+        written += context_plot(plan, results, out, plt)
     return written
 
 

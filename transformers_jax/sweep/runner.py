@@ -240,6 +240,8 @@ def score_key(plan: SweepPlan, planned: PlannedCell, scored_run: str | None = No
     decided = {"eval": plan.spec.eval_settings(), "heldout": plan.split.sha256,
                "steps": planned.train.steps, "tokens": int(plan.heldout_N.sum()),
                "n": int(plan.heldout_N.size)}
+    if plan.context is not None:  # every token of the windows (the unigram draws follow the
+        decided["context_windows"] = plan.context.digest  # training text, not the split)
     return digest({**decided, "scored_run": scored_run} if planned.zero_shot else decided)
 
 
@@ -312,6 +314,41 @@ def score_seed(plan: SweepPlan, planned: PlannedCell, run_dir: str,
         correct = [float(t["correct"]) for c in found["cells"] for t in c["trials"]]
         out["passkey"][length_spec.text] = {"tokens": length, "mean": float(np.mean(correct)),
                                             "chunks": correct}
+    if plan.context is not None:
+        out["context"] = context_scores(model, params, plan.context, spec.eval_batch_size)
+    return out
+
+
+def target_losses(model, params, windows_WT: np.ndarray, target: int,
+                  batch_size: int) -> np.ndarray:
+    """Each window's mean next-token loss over its last ``target`` predictions ``[W]``."""
+    from transformers_jax.evaluation import window_losses
+
+    losses_fn = window_losses(model)
+    out = []
+    for i in range(0, len(windows_WT), batch_size):
+        chunk_BT = windows_WT[i : i + batch_size]
+        padded_BT = np.concatenate([chunk_BT, np.repeat(chunk_BT[-1:], batch_size - len(chunk_BT),
+                                                        0)])  # one shape: one compile
+        loss_BT = np.asarray(losses_fn(params, padded_BT))
+        out.append(loss_BT[: len(chunk_BT), -target:].mean(axis=1))
+    return np.concatenate(out)
+
+
+def context_scores(model, params, windows, batch_size: int) -> dict:
+    """Context usage of one run on the sweep's windows (``context.Windows``): the intact
+    windows' loss of the targets, and for each perturbation and distance the increase over
+    it, window by window (nats per token; ``relative``: the mean increase over the mean
+    intact loss, Khandelwal et al.'s measure). The windows are the units (``chunks``) that
+    pair cells, seeds and distances."""
+    intact_W = target_losses(model, params, windows.intact_WT, windows.target, batch_size)
+    out: dict = {"window": windows.window, "target": windows.target,
+                 "intact": {"mean": float(intact_W.mean()), "chunks": intact_W.tolist()}}
+    for (name, b), perturbed_WT in windows.perturbed.items():
+        up_W = target_losses(model, params, perturbed_WT, windows.target, batch_size) - intact_W
+        out.setdefault(name, {})[str(b)] = {
+            "mean": float(up_W.mean()), "chunks": up_W.tolist(),
+            "relative": float(up_W.mean() / intact_W.mean())}
     return out
 
 

@@ -22,11 +22,23 @@ fix for a bad one; nothing here imports JAX.
     sliding = true                              # also windows sliding by stride
     by_position = true
 
+    [eval.context]                              # context usage (sweep/context.py)
+    window = 512                                # tokens a model reads (or "4x")
+    target = 16                                 # the last ones scored
+    distances = [20, 50, 200]                   # b: the context farther than b is perturbed
+    perturbations = ["truncate", "shuffle"]     # default: all registered
+    windows = 200                               # drawn once, shared by every cell and seed
+
     [[compare]]                                 # declared now, all reported
     a = {position = "alibi"}
     b = {position = "rope"}
     metric = "loss@4x - loss@1x"
     claim = "ALiBi degrades less than RoPE from L to 4L"
+
+    [[compare]]                                 # a alone: the metric against zero
+    a = {position = "rope"}
+    metric = "context:shuffle@200"              # loss increase when the context beyond 200
+    claim = "RoPE uses the order of tokens 200 back"  # tokens is shuffled (nats per token)
 
 ``[[cell]]`` tables list cells by hand (each ``name`` and its options) instead of, or beside,
 the product. A cell may start from another cell's runs, seed by seed (``from = "base"``): a
@@ -41,6 +53,8 @@ and evaluation lengths are of the training length of the first cell of its chain
 A comparison's ``a`` and ``b`` select cells by axis values (or a cell's name);
 cells that differ in other axes are paired value by value, each pair one comparison of the
 family. ``against = {position = "rope"}`` compares every other value of that axis with it.
+``a`` alone tests a metric that is itself a difference (``loss@4x - loss@1x``, or a context
+metric: perturbed minus intact) against zero, paired over seeds x held-out units.
 """
 
 from __future__ import annotations
@@ -57,6 +71,7 @@ except ImportError:  # Python 3.10
 
 from transformers_jax.config import ConfigError
 from transformers_jax.overrides import closest
+from transformers_jax.sweep.context import PERTURBATIONS
 
 SECTIONS = {"title", "seeds", "base", "axes", "cell", "stage", "heldout", "eval", "baselines",
             "compare"}
@@ -65,11 +80,13 @@ OPTION = re.compile(r"(model|train)\.[a-z_][a-z0-9_.]*")
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
 HELDOUT_KEYS = {"bytes", "seed"}
 EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "passkey", "batch_size",
-             "max_tokens"}
+             "max_tokens", "context"}
 BASELINE_KEYS = {"ngram"}
 COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better"}
 PASSKEY_KEYS = {"lengths", "trials", "depths", "digits"}
+CONTEXT_KEYS = {"window", "target", "distances", "perturbations", "windows", "span", "seed"}
 METRIC = re.compile(r"^(loss|sliding|passkey)@(\d+(?:\.\d+)?x|\d+)$")
+CONTEXT_METRIC = re.compile(r"^(context:[a-z_]+)@(\d+)$")  # context:PERTURBATION@DISTANCE
 
 
 class SpecError(ConfigError):
@@ -122,14 +139,57 @@ class Length:
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
-    """``loss@4x``, ``sliding@256``, or a difference ``loss@4x - loss@1x``."""
+    """``loss@4x``, ``sliding@256``, ``context:shuffle@50``, or a difference ``loss@4x -
+    loss@1x``. A context term's "length" is its distance b, in tokens."""
 
     text: str
     terms: tuple[tuple[str, Length], ...]  # (kind, length); a difference has two
 
     @property
+    def per_window(self) -> bool:
+        """Whether its units are context windows (else chunks of the held-out stream)."""
+        return self.terms[0][0].startswith("context:")
+
+    @property
     def better(self) -> str:
-        return "higher" if self.terms[0][0] == "passkey" else "lower"
+        # passkey: accuracy; context: the loss a perturbation adds, higher = more context used
+        return "higher" if self.terms[0][0] == "passkey" or self.per_window else "lower"
+
+    @property
+    def against_zero(self) -> bool:
+        """Whether the metric is a difference, so that ``a`` alone can test it against zero."""
+        return len(self.terms) == 2 or self.per_window
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """``[eval.context]``: context usage (``sweep/context.py``) in windows of ``window``
+    tokens, the last ``target`` scored, the context farther than each distance perturbed."""
+
+    window: Length
+    target: int
+    distances: tuple[int, ...]
+    perturbations: tuple[str, ...]
+    windows: int
+    span: int  # shuffle_local's spans
+    seed: int
+
+    def check(self, window: int, where: str) -> None:
+        """Every distance leaves some far context in a window of ``window`` tokens."""
+        if self.target >= window:
+            raise SpecError(f"{where}: target = {self.target} scores the whole window of "
+                            f"{window} tokens; score fewer (the context is what comes before)")
+        longest = window + 1 - self.target  # the first target's context, w[:first]
+        far = [b for b in self.distances if b >= longest]
+        if far:
+            raise SpecError(f"{where}: distance {far[0]} leaves no context to perturb in a window "
+                            f"of {window} tokens with {self.target} targets (the first target "
+                            f"has {longest} before it); use distances below {longest} or a "
+                            "longer window")
+
+    def settings(self) -> dict:
+        return {**dataclasses.asdict(self), "window": self.window.text,
+                "distances": list(self.distances), "perturbations": list(self.perturbations)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +229,7 @@ class Spec:
     compares: tuple[Compare, ...]
     stages: tuple[dict[str, Any], ...] = ()  # [[stage]] tables: name, from, train, tokens, ...
     slid: tuple[Length, ...] | None = None  # the lengths scored sliding too (None: all)
+    context: Context | None = None  # [eval.context]; None: no context usage
 
     @property
     def sliding_lengths(self) -> tuple[Length, ...]:
@@ -201,7 +262,9 @@ class Spec:
                 "passkey": self.passkey and {**self.passkey, "lengths": [
                     x.text for x in self.passkey["lengths"]]},
                 "max_tokens": self.eval_max_tokens,
-                "heldout_bytes": self.heldout_bytes, "heldout_seed": self.heldout_seed}
+                "heldout_bytes": self.heldout_bytes, "heldout_seed": self.heldout_seed,
+                # only when asked: the keys of sweeps scored before it existed stay as they were
+                **({"context": self.context.settings()} if self.context else {})}
 
 
 def toml_text(value: Any) -> str:
@@ -303,13 +366,67 @@ def parse_metric(text: Any, where: str) -> Metric:
                         "difference of two (\"loss@4x - loss@1x\")")
     terms = []
     for part in parts:
+        m = CONTEXT_METRIC.match(part)
+        if m:
+            terms.append((m.group(1), Length(m.group(2), tokens=int(m.group(2)))))
+            continue
         m = METRIC.match(part)
         if not m:
             raise SpecError(f"{where}: {part!r} is not a metric; use loss@L (non-overlapping "
                             "windows of L), sliding@L (sliding windows) or passkey@L (passkey "
-                            "retrieval), L tokens or a multiple of seq_len such as 2x")
+                            "retrieval), L tokens or a multiple of seq_len such as 2x; or "
+                            "context:PERTURBATION@B (the loss increase when the context beyond "
+                            "B tokens is perturbed, [eval.context])")
         terms.append((m.group(1), parse_length(_length_value(m.group(2)), where)))
+    if len({kind.startswith("context:") for kind, _ in terms}) > 1:
+        raise SpecError(f"{where} = {text!r}: a context metric is per window, the others per "
+                        "chunk of the held-out stream; subtract like from like")
     return Metric(text, tuple(terms))
+
+
+def _distinct_list(value: Any, where: str, item_ok, item: str) -> list:
+    if not isinstance(value, list) or not value or not all(item_ok(v) for v in value):
+        raise SpecError(f"{where} = {value!r}: a non-empty list of {item}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"{where} = {value!r}: a value is listed twice")
+    return value
+
+
+def parse_context(table: Any) -> Context:
+    """``[eval.context]`` checked (its window against each cell's length in the plan)."""
+    where = "[eval.context]"
+    if not isinstance(table, dict):
+        raise SpecError(f"{where}: a table such as {{window = 512, target = 16, distances = "
+                        "[20, 50, 200]}")
+    _unknown(table, CONTEXT_KEYS, where)
+    for key in ("window", "distances"):
+        if key not in table:
+            raise SpecError(f"{where}: give {key} (window: tokens a model reads, such as 512 "
+                            "or \"4x\"; distances: b in tokens, such as [20, 50, 200])")
+    window = parse_length(table["window"], f"{where} window")
+    target = _positive_int(table.get("target", 1), f"{where} target")
+    distances = _distinct_list(table["distances"], f"{where} distances",
+                               lambda b: isinstance(b, int) and not isinstance(b, bool)
+                               and b > 0, "distances in tokens (1 or more: the first target "
+                               "needs a token to be predicted from)")
+    names = _distinct_list(table.get("perturbations", list(PERTURBATIONS.names())),
+                           f"{where} perturbations", lambda n: isinstance(n, str),
+                           f"names ({', '.join(PERTURBATIONS.names())})")
+    for name in names:
+        if name not in PERTURBATIONS:
+            near = closest(name, set(PERTURBATIONS.names()))
+            raise SpecError(f"{where} perturbations: {name!r} is not one; "
+                            + (f"did you mean {near!r}? " if near else "")
+                            + f"known: {', '.join(PERTURBATIONS.names())}")
+    seed = table.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SpecError(f"{where} seed = {seed!r}: a non-negative integer")
+    context = Context(window, target, tuple(sorted(distances)), tuple(names),
+                      _positive_int(table.get("windows", 200), f"{where} windows"),
+                      _positive_int(table.get("span", 20), f"{where} span"), seed)
+    if window.tokens is not None:
+        context.check(window.tokens, where)
+    return context
 
 
 def _length_value(text: str) -> Any:
@@ -481,6 +598,7 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     max_tokens = ev.get("max_tokens")
     if max_tokens is not None:
         max_tokens = _positive_int(max_tokens, "[eval] max_tokens")
+    context = parse_context(ev["context"]) if "context" in ev else None
 
     base_lines = _table(raw, "baselines")
     _unknown(base_lines, BASELINE_KEYS, "[baselines]")
@@ -500,8 +618,13 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         if has_pair == ("against" in c):
             raise SpecError(f"{where}: give a and b (two selections of cells), or against "
                             "(every other value of an axis against one), not both")
-        if has_pair and not ("a" in c and "b" in c):
-            raise SpecError(f"{where}: give both a and b")
+        if "b" in c and "a" not in c:
+            raise SpecError(f"{where}: give both a and b (or a alone, to test a difference "
+                            "against zero)")
+        if "a" in c and "b" not in c and not metric.against_zero:
+            raise SpecError(f"{where}: a alone tests its metric against zero, and "
+                            f"{metric.text!r} is no difference; give b, or a metric that is "
+                            "one (\"loss@4x - loss@1x\", \"context:shuffle@50\")")
         against = _selector(c.get("against"), f"{where} against")
         if against is not None and (not isinstance(against, dict) or len(against) != 1):
             raise SpecError(f"{where} against: one axis and its value ({{position = \"rope\"}})")
@@ -512,6 +635,9 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
             raise SpecError(f"{where}: {metric.text!r} subtracts a loss from an accuracy; "
                             "compare like with like")
         for kind, length in metric.terms:
+            if kind.startswith("context:"):
+                _check_context_term(kind, length, context, f"{where}: {metric.text!r}")
+                continue
             if kind == "sliding" and not sliding:
                 raise SpecError(f"{where}: {metric.text!r} needs sliding windows; set "
                                 "[eval] sliding = true")
@@ -538,7 +664,22 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
                 bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
                 passkey,
                 _positive_int(ev.get("batch_size", 8), "[eval] batch_size"), max_tokens,
-                tuple(orders), tuple(compares), tuple(stages), slid)
+                tuple(orders), tuple(compares), tuple(stages), slid, context)
+
+
+def _check_context_term(kind: str, distance: Length, context: Context | None,
+                        where: str) -> None:
+    """A ``context:NAME@B`` term names a perturbation and a distance the spec scores."""
+    if context is None:
+        raise SpecError(f"{where} needs context usage; add an [eval.context] table (window, "
+                        "distances, perturbations)")
+    name = kind.partition(":")[2]
+    if name not in context.perturbations:
+        raise SpecError(f"{where}: [eval.context] perturbations ({', '.join(context.perturbations)}"
+                        f") do not include {name!r}; add it there")
+    if distance.tokens not in context.distances:
+        raise SpecError(f"{where}: distance {distance.tokens} is not in [eval.context] distances "
+                        f"({list(context.distances)}); add it there")
 
 
 def read_spec(path: str) -> Spec:
