@@ -7,8 +7,15 @@ A source spec is a string:
 - ``"tfds:NAME"`` (``NAME`` may carry a config and version, ``"imdb_reviews/plain_text:1.0.0"``):
   a tfds catalog dataset, read with ``tfds.data_source`` (ArrayRecord, no TensorFlow); it must
   already be prepared in ``data_dir`` (or ``$TFDS_DATA_DIR``) unless ``download=True``;
+- ``"hf:NAME[:CONFIG][@SPLIT]"``: a Hugging Face Hub dataset, streamed (``data/hub.py``), or
+  downloaded in full and read like local columnar files when ``download=True``;
 - ``"lines:PATH"``: local text with one document per non-blank line;
+- a file, folder or glob of ``*.parquet``, ``*.jsonl``, ``*.arrow`` or ``*.csv`` files: one
+  document per row, the text column chosen by ``text_key`` (``data/columnar.py``);
 - anything else: a file, folder or glob of local text, one document per file.
+
+Mixtures of these (``"0.7*A,0.3*B"``, ``data/mixture.py``) are the pipeline's: they are not one
+list of documents.
 
 ``open_documents(spec, role)`` returns a random-access ``Documents`` (``len`` and ``[i]``, what
 Grain's ``MapDataset.source`` reads) whose items are ``Piece(text: bytes, first, last)``.
@@ -53,6 +60,20 @@ class UnknownDatasetError(UnknownNameError):
     """A dataset, task or source name that does not exist; the message lists valid ones."""
 
 
+class DataSpecError(UnknownDatasetError):
+    """A ``--data`` spec that does not parse (a hub name, a mixture's weights); the message
+    shows the form it takes."""
+
+
+class UnreadableDataError(ValueError):
+    """A data file that exists but cannot be read as what its name says it is."""
+
+
+class UnknownFieldError(UnknownDatasetError):
+    """A text field (``--data.field``) that the data does not have; the message lists its
+    fields."""
+
+
 class Piece(NamedTuple):
     text: bytes
     first: bool  # the piece starts its document
@@ -62,8 +83,8 @@ class Piece(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class SourceInfo:
     spec: str
-    kind: str  # "tfds" or "local"
-    name: str  # tfds name
+    kind: str  # "tfds", "local", "columnar" or "hf"
+    name: str  # tfds name, local path or hub dataset
     split: str
     data_dir: str | None
     text_key: str
@@ -220,15 +241,23 @@ def open_tfds(
 
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
-    kind: str  # "tfds" or "local"
-    name: str | None  # tfds name, or the local path (None: default corpus)
+    kind: str  # "tfds", "local" (text), "columnar" (parquet/jsonl/arrow/csv files) or "hf"
+    name: str | None  # tfds name, the local path (None: default corpus), or the hub dataset
     unit: str = "file"
+    files: tuple[str, ...] = ()  # columnar: the files the path names
 
 
 def parse_spec(spec: str | None, unit: str | None = None) -> SourceSpec:
-    """``None``/"default" -> default corpus; "tfds:NAME"; "lines:PATH"; else a local path."""
+    """``None``/"default" -> default corpus; "tfds:NAME"; "hf:NAME[:CONFIG][@SPLIT]";
+    "lines:PATH"; else a local path (columnar files when every file it names is one)."""
+    from transformers_jax.data.columnar import columnar_files
+    from transformers_jax.data.mixture import is_mixture
+
     if spec is None or spec in ("", "default"):
         return SourceSpec("local", None, unit or "file")
+    if is_mixture(spec):
+        raise DataSpecError(f"--data {spec!r} is a mixture, and this reads one source: name "
+                            "one of its parts")
     if spec.startswith("tfds:"):
         name = spec[len("tfds:") :]
         if not name:
@@ -237,8 +266,16 @@ def parse_spec(spec: str | None, unit: str | None = None) -> SourceSpec:
                 f"text datasets: {', '.join(KNOWN_TEXT_DATASETS)}"
             )
         return SourceSpec("tfds", name)
+    if spec.startswith("hf:"):
+        from transformers_jax.data.hub import parse_hub
+
+        parse_hub(spec)  # checks the spec
+        return SourceSpec("hf", spec[len("hf:") :])
     if spec.startswith("lines:"):
         return SourceSpec("local", spec[len("lines:") :], "line")
+    files = columnar_files(spec)
+    if files is not None:
+        return SourceSpec("columnar", spec, "row", tuple(files))
     return SourceSpec("local", spec, unit or "file")
 
 
@@ -261,6 +298,16 @@ def open_source(
         return open_tfds(
             parsed.name, split, data_dir=data_dir, text_key=text_key, download=download
         )
+    if parsed.kind == "columnar":
+        from transformers_jax.data.columnar import open_columnar
+
+        return open_columnar(parsed.name, parsed.files, data_dir=data_dir, field=text_key)
+    if parsed.kind == "hf":
+        from transformers_jax.data.hub import open_downloaded
+
+        if not download:
+            raise ValueError(f"internal: {spec!r} streams; open it with data.hub.open_stream")
+        return open_downloaded(spec, split, data_dir=data_dir, field=text_key)
     import tensorflow_datasets as tfds
 
     from transformers_jax.data.local_text import prepare_local_text, quiet_tfds
@@ -376,9 +423,22 @@ def open_documents(
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction}: must be in [0, 1)")
     parsed = parse_spec(spec, unit)
+    if parsed.kind == "hf" and not download:
+        raise DataSpecError(f"--data {spec!r} is streamed, and this needs random access to its "
+                            "documents: add --data.download=true (the split is downloaded "
+                            "once), or pass local parquet/jsonl files")
     kw = dict(data_dir=data_dir, text_key=text_key, unit=unit, download=download)
     if split is not None:
         return Documents(open_source(spec, split, **kw), max_piece_bytes)
+    train_split = "train"
+    if parsed.kind == "hf":
+        from transformers_jax.data import hub
+
+        train_split, splits = hub.parse_hub(spec).split or "train", hub.split_names(spec)
+        held = next((s for s in ("validation", "test") if s in splits and s != train_split), None)
+        if held is not None:
+            return Documents(open_source(spec, held if role == "eval" else train_split, **kw),
+                             max_piece_bytes)
     if parsed.kind == "tfds" and role == "eval":
         splits = available_splits(parsed.name, data_dir)
         for candidate in ("validation", "test"):
@@ -389,7 +449,7 @@ def open_documents(
         if not splits or "validation" in splits or "test" in splits:
             return Documents(open_source(spec, "train", **kw), max_piece_bytes)
     # Hold out the last val_fraction of the pieces of the train split.
-    docs = Documents(open_source(spec, "train", **kw), max_piece_bytes)
+    docs = Documents(open_source(spec, train_split, **kw), max_piece_bytes)
     n = len(docs)
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     if role == "eval" and n_val == 0:
