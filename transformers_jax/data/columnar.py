@@ -141,6 +141,8 @@ def open_columnar(
     """The text column of local columnar ``files`` (one format) as a random-access
     ``TextSource``; ``datasets`` converts them once to Arrow under ``DATA_DIR/columnar``."""
     import datasets
+    from datasets.exceptions import DatasetGenerationError
+    from pyarrow import ArrowException
 
     from transformers_jax.data.local_text import default_data_dir
     from transformers_jax.data.sources import SourceInfo
@@ -152,7 +154,7 @@ def open_columnar(
             dataset = datasets.load_dataset(
                 builder, data_files=list(files), split="train", cache_dir=cache
             )
-    except Exception as err:  # pyarrow, pandas and json errors all mean the same here
+    except (DatasetGenerationError, ArrowException, ValueError, OSError) as err:
         cause = err.__cause__ or err
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
         raise UnreadableDataError(
