@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import TrainConfig
+from transformers_jax.data.mixture import is_mixture
 from transformers_jax.data.seq2seq import pack_seq2seq, task_pairs, task_shapes
 from transformers_jax.data.sources import parse_spec
 from transformers_jax.data.tokenizers import ByteTokenizer
@@ -155,7 +156,9 @@ def evaluate_run(
     # Local text given with --data is evaluated whole (it is not the run's training text, so
     # nothing of it needs holding out); the run's own data, its held-out part.
     read = split
-    if data is not None and split is None and parse_spec(data).kind not in ("tfds", "hf"):
+    if data is not None and split is None and (
+        is_mixture(data) or parse_spec(data).kind not in ("tfds", "hf")
+    ):  # a mixture: each part read as it would be alone
         read = "train"  # local text has one split: all of it
     lengths = [int(n) for n in (lengths or [train_cfg.seq_len])]
     passkey_lengths = [int(n) for n in (passkey_lengths or lengths)]
