@@ -1,13 +1,16 @@
 """Local columnar files (parquet, jsonl, arrow, csv) as a source: the same documents whatever
 the format, the text field chosen or refused by name, host shards, held-out tail, resume."""
 
+import pytest
+
+pytest.importorskip("datasets")  # the hf-data extra
+
 import csv
 import json
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from transformers_jax.data.pipeline import make_lm_iterator, take
 from transformers_jax.data.sources import (

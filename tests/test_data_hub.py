@@ -3,11 +3,14 @@
 of local jsonl files: every record once per epoch in order, host shares, held-out records,
 and resume at the stream's own position."""
 
+import pytest
+
+pytest.importorskip("datasets")  # the hf-data extra
+
 import json
 
 import datasets
 import numpy as np
-import pytest
 
 from transformers_jax.data import hub
 from transformers_jax.data.pipeline import make_lm_iterator, take, training_texts

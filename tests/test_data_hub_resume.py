@@ -1,6 +1,10 @@
 """A run reading a mixture of a hub stream and a parquet file, killed mid-epoch (SIGKILL after
 step 7) and resumed, equals the uninterrupted run bit for bit; its README names the mixture."""
 
+import pytest
+
+pytest.importorskip("datasets")  # the hf-data extra
+
 import json
 import os
 import signal
@@ -9,7 +13,6 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from subprocess_env import single_device_env
 
 from transformers_jax.runs.checkpoint import Checkpointer

@@ -2,13 +2,16 @@
 fault, documents drawn in the weights' proportions, the same for a seed, resumed exactly, and
 the proportions named where the run reports its data."""
 
+import pytest
+
+pytest.importorskip("datasets")  # the hf-data extra
+
 import json
 
 import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from transformers_jax.config import TrainConfig
 from transformers_jax.data import hub

@@ -24,6 +24,22 @@ from transformers_jax.data.sources import UnknownFieldError, UnreadableDataError
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
 
 
+class MissingPackageError(ValueError):
+    """An optional package that this kind of data needs is not installed."""
+
+
+def require_datasets(what: str):
+    """The ``datasets`` module, or an error saying how to install it."""
+    try:
+        import datasets
+    except ImportError:
+        raise MissingPackageError(
+            f"{what} is read with the `datasets` package, which is not installed: "
+            "pip install 'transformers-jax[hf-data]' (or pip install datasets)"
+        ) from None
+    return datasets
+
+
 def _suffix(path: str) -> str:
     return os.path.splitext(path)[1].lower()
 
@@ -119,7 +135,7 @@ def text_source_of(dataset, what: str, field: str | None, info):
 @contextlib.contextmanager
 def quiet_datasets():
     """No ``datasets`` progress bars inside the block (the console shows the run's own)."""
-    import datasets
+    datasets = require_datasets("this data")
 
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
@@ -140,7 +156,7 @@ def open_columnar(
 ):
     """The text column of local columnar ``files`` (one format) as a random-access
     ``TextSource``; ``datasets`` converts them once to Arrow under ``DATA_DIR/columnar``."""
-    import datasets
+    datasets = require_datasets(f"--data {path!r}")
     from datasets.exceptions import DatasetGenerationError
     from pyarrow import ArrowException
 

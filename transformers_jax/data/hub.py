@@ -89,10 +89,10 @@ def request(
 def load_dataset(**kwargs):
     """``datasets.load_dataset(**kwargs)``: the one call that reaches the hub (the seam tests
     replace). Errors become one line naming the dataset and the fix."""
-    import datasets
+    from transformers_jax.data.columnar import quiet_datasets, require_datasets
 
     what = f"hf:{kwargs['path']}" + (f":{kwargs['name']}" if "name" in kwargs else "")
-    from transformers_jax.data.columnar import quiet_datasets
+    datasets = require_datasets(f"--data {what}")
 
     try:
         with quiet_datasets():
@@ -116,7 +116,9 @@ def load_dataset(**kwargs):
 
 def split_names(spec: str) -> list[str]:
     """The splits the hub lists for ``spec`` (empty when it cannot say)."""
-    import datasets
+    from transformers_jax.data.columnar import require_datasets
+
+    datasets = require_datasets(f"--data {spec}")
 
     hub = parse_hub(spec)
     try:
@@ -160,8 +162,6 @@ def stream_opener(
     """``(open, column)``: ``open()`` makes this host's ``IterableDataset`` afresh (one
     column, the held-out records taken or skipped, the host's share); ``source`` is a
     ``load_dataset`` request (a dict) or a ready ``IterableDataset``."""
-    from datasets.distributed import split_dataset_by_node
-
     from transformers_jax.data.columnar import text_column
 
     def base():
@@ -178,6 +178,8 @@ def stream_opener(
             stream = stream.skip(skip)
         index, count = shard
         if count > 1:
+            from datasets.distributed import split_dataset_by_node
+
             stream = split_dataset_by_node(stream, rank=index, world_size=count)
         return stream
 
