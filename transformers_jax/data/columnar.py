@@ -18,14 +18,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from transformers_jax.data.corpus import expand_paths
-from transformers_jax.data.sources import UnknownFieldError, UnreadableDataError
+from transformers_jax.data.records import (
+    MissingPackageError,
+    SourceInfo,
+    TextSource,
+    UnknownFieldError,
+    UnreadableDataError,
+)
 
 # file suffix -> the ``datasets`` builder that reads it
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
-
-
-class MissingPackageError(ValueError):
-    """An optional package that this kind of data needs is not installed."""
 
 
 def require_datasets(what: str):
@@ -124,8 +126,6 @@ class ArrowText:
 
 def text_source_of(dataset, what: str, field: str | None, info):
     """A ``TextSource`` over a loaded ``datasets.Dataset`` (local files, or a full download)."""
-    from transformers_jax.data.sources import TextSource
-
     column = text_column(dict(dataset.features), what, field)
     return TextSource(
         ArrowText(dataset, column), column, dataclasses.replace(info, text_key=column)
@@ -161,7 +161,6 @@ def open_columnar(
     from pyarrow import ArrowException
 
     from transformers_jax.data.local_text import default_data_dir
-    from transformers_jax.data.sources import SourceInfo
 
     builder = FORMATS[_suffix(files[0])]
     cache = os.path.join(data_dir or default_data_dir(), "columnar")

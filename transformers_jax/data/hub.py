@@ -27,7 +27,7 @@ from typing import Any
 
 import grain
 
-from transformers_jax.data.sources import (
+from transformers_jax.data.records import (
     DatasetNotPreparedError,
     DataSpecError,
     Piece,

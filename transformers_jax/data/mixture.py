@@ -13,7 +13,7 @@ import dataclasses
 import math
 import re
 
-from transformers_jax.data.sources import DataSpecError
+from transformers_jax.data.records import DataSpecError
 
 _PART = re.compile(r"^\s*([^*/,]*?)\s*\*\s*(\S.*?)\s*$")
 _FORM = "WEIGHT*SPEC,WEIGHT*SPEC, e.g. '0.7*hf:wikitext:wikitext-2-raw-v1,0.3*./my_text/'"
