@@ -161,3 +161,12 @@ def test_held_out_tail_host_shards_and_exact_resume(tmp_path):
         fresh.set_state(state)
         for a, b in zip(expected, take(fresh, 6), strict=True):
             np.testing.assert_array_equal(a["inputs"], b["inputs"])
+
+
+def test_data_field_and_download_are_aliases_of_train_options():
+    from transformers_jax.cli import build_configs
+
+    _, cfg = build_configs(["--data", "rows.parquet", "--data.field=body", "--data.download=true"])
+    assert (cfg.data, cfg.text_key, cfg.data_download) == ("rows.parquet", "body", True)
+    _, cfg = build_configs(["--data", "0.7*hf:a/b,0.3*./my_text/"])
+    assert cfg.data == "0.7*hf:a/b,0.3*./my_text/" and not cfg.data_download
