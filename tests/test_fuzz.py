@@ -472,7 +472,12 @@ EVAL_OPTIONS = {"--lengths": mostly(st.sampled_from(["16", "8,16", "4"]), EVAL_L
                 "--passkey-trials": mostly(st.sampled_from(["1"]), CLI_VALUE),
                 "--step": st.sampled_from(["2", "2", "0", "7", "-1", "x"]),
                 "--data": st.sampled_from(["{text}", "lines:{text}", "{missing}", "lines:",
-                                           "tfds:", "bogus:x", "{dir}", "{empty}"]),
+                                           "tfds:", "bogus:x", "{dir}", "{empty}",
+                                           "{parquet}", "{body}", "{broken}", "{mixed}",
+                                           "0.7*{text},0.3*{parquet}", "0.5*{text},{text}",
+                                           "x*{text},1*{text}", "0*{text},1*{text}",
+                                           "1*{text}", "1*{text},1*{missing}", "hf:",
+                                           "hf:a:@", "hf:a/b/c"]),
                 "--split": st.sampled_from(["validation", "", "train[:1]"]),
                 "--plot": st.sampled_from(["{dir}/p.png", "{missing}/sub/p.png", ""]),
                 "--out": st.sampled_from(["{dir}/e.json", "{missing}/sub/e.json"])}
@@ -483,8 +488,20 @@ def eval_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz_eval")
     (root / "text.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
     (root / "empty.txt").write_text("")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = ["the quick brown fox jumps over the lazy dog"] * 40
+    pq.write_table(pa.table({"text": rows}), root / "rows.parquet")
+    pq.write_table(pa.table({"body": rows, "title": rows}), root / "body.parquet")  # no 'text'
+    (root / "broken.jsonl").write_text('{"text": "fine"}\n{"text": cut')
+    (root / "mixed").mkdir()
+    pq.write_table(pa.table({"text": rows}), root / "mixed" / "a.parquet")
+    (root / "mixed" / "b.txt").write_text("plain text beside a parquet file")
     return {"text": str(root / "text.txt"), "empty": str(root / "empty.txt"),
-            "missing": str(root / "missing"), "dir": str(root)}
+            "missing": str(root / "missing"), "dir": str(root),
+            "parquet": str(root / "rows.parquet"), "body": str(root / "body.parquet"),
+            "broken": str(root / "broken.jsonl"), "mixed": str(root / "mixed")}
 
 
 @settings(max_examples=30, **SETTINGS)
@@ -495,6 +512,10 @@ def eval_files(tmp_path_factory):
 @example({"--lengths": "64"})  # longer than the learned position table
 @example({"--passkey-trials": "0", "--passkey": None, "--passkey-lengths": "16"})
 @example({"--data": "{empty}"})
+@example({"--data": "0.7*{text},0.3*{parquet}", "--lengths": "16"})
+@example({"--data": "x*{text},1*{text}"})
+@example({"--data": "{body}"})
+@example({"--data": "{broken}"})
 def test_cli_eval_bad_options_exit_2_with_a_message(tiny_run, eval_files, options):
     """`tjax eval` on a trained run: every option combination evaluates (one JSON object on
     stdout, finite figures) or exits 2 with a one-line error, never a traceback."""

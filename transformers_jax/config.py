@@ -304,9 +304,10 @@ class TrainConfig:
     b2: float = 0.95  # Adam's second-moment decay
     grad_clip: float = 1.0  # largest global gradient norm kept
     seed: int = 0  # parameters, data order, dropout
-    data: str | None = None  # PATH, lines:PATH, tfds:NAME; None: the embedded default corpus
+    data: str | None = None  # PATH, lines:PATH, tfds:NAME, hf:NAME, 0.7*A,0.3*B; None: default
     data_dir: str | None = None  # tfds data_dir (catalog datasets, prepared local text)
-    text_key: str | None = None  # tfds text feature (auto-detected); labelled data: text column
+    text_key: str | None = None  # text field/column (auto-detected; alias --data.field)
+    data_download: bool = False  # hf:NAME: download the split instead of streaming it
     label_key: str = "label"  # labelled data (JSONL/CSV): the label column
     # how text becomes ids: trained on the data (unless byte), or hf:PATH, a Hugging Face
     # tokenizer.json or a model folder holding one, used as it is

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import TrainConfig
+from transformers_jax.data.mixture import is_mixture
 from transformers_jax.data.seq2seq import pack_seq2seq, task_pairs, task_shapes
 from transformers_jax.data.sources import parse_spec
 from transformers_jax.data.tokenizers import ByteTokenizer
@@ -148,14 +149,16 @@ def evaluate_run(
     if run.classifier:  # labelled rows, held out (or all of another file, like text below)
         return _evaluate_classifier(run, cfg, whole=data is not None, split=split,
                                     lengths=lengths, passkey=passkey)
-    if split is not None and not cfg.task and parse_spec(cfg.data).kind != "tfds":
-        raise ValueError(f"--split {split}: splits are read from tfds datasets (--data "
-                         f"tfds:NAME); {cfg.data or 'the default corpus'} is local text whose "
-                         "held-out part is read by default: drop --split")
+    if split is not None and not cfg.task and parse_spec(cfg.data).kind not in ("tfds", "hf"):
+        raise ValueError(f"--split {split}: splits are read from tfds and hub datasets (--data "
+                         f"tfds:NAME, hf:NAME); {cfg.data or 'the default corpus'} is local "
+                         "text whose held-out part is read by default: drop --split")
     # Local text given with --data is evaluated whole (it is not the run's training text, so
     # nothing of it needs holding out); the run's own data, its held-out part.
     read = split
-    if data is not None and split is None and parse_spec(data).kind != "tfds":
+    if data is not None and split is None and (
+        is_mixture(data) or parse_spec(data).kind not in ("tfds", "hf")
+    ):  # a mixture: each part read as it would be alone
         read = "train"  # local text has one split: all of it
     lengths = [int(n) for n in (lengths or [train_cfg.seq_len])]
     passkey_lengths = [int(n) for n in (passkey_lengths or lengths)]

@@ -37,6 +37,8 @@ from transformers_jax.config import ConfigError
 
 ALIASES = {
     "--data": "train.data",
+    "--data.field": "train.text_key",
+    "--data.download": "train.data_download",
     "--steps": "train.steps",
     "--run-dir": "train.run_dir",
     "--seed": "train.seed",

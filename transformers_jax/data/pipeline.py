@@ -37,6 +37,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from transformers_jax.data.mixture import is_mixture, parse_mixture
 from transformers_jax.data.sources import Documents, Piece, open_documents
 from transformers_jax.data.synthetic import FORMATS, task_source
 from transformers_jax.data.tokenizers import (
@@ -321,29 +322,20 @@ def _tokenize_fn(tokenizer: Tokenizer, add_bos: bool, add_eos: bool) -> Callable
     return tokenize
 
 
-def lm_dataset(
+def _tokenized_documents(
     documents: Documents | Sequence[str | bytes | Piece],
     tokenizer: Tokenizer,
-    seq_len: int,
-    batch_size: int,
     *,
-    seed: int = 0,
-    pack: bool | str = True,
-    shard: tuple[int, int] = (0, 1),
-    num_epochs: int | None = None,
-    shuffle: bool = True,
-    add_bos: bool = True,
-    add_eos: bool = True,
-    bos_per_row: bool = False,
-    shuffle_rows: int = 0,
-    num_threads: int = 2,
-    prefetch: int = 64,
+    seed: int,
+    shard: tuple[int, int],
+    num_epochs: int | None,
+    shuffle: bool,
+    add_bos: bool,
+    add_eos: bool,
+    num_threads: int,
+    prefetch: int,
 ) -> grain.IterDataset:
-    """The per-host LM ``IterDataset`` (``batch_size`` rows per batch) over ``documents``;
-    ``bos_per_row``: each row's and packed piece's first input is bos (``_lead_with_bos``);
-    ``shuffle_rows``: packed rows shuffled within windows of that many rows (with ``shuffle``)."""
-    mode = _resolve_packing(pack)
-    check_sequence_length(seq_len, None)
+    """This host's share of random-access ``documents``, shuffled per epoch, tokenized."""
     index, count = shard
     documents = _as_documents(documents)
     if len(documents) == 0 or (
@@ -363,9 +355,30 @@ def lm_dataset(
     if num_epochs != 1:
         ds = ds.repeat(num_epochs)
     ds = ds.map(_tokenize_fn(tokenizer, add_bos, add_eos))
-    it = ds.to_iter_dataset(
+    return ds.to_iter_dataset(
         grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
     )
+
+
+def _tokenized_stream(stream: grain.IterDataset, tokenizer: Tokenizer, add_bos: bool,
+                      add_eos: bool) -> grain.IterDataset:
+    """A stream of ``Piece``s tokenized, pieces with nothing to predict left out."""
+    return stream.map(_tokenize_fn(tokenizer, add_bos, add_eos)).filter(lambda e: e is not None)
+
+
+def _batched(
+    it: grain.IterDataset,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    batch_size: int,
+    *,
+    mode: str,
+    seed: int,
+    shuffle: bool,
+    shuffle_rows: int,
+    bos_per_row: bool,
+) -> grain.IterDataset:
+    """Tokenized pieces packed into rows of ``seq_len`` and batched (see ``lm_dataset``)."""
     lengths = {"inputs": seq_len, "targets": seq_len}
     if mode == "concat":
         it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct=lengths)
@@ -392,6 +405,93 @@ def lm_dataset(
     if bos_per_row:
         it = it.map(lambda b: _lead_with_bos(b, tokenizer.bos_id))
     return it
+
+
+def lm_dataset(
+    documents: Documents | Sequence[str | bytes | Piece],
+    tokenizer: Tokenizer,
+    seq_len: int,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    pack: bool | str = True,
+    shard: tuple[int, int] = (0, 1),
+    num_epochs: int | None = None,
+    shuffle: bool = True,
+    add_bos: bool = True,
+    add_eos: bool = True,
+    bos_per_row: bool = False,
+    shuffle_rows: int = 0,
+    num_threads: int = 2,
+    prefetch: int = 64,
+) -> grain.IterDataset:
+    """The per-host LM ``IterDataset`` (``batch_size`` rows per batch) over ``documents``;
+    ``bos_per_row``: each row's and packed piece's first input is bos (``_lead_with_bos``);
+    ``shuffle_rows``: packed rows shuffled within windows of that many rows (with ``shuffle``)."""
+    mode = _resolve_packing(pack)
+    check_sequence_length(seq_len, None)
+    it = _tokenized_documents(documents, tokenizer, seed=seed, shard=shard,
+                              num_epochs=num_epochs, shuffle=shuffle, add_bos=add_bos,
+                              add_eos=add_eos, num_threads=num_threads, prefetch=prefetch)
+    return _batched(it, tokenizer, seq_len, batch_size, mode=mode, seed=seed, shuffle=shuffle,
+                    shuffle_rows=shuffle_rows, bos_per_row=bos_per_row)
+
+
+def _is_stream(source: Any) -> bool:
+    """A ``datasets.IterableDataset`` (not imported: ``datasets`` is slow to import)."""
+    return hasattr(source, "load_state_dict") and hasattr(source, "n_shards")
+
+
+def _source_pieces(
+    source: str | None | Documents | Sequence | Any,
+    tokenizer: Tokenizer,
+    *,
+    role: str,
+    shard: tuple[int, int],
+    seed: int,
+    num_epochs: int | None,
+    shuffle: bool,
+    add_bos: bool,
+    add_eos: bool,
+    num_threads: int,
+    split: str | None,
+    open_kwargs: dict,
+) -> tuple[grain.IterDataset, int | None, str]:
+    """One source's tokenized pieces for this host: ``(dataset, pieces or None for a stream,
+    its name in the fingerprint)``."""
+    from transformers_jax.data import hub
+    from transformers_jax.data.sources import parse_spec
+
+    streamed = isinstance(source, str) and not open_kwargs.get("download") and (
+        parse_spec(source).kind == "hf")
+    if streamed or _is_stream(source):
+        take_n = skip_n = None
+        if streamed:
+            what = f"--data {source}"
+            if split is None:
+                split, take_n, skip_n = hub.held_out_plan(source, role)
+            request = hub.request(source, split)
+        else:
+            what, request = f"<{type(source).__name__}>", source
+        open_stream, column = hub.stream_opener(
+            request, field=open_kwargs.get("text_key"), shard=shard, take=take_n, skip=skip_n,
+            what=what)
+        stream = hub.StreamDataset(open_stream, column, num_epochs, what)
+        name = source if streamed else what
+        if streamed:
+            name += f"@{request['split']}" + (f" skip {skip_n}" if skip_n else "") + (
+                f" take {take_n}" if take_n else "")
+        return _tokenized_stream(stream, tokenizer, add_bos, add_eos), None, name
+    if isinstance(source, (str, type(None))):
+        documents = open_documents(source, role, split=split, **open_kwargs)
+        name = source or "default"
+    else:
+        documents = source
+        name = f"<{type(source).__name__} of {len(source)}>"
+    it = _tokenized_documents(documents, tokenizer, seed=seed, shard=shard,
+                              num_epochs=num_epochs, shuffle=shuffle, add_bos=add_bos,
+                              add_eos=add_eos, num_threads=num_threads, prefetch=64)
+    return it, len(documents), name
 
 
 def _fingerprint(tokenizer: Tokenizer, **kwargs) -> dict:
@@ -429,8 +529,11 @@ def make_lm_iterator(
 ) -> grain.DatasetIterator:
     """A resumable iterator of LM batches for this host.
 
-    ``source_spec``: a spec string (``None``/"default", "tfds:NAME", "lines:PATH", a path; see
-    ``sources``), a ``Documents``, or a list of texts. ``role``: "train" or "eval" (the
+    ``source_spec``: a spec string (``None``/"default", "tfds:NAME", "hf:NAME", "lines:PATH", a
+    path; see ``sources``) or a mixture of them ("0.7*A,0.3*B", ``mixture``), a
+    ``Documents``, a list of texts, or a ``datasets.IterableDataset`` (streamed, resumed at its
+    own position). A finite pass (``num_epochs``) over a mixture ends with its first
+    exhausted source. ``role``: "train" or "eval" (the
     held-out split). ``pack``: True/"concat" (concatenate and split: no padding),
     "first_fit" (whole pieces of up to ``seq_len`` tokens placed first-fit into the batch's
     rows), False/"none" (one piece per row, padded). ``shard``: (host index, host count),
@@ -443,41 +546,30 @@ def make_lm_iterator(
     rows of a long document then come one after another).
     """
     check_sequence_length(seq_len, max_len)
+    mode = _resolve_packing(pack)
     index, count = _resolve_shard(shard)
     batch = _host_batch(global_batch_size, count)
     if shuffle is None:
         shuffle = role == "train"
-    if isinstance(source_spec, (str, type(None))):
-        documents = open_documents(
-            source_spec,
-            role,
-            val_fraction=val_fraction,
-            split=split,
-            data_dir=data_dir,
-            text_key=text_key,
-            unit=unit,
-            download=download,
-        )
-        spec_id = source_spec or "default"
-    else:
-        documents = source_spec
-        spec_id = f"<{type(source_spec).__name__} of {len(source_spec)}>"
-    ds = lm_dataset(
-        documents,
-        tokenizer,
-        seq_len,
-        batch,
-        seed=seed,
-        pack=pack,
-        shard=(index, count),
-        num_epochs=num_epochs,
-        shuffle=shuffle,
-        add_bos=add_bos,
-        add_eos=add_eos,
-        bos_per_row=bos_per_row,
-        shuffle_rows=shuffle_rows,
-        num_threads=num_threads,
+    common = dict(
+        role=role, shard=(index, count), seed=seed, num_epochs=num_epochs, shuffle=shuffle,
+        add_bos=add_bos, add_eos=add_eos, num_threads=num_threads, split=split,
+        open_kwargs=dict(val_fraction=val_fraction, data_dir=data_dir, text_key=text_key,
+                         unit=unit, download=download),
     )
+    if isinstance(source_spec, str) and is_mixture(source_spec):
+        parts = parse_mixture(source_spec)
+        sources = [_source_pieces(part.spec, tokenizer, **common) for part in parts]
+        pieces = grain.IterDataset.mix([it for it, _, _ in sources],
+                                       [part.weight for part in parts])
+        spec_id = source_spec
+        documents = [n for _, n, _ in sources]
+        names = [name for _, _, name in sources]
+    else:
+        pieces, documents, spec_id = _source_pieces(source_spec, tokenizer, **common)
+        names = None
+    ds = _batched(pieces, tokenizer, seq_len, batch, mode=mode, seed=seed, shuffle=shuffle,
+                  shuffle_rows=shuffle_rows, bos_per_row=bos_per_row)
     fingerprint = _fingerprint(
         tokenizer,
         source=spec_id,
@@ -487,14 +579,15 @@ def make_lm_iterator(
         seq_len=seq_len,
         global_batch_size=global_batch_size,
         seed=seed,
-        pack=_resolve_packing(pack),
+        pack=mode,
         shard=(index, count),
         num_epochs=num_epochs,
         shuffle=shuffle,
-        documents=len(documents),
+        documents=documents,
         # only when set: iterator states saved before the option existed still restore
         **({"bos_per_row": True} if bos_per_row else {}),
         **({"shuffle_rows": shuffle_rows} if shuffle and shuffle_rows > 1 else {}),
+        **({"parts": names} if names else {}),
     )
     return iter(_Resumable(ds, fingerprint))
 
@@ -546,8 +639,18 @@ def make_tokenizer(
 def training_texts(source_spec: str | None, max_bytes: int = 20_000_000,
                    **source_kwargs) -> list[bytes]:
     """The text a tokenizer is trained on: the training pieces of ``source_spec`` (never the
-    held-out part), at most about ``max_bytes`` of them, evenly spaced over a large split.
+    held-out part), at most about ``max_bytes`` of them, evenly spaced over a large split; a
+    stream's first records; each source of a mixture its share of ``max_bytes``.
     ``source_kwargs`` go to ``open_documents``."""
+    from transformers_jax.data.sources import parse_spec
+
+    if isinstance(source_spec, str) and is_mixture(source_spec):
+        return [text for part in parse_mixture(source_spec)
+                for text in training_texts(part.spec, max(1, int(max_bytes * part.weight)),
+                                           **source_kwargs)]
+    if (isinstance(source_spec, str) and not source_kwargs.get("download")
+            and parse_spec(source_spec).kind == "hf"):
+        return _stream_texts(source_spec, max_bytes, source_kwargs.get("text_key"))
     docs = open_documents(source_spec, "train", **source_kwargs)
     stride = 1
     if len(docs) > 1000:  # a large split: estimate its size from 1000 pieces, then sample
@@ -559,6 +662,22 @@ def training_texts(source_spec: str | None, max_bytes: int = 20_000_000,
         text = docs[i].text
         texts.append(text)
         total += len(text)
+        if total >= max_bytes:
+            break
+    return texts
+
+
+def _stream_texts(spec: str, max_bytes: int, field: str | None) -> list[bytes]:
+    """The first records of a stream's training share, up to about ``max_bytes``."""
+    from transformers_jax.data import hub
+
+    split, _, skip = hub.held_out_plan(spec, "train")
+    open_stream, column = hub.stream_opener(hub.request(spec, split), field=field,
+                                            shard=(0, 1), skip=skip, what=f"--data {spec}")
+    texts, total = [], 0
+    for piece in hub.StreamDataset(open_stream, column, 1, f"--data {spec}"):
+        texts.append(piece.text)
+        total += len(piece.text)
         if total >= max_bytes:
             break
     return texts

@@ -7,8 +7,15 @@ A source spec is a string:
 - ``"tfds:NAME"`` (``NAME`` may carry a config and version, ``"imdb_reviews/plain_text:1.0.0"``):
   a tfds catalog dataset, read with ``tfds.data_source`` (ArrayRecord, no TensorFlow); it must
   already be prepared in ``data_dir`` (or ``$TFDS_DATA_DIR``) unless ``download=True``;
+- ``"hf:NAME[:CONFIG][@SPLIT]"``: a Hugging Face Hub dataset, streamed (``data/hub.py``), or
+  downloaded in full and read like local columnar files when ``download=True``;
 - ``"lines:PATH"``: local text with one document per non-blank line;
+- a file, folder or glob of ``*.parquet``, ``*.jsonl``, ``*.arrow`` or ``*.csv`` files: one
+  document per row, the text column chosen by ``text_key`` (``data/columnar.py``);
 - anything else: a file, folder or glob of local text, one document per file.
+
+Mixtures of these (``"0.7*A,0.3*B"``, ``data/mixture.py``) are the pipeline's: they are not one
+list of documents.
 
 ``open_documents(spec, role)`` returns a random-access ``Documents`` (``len`` and ``[i]``, what
 Grain's ``MapDataset.source`` reads) whose items are ``Piece(text: bytes, first, last)``.
@@ -26,12 +33,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from transformers_jax.registry import UnknownNameError
+# the types every source shares, kept in records.py so the sources' own modules can use them
+from transformers_jax.data.records import (  # noqa: F401 (names of this module's API)
+    DatasetNotPreparedError,
+    DataSpecError,
+    MissingPackageError,
+    Piece,
+    SourceInfo,
+    TextSource,
+    UnknownDatasetError,
+    UnknownFieldError,
+    UnreadableDataError,
+)
 
 KNOWN_TEXT_DATASETS = (
     "tiny_shakespeare",
@@ -43,58 +60,6 @@ KNOWN_TEXT_DATASETS = (
 )
 ROLES = ("train", "eval")
 _SCAN_LIMIT = 10_000  # sources with at most this many records are scanned and cut into pieces
-
-
-class DatasetNotPreparedError(FileNotFoundError):
-    """A tfds dataset that is not on local disk while downloading is off or impossible."""
-
-
-class UnknownDatasetError(UnknownNameError):
-    """A dataset, task or source name that does not exist; the message lists valid ones."""
-
-
-class Piece(NamedTuple):
-    text: bytes
-    first: bool  # the piece starts its document
-    last: bool  # the piece ends its document
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceInfo:
-    spec: str
-    kind: str  # "tfds" or "local"
-    name: str  # tfds name
-    split: str
-    data_dir: str | None
-    text_key: str
-
-
-def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, np.ndarray) and value.dtype.kind in "SO":
-        return _as_bytes(value.item())
-    raise TypeError(f"expected a text feature (bytes or str), got {type(value).__name__}")
-
-
-class TextSource:
-    """Random access to the raw bytes of each record's text feature."""
-
-    def __init__(self, data_source: Sequence[Any], text_key: str, info: SourceInfo):
-        self._source = data_source
-        self.text_key = text_key
-        self.info = info
-
-    def __len__(self) -> int:
-        return len(self._source)
-
-    def __getitem__(self, index: int) -> bytes:
-        return _as_bytes(self._source[index][self.text_key])
-
-    def __repr__(self) -> str:
-        return f"TextSource({self.info.spec!r}, split={self.info.split!r}, {len(self)} records)"
 
 
 # ----------------------------------------------------------------------------- tfds catalog
@@ -220,15 +185,23 @@ def open_tfds(
 
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
-    kind: str  # "tfds" or "local"
-    name: str | None  # tfds name, or the local path (None: default corpus)
+    kind: str  # "tfds", "local" (text), "columnar" (parquet/jsonl/arrow/csv files) or "hf"
+    name: str | None  # tfds name, the local path (None: default corpus), or the hub dataset
     unit: str = "file"
+    files: tuple[str, ...] = ()  # columnar: the files the path names
 
 
 def parse_spec(spec: str | None, unit: str | None = None) -> SourceSpec:
-    """``None``/"default" -> default corpus; "tfds:NAME"; "lines:PATH"; else a local path."""
+    """``None``/"default" -> default corpus; "tfds:NAME"; "hf:NAME[:CONFIG][@SPLIT]";
+    "lines:PATH"; else a local path (columnar files when every file it names is one)."""
+    from transformers_jax.data.columnar import columnar_files
+    from transformers_jax.data.mixture import is_mixture
+
     if spec is None or spec in ("", "default"):
         return SourceSpec("local", None, unit or "file")
+    if is_mixture(spec):
+        raise DataSpecError(f"--data {spec!r} is a mixture, and this reads one source: name "
+                            "one of its parts")
     if spec.startswith("tfds:"):
         name = spec[len("tfds:") :]
         if not name:
@@ -237,8 +210,16 @@ def parse_spec(spec: str | None, unit: str | None = None) -> SourceSpec:
                 f"text datasets: {', '.join(KNOWN_TEXT_DATASETS)}"
             )
         return SourceSpec("tfds", name)
+    if spec.startswith("hf:"):
+        from transformers_jax.data.hub import parse_hub
+
+        parse_hub(spec)  # checks the spec
+        return SourceSpec("hf", spec[len("hf:") :])
     if spec.startswith("lines:"):
         return SourceSpec("local", spec[len("lines:") :], "line")
+    files = columnar_files(spec)
+    if files is not None:
+        return SourceSpec("columnar", spec, "row", tuple(files))
     return SourceSpec("local", spec, unit or "file")
 
 
@@ -261,6 +242,16 @@ def open_source(
         return open_tfds(
             parsed.name, split, data_dir=data_dir, text_key=text_key, download=download
         )
+    if parsed.kind == "columnar":
+        from transformers_jax.data.columnar import open_columnar
+
+        return open_columnar(parsed.name, parsed.files, data_dir=data_dir, field=text_key)
+    if parsed.kind == "hf":
+        from transformers_jax.data.hub import open_downloaded
+
+        if not download:
+            raise ValueError(f"internal: {spec!r} streams; open it with data.hub.open_stream")
+        return open_downloaded(spec, split, data_dir=data_dir, field=text_key)
     import tensorflow_datasets as tfds
 
     from transformers_jax.data.local_text import prepare_local_text, quiet_tfds
@@ -376,9 +367,22 @@ def open_documents(
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction}: must be in [0, 1)")
     parsed = parse_spec(spec, unit)
+    if parsed.kind == "hf" and not download:
+        raise DataSpecError(f"--data {spec!r} is streamed, and this needs random access to its "
+                            "documents: add --data.download=true (the split is downloaded "
+                            "once), or pass local parquet/jsonl files")
     kw = dict(data_dir=data_dir, text_key=text_key, unit=unit, download=download)
     if split is not None:
         return Documents(open_source(spec, split, **kw), max_piece_bytes)
+    train_split = "train"
+    if parsed.kind == "hf":
+        from transformers_jax.data import hub
+
+        train_split, splits = hub.parse_hub(spec).split or "train", hub.split_names(spec)
+        held = next((s for s in ("validation", "test") if s in splits and s != train_split), None)
+        if held is not None:
+            return Documents(open_source(spec, held if role == "eval" else train_split, **kw),
+                             max_piece_bytes)
     if parsed.kind == "tfds" and role == "eval":
         splits = available_splits(parsed.name, data_dir)
         for candidate in ("validation", "test"):
@@ -389,7 +393,7 @@ def open_documents(
         if not splits or "validation" in splits or "test" in splits:
             return Documents(open_source(spec, "train", **kw), max_piece_bytes)
     # Hold out the last val_fraction of the pieces of the train split.
-    docs = Documents(open_source(spec, "train", **kw), max_piece_bytes)
+    docs = Documents(open_source(spec, train_split, **kw), max_piece_bytes)
     n = len(docs)
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     if role == "eval" and n_val == 0:

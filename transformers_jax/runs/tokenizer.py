@@ -60,7 +60,7 @@ def training_tokenizer(cfg: TrainConfig) -> Tokenizer:
     source = None if cfg.task else cfg.data
     tokenizer = make_tokenizer(cfg.tokenizer, source, cfg.tokenizer_vocab,
                                data_dir=cfg.data_dir, text_key=cfg.text_key,
-                               val_fraction=cfg.val_fraction)
+                               val_fraction=cfg.val_fraction, download=cfg.data_download)
     if saved:
         tokenizer.save(saved)
     return tokenizer

@@ -19,6 +19,8 @@ import numpy as np
 
 from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.data import labelled
+from transformers_jax.data.mixture import describe as describe_mixture
+from transformers_jax.data.mixture import is_mixture, parse_mixture
 from transformers_jax.data.mlm import MaskingConfig
 from transformers_jax.data.mlm_batches import MaskedBatches, mask_eval_batches
 from transformers_jax.data.pipeline import (
@@ -35,7 +37,8 @@ from transformers_jax.models import family_of
 # The TrainConfig fields that choose what the run reads: a resume that changes one reads other
 # data (refused unless train.accept_data_change).
 DATA_FIELDS = ("data", "data_dir", "text_key", "tokenizer", "tokenizer_vocab", "pack", "task",
-               "train_lengths", "val_fraction", "bos_per_row", "shuffle_rows", "label_key")
+               "train_lengths", "val_fraction", "bos_per_row", "shuffle_rows", "label_key",
+               "data_download")
 
 
 @dataclass
@@ -50,17 +53,42 @@ class RunData:
 
 def data_fingerprint(cfg: TrainConfig) -> str:
     """What the run reads, by content: the hash of the local text (files or the default corpus,
-    the key its prepared tfds copy is stored under), a tfds catalog dataset's name and
-    prepared version, or the synthetic task (generated from the spec and seed)."""
+    the key its prepared tfds copy is stored under) or of local columnar files, a tfds catalog
+    dataset's name and prepared version, a hub dataset's spec (a stream has no version to
+    read offline), each part of a mixture with its weight, or the synthetic task (generated
+    from the spec and seed)."""
+    if cfg.task:
+        return f"task:{cfg.task}"
+    if cfg.data and is_mixture(cfg.data):
+        return " + ".join(f"{part.weight:g}*[{source_fingerprint(part.spec, cfg)}]"
+                          for part in parse_mixture(cfg.data))
+    return source_fingerprint(cfg.data, cfg)
+
+
+def source_fingerprint(spec: str | None, cfg: TrainConfig) -> str:
+    """``data_fingerprint`` of one source."""
+    from transformers_jax.data.columnar import file_key
     from transformers_jax.data.local_text import prepare_local_text
     from transformers_jax.data.sources import parse_spec, tfds_builder
 
-    if cfg.task:
-        return f"task:{cfg.task}"
-    parsed = parse_spec(cfg.data)
+    parsed = parse_spec(spec)
     if parsed.kind == "tfds":
         return f"tfds:{parsed.name} version {tfds_builder(parsed.name, cfg.data_dir).info.version}"
+    if parsed.kind == "hf":
+        return f"hf:{parsed.name}" + (" downloaded" if cfg.data_download else " streamed")
+    if parsed.kind == "columnar":
+        return "columnar:" + file_key(parsed.files)
     return "local-text:" + prepare_local_text(parsed.name, parsed.unit, cfg.data_dir).key
+
+
+def data_name(cfg: TrainConfig) -> str:
+    """How the run README names its text: the spec, a mixture with its proportions."""
+    if cfg.data and is_mixture(cfg.data):
+        return describe_mixture(parse_mixture(cfg.data))
+    name = cfg.data or "the default corpus (Python's pydoc topics)"
+    if cfg.data and cfg.data.startswith("hf:"):
+        name += " (downloaded)" if cfg.data_download else " (streamed)"
+    return name
 
 
 def masking_of(cfg: TrainConfig) -> MaskingConfig:
@@ -108,7 +136,8 @@ def make_eval_batches(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Token
                                      pack=cfg.pack, bos_per_row=cfg.bos_per_row,
                                      num_epochs=None, data_dir=cfg.data_dir,
                                      text_key=cfg.text_key, val_fraction=cfg.val_fraction,
-                                     max_len=max_len, **({"split": split} if split else {}))
+                                     download=cfg.data_download, max_len=max_len,
+                                     **({"split": split} if split else {}))
     eval_batches = take(held_out, cfg.eval_batches)
     if family.masked_lm:
         require_special(tokenizer, "mask", f"family={model_cfg.family} (a masked LM)")
@@ -148,7 +177,7 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
     if family.masked_lm:  # before reading any text
         require_special(tokenizer, "mask", f"family={model_cfg.family} (a masked LM)")
     common = dict(data_dir=cfg.data_dir, text_key=cfg.text_key, val_fraction=cfg.val_fraction,
-                  max_len=max_len)
+                  download=cfg.data_download, max_len=max_len)
     train = make_lm_iterator(cfg.data, tokenizer, cfg.seq_len, cfg.batch_size, seed=cfg.seed,
                              pack=cfg.pack, bos_per_row=cfg.bos_per_row,
                              shuffle_rows=cfg.shuffle_rows, **common)
@@ -157,7 +186,7 @@ def make_run_data(model_cfg: ModelConfig, cfg: TrainConfig, tokenizer: Tokenizer
         train = MaskedBatches(train, cfg.seed, tokenizer, masking_of(cfg))
     elif prefix:
         train = PrefixBatches(train, cfg.seed)
-    name = cfg.data or "the default corpus (Python's pydoc topics)"
+    name = data_name(cfg)
     return RunData(tokenizer, train, eval_batches,
                    f"{name}, {tokenizer.name} tokens (vocab {tokenizer.vocab_size}), "
                    f"pack={cfg.pack}" + (", bos every row" if cfg.bos_per_row else "")
