@@ -195,3 +195,57 @@ metric_list:
     assert result["n_samples"]["tjax_tiny_mc"]["effective"] == 4
     assert result["step"] == run.step and result["batch_size"] == 3
     assert result["max_length"] == SEQ_LEN
+
+
+def tjax_in_process(argv):
+    """``tjax ARGV`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from transformers_jax.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exit_:
+            rc = exit_.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_bad_requests_fail_naming_the_fix(run, tmp_path, monkeypatch):
+    import dataclasses
+    import importlib.util
+
+    from transformers_jax.harness.tasks import evaluate_tasks
+
+    (tmp_path / "empty").mkdir()
+    for argv, expected in [
+        (["--run", str(tmp_path / "empty"), "--lm-eval", "x"], "no checkpoints"),
+        (["--run", str(tmp_path / "missing"), "--lm-eval", "x"], "no run directory"),
+        (["--run", run.directory, "--lm-eval", "x", "--include-path", str(tmp_path / "no")],
+         "--include-path"),
+        (["--run", run.directory, "--lm-eval", "x", "--lengths", "16"], "--lengths"),
+        (["--run", run.directory, "--limit", "3"], "--limit apply to lm-eval tasks"),
+        (["--run", run.directory, "--lm-eval", "x", "--batch-size", "0"], "--batch-size 0"),
+        (["--run", run.directory, "--lm-eval", "x", "--limit", "2.5"], "--limit 2.5"),
+    ]:
+        rc, _, err = tjax_in_process(["eval", *argv])
+        assert rc == 2 and expected in err and "Traceback" not in err, (argv, err)
+    with pytest.raises(ValueError, match=r"unknown task 'hellaswg'; did you mean hellaswag"):
+        evaluate_tasks(run.directory, ["hellaswg"])
+    with pytest.raises(ValueError, match="no tokenizer this project can load"):
+        TjaxLM(dataclasses.replace(run, tokenizer=None))
+    masked = types.SimpleNamespace(name="mlm", per_position=False, head=None)
+    with pytest.raises(ValueError, match="lm-eval scores models that predict the next token"):
+        TjaxLM(dataclasses.replace(run, objective=masked))
+    with pytest.raises(ValueError, match="max_gen_toks=40 leaves no room"):
+        TjaxLM(run).generate_until([request("a", {"until": [], "max_gen_toks": 40})])
+    with pytest.raises(ValueError, match="batch_size='many'"):
+        TjaxLM(run, batch_size="many")
+    # lm-eval not installed: the extra to install
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
+    rc, _, err = tjax_in_process(["eval", "--run", run.directory, "--lm-eval", "hellaswag"])
+    assert rc == 2 and "pip install 'transformers-jax[lm-eval]'" in err, err

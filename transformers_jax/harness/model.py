@@ -89,7 +89,7 @@ class TjaxLM(TemplateLM):
         if not isinstance(run, Run):
             if not os.path.isdir(run):
                 raise FileNotFoundError(
-                    f"no run directory at {run!r}; pass run= the --run-dir of a tjax train "
+                    f"no run directory at {run!r}; give the --run-dir of a tjax train "
                     "run or the --out of tjax convert --from-hf")
             run = open_run(run, None if step is None else _int_arg("step", step, 0))
         check_scores_text(run)
