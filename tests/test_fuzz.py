@@ -673,3 +673,87 @@ def test_converter_damaged_safetensors(hf_dir, tmp_path_factory, how, where, byt
         TRIED["convert: damaged model.safetensors, refused with ConversionError"] += 1
     except Exception as error:  # noqa: BLE001 (the wrong error type is the finding)
         pytest.fail(f"{how} {name}: {type(error).__name__}: {error}")
+
+
+# `tjax eval --lm-eval`: lm-eval tasks of every output type, written here (no hub access)
+
+LM_EVAL_TASKS = {
+    "fuzz_mc": """output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list: [{{metric: acc, higher_is_better: true}}]""",
+    "fuzz_gen": """output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{choices[0]}}}}"
+generation_kwargs: {{until: ["\\n"], max_gen_toks: 4}}
+metric_list: [{{metric: exact_match, higher_is_better: true}}]""",
+    "fuzz_rolling": """output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{question}}}} {{{{choices[0]}}}}"
+metric_list: [{{metric: bits_per_byte, higher_is_better: false}}]""",
+}
+
+
+@pytest.fixture(scope="module")
+def lm_eval_files(tmp_path_factory, eval_files):
+    pytest.importorskip("lm_eval")
+    root = tmp_path_factory.mktemp("fuzz_lm_eval")
+    rows = [{"question": "The for", "choices": [" statement", " xyzzy"], "answer": 0},
+            {"question": "def f(x):" * 5, "choices": ["\n  return", " ???", "!"], "answer": 1}]
+    (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, body in LM_EVAL_TASKS.items():
+        (root / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {root / 'rows.jsonl'}\ntest_split: test\n" + body.format() + "\n")
+    return {**eval_files, "tasks": str(root)}
+
+
+LM_EVAL_OPTIONS = {
+    "--lm-eval": mostly(st.sampled_from(["fuzz_mc", "fuzz_gen", "fuzz_rolling",
+                                         "fuzz_mc,fuzz_rolling"]),
+                        st.sampled_from(["", ",", "fuzz_mcc", "fuzz_*", "no such task"])),
+    "--include-path": mostly(st.just("{tasks}"), st.sampled_from(["{missing}", "{text}", ""])),
+    "--limit": st.sampled_from(["1", "2", "0.5", "0", "-1", "1.5", "nan", "abc"]),
+    "--num-fewshot": st.sampled_from(["0", "1", "-1", "x"]),
+    "--batch-size": mostly(st.sampled_from(["1", "3"]), CLI_VALUE),
+    "--max-length": st.sampled_from(["8", "16", "32", "33", "0", "x"]),
+    "--max-gen-toks": st.sampled_from(["4", "16", "32", "0"]),
+    "--step": st.sampled_from(["2", "7"]),
+    "--lengths": st.sampled_from(["16"]),
+}
+
+
+@settings(max_examples=6, **SETTINGS)
+@given(overrides(LM_EVAL_OPTIONS))
+@example({"--lm-eval": "fuzz_mc,fuzz_gen,fuzz_rolling", "--include-path": "{tasks}"})
+@example({"--lm-eval": "fuzz_gen", "--include-path": "{tasks}", "--max-length": "8"})
+@example({"--lm-eval": "fuzz_mcc", "--include-path": "{tasks}"})
+def test_cli_eval_lm_eval_bad_options_exit_2_with_a_message(tiny_run, lm_eval_files, options):
+    """`tjax eval --lm-eval` on a trained run (a 32-row learned position table): every option
+    combination scores the tasks (finite figures) or exits 2 naming the option or value."""
+    TRIED["eval: `tjax eval --lm-eval` command lines on a trained run"] += 1
+    argv = ["eval", "--run", tiny_run]
+    options = {"--lm-eval": "fuzz_mc", **options}
+    for key, value in options.items():
+        argv += [f"{key}={value.format(**lm_eval_files)}"]
+    from unittest import mock
+
+    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+               "HF_DATASETS_CACHE": os.path.join(lm_eval_files["tasks"], "cache")}
+    with mock.patch.dict(os.environ, offline):
+        rc, out, err = run_cli(argv)
+    assert rc in (0, 2), (argv, rc, err.getvalue()[-2000:])
+    if rc == 2:
+        message = err.getvalue().strip().splitlines()[-1]
+        assert "error:" in message and "Traceback" not in err.getvalue(), message
+        named = [key.lstrip("-") for key in options]
+        named += [v.format(**lm_eval_files) for v in options.values() if v]
+        assert any(name in message for name in named), (argv, message)
+        TRIED["eval: `tjax eval --lm-eval` refused (exit 2, message)"] += 1
+        return
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    for scores in result["results"].values():
+        figures = [v for k, v in scores.items() if "," in k and "stderr" not in k]
+        assert figures and all(math.isfinite(v) for v in figures), scores
+    TRIED["eval: `tjax eval --lm-eval` scored"] += 1

@@ -182,7 +182,7 @@ def cmd_eval(argv: list[str]) -> int:
         "tjax eval",
         "Evaluate a trained or converted run: held-out loss, perplexity, bits per "
         "byte (or per token), the loss at several lengths and by position, and passkey "
-        "retrieval. Prints one JSON object.")
+        "retrieval; or lm-eval-harness tasks (--lm-eval). Prints one JSON object.")
     parser.add_argument("--run", required=True, help="run directory (tjax train --run-dir, or "
                         "tjax convert --out)")
     parser.add_argument("--data", default=None, help="text to evaluate on (PATH, lines:PATH, "
@@ -206,7 +206,33 @@ def cmd_eval(argv: list[str]) -> int:
     parser.add_argument("--plot", default=None, help="PNG of the loss by position (default: "
                         "RUN/eval_loss_by_position.png)")
     parser.add_argument("--out", default=None, help="also write the JSON to this file")
+    lm_eval = parser.add_argument_group(
+        "lm-eval tasks (the lm-eval extra; the options above are for held-out loss)")
+    lm_eval.add_argument("--lm-eval", default=None, metavar="TASKS",
+                         help="score the run on lm-evaluation-harness tasks, e.g. "
+                         "hellaswag,arc_easy or tasks of your own (--include-path)")
+    lm_eval.add_argument("--include-path", default=None,
+                         help="a folder of lm-eval task YAML files")
+    lm_eval.add_argument("--limit", type=float, default=None,
+                         help="documents per task (below 1: a fraction of them)")
+    lm_eval.add_argument("--num-fewshot", type=int, default=None,
+                         help="examples in each prompt (default: each task's own)")
+    lm_eval.add_argument("--batch-size", type=int, default=None,
+                         help="rows per compiled call (default 8)")
+    lm_eval.add_argument("--max-length", type=int, default=None,
+                         help="tokens one forward pass reads (default: the run's seq_len, or "
+                         "its learned position table)")
+    lm_eval.add_argument("--max-gen-toks", type=int, default=None,
+                         help="tokens generated when a task sets no limit (default 256)")
     args, _, _ = parser.parse(argv)
+    if args.lm_eval is not None:
+        return _eval_lm_eval(args, argv)
+    harness_only = [o for o in ("--include-path", "--limit", "--num-fewshot", "--batch-size",
+                                "--max-length", "--max-gen-toks")
+                    if getattr(args, o[2:].replace("-", "_")) is not None]
+    if harness_only:
+        raise ValueError(f"{', '.join(harness_only)} apply to lm-eval tasks: add --lm-eval "
+                         "TASKS, or drop them")
     if args.batches is not None and args.batches <= 0:
         raise ValueError(f"--batches {args.batches}: must be a positive integer")
     if args.passkey_trials <= 0:
@@ -222,6 +248,38 @@ def cmd_eval(argv: list[str]) -> int:
         passkey=args.passkey, passkey_lengths=args.passkey_lengths,
         passkey_trials=args.passkey_trials, step=args.step,
         plot=args.plot or os.path.join(args.run, "eval_loss_by_position.png"))
+    print_json(result, args.out)
+    return 0
+
+
+def _eval_lm_eval(args, argv: list[str]) -> int:
+    """``tjax eval --lm-eval TASKS``: the run scored on lm-eval tasks (``harness/tasks.py``)."""
+    refused = [o for o in ("--data", "--split", "--lengths", "--batches", "--passkey",
+                           "--passkey-lengths", "--plot")
+               if any(a.partition("=")[0] == o for a in argv)]
+    if refused:
+        raise ValueError(f"{', '.join(refused)} apply to the held-out loss, not to --lm-eval "
+                         "tasks: drop them (or run tjax eval twice)")
+    for name in ("limit", "num_fewshot", "batch_size", "max_length", "max_gen_toks"):
+        value = getattr(args, name)
+        if value is not None and not (value > 0 or (name == "num_fewshot" and value == 0)):
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be a positive number"
+                             + (" or 0" if name == "num_fewshot" else ""))
+    if args.limit is not None and args.limit >= 1 and args.limit != int(args.limit):
+        raise ValueError(f"--limit {args.limit}: a count of documents (a whole number) or a "
+                         "fraction below 1")
+    if args.out:  # before the evaluation, so a bad path does not lose its result
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    use_compile_cache()
+
+    from transformers_jax.harness.tasks import evaluate_tasks
+
+    tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
+    limit = None if args.limit is None else (args.limit if args.limit < 1 else int(args.limit))
+    result = evaluate_tasks(
+        args.run, tasks, include_path=args.include_path, limit=limit,
+        num_fewshot=args.num_fewshot, batch_size=args.batch_size, max_length=args.max_length,
+        max_gen_toks=args.max_gen_toks, step=args.step)
     print_json(result, args.out)
     return 0
 

@@ -1,0 +1,89 @@
+"""``evaluate_tasks``: a run scored on lm-eval tasks, what ``tjax eval --lm-eval`` runs.
+
+    evaluate_tasks("runs/gpt", ["my_task"], include_path="my_tasks/", limit=100)
+
+Tasks are lm-eval's own (downloaded from the Hugging Face hub on first use) or YAML files
+under ``include_path`` (lm-eval's ``--include_path``), whose ``dataset_path: json`` with
+``dataset_kwargs: {data_files: ...}`` reads local JSONL without the network.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+from collections.abc import Sequence
+
+INSTALL = "pip install 'transformers-jax[lm-eval]'"
+
+
+def require_lm_eval() -> None:
+    """Raise ``ValueError`` naming the extra to install when lm-eval is not installed."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ValueError(f"--lm-eval needs the lm-eval package, which is not installed: {INSTALL}")
+
+
+def check_tasks(task_manager, tasks: Sequence[str]) -> list[str]:
+    """The task names, each a task, group or tag lm-eval knows (a glob matching some, or a
+    YAML file); ``ValueError`` naming an unknown one and the nearest known names."""
+    if not tasks:
+        raise ValueError("--lm-eval: name at least one task (e.g. --lm-eval hellaswag)")
+    known = task_manager.all_tasks
+    for name in tasks:
+        if name in known or os.path.isfile(name) or task_manager.match_tasks([name]):
+            continue
+        near = difflib.get_close_matches(name, known, n=3)
+        hint = f"did you mean {', '.join(near)}? " if near else ""
+        raise ValueError(
+            f"--lm-eval: unknown task {name!r}; {hint}lm-eval knows {len(known)} tasks, "
+            "groups and tags (lm-eval ls tasks lists them); a task of your own is a YAML file "
+            "in a folder given with --include-path")
+    return list(tasks)
+
+
+def evaluate_tasks(
+    run_dir: str,
+    tasks: Sequence[str],
+    *,
+    include_path: str | None = None,
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int | None = None,
+    max_length: int | None = None,
+    max_gen_toks: int | None = None,
+    step: int | None = None,
+    seed: int = 0,
+) -> dict:
+    """Score ``run_dir`` on lm-eval ``tasks``; returns one JSON-ready dict: lm-eval's results
+    by task (``results``: ``acc,none`` and the like, with their standard errors), the few-shot
+    counts, task versions and sample counts.
+
+    ``limit``: documents per task (a fraction below 1); ``num_fewshot``: examples in each
+    prompt (default: each task's own); ``batch_size``, ``max_length``, ``max_gen_toks``,
+    ``step``, ``seed``: as ``TjaxLM``'s arguments.
+    """
+    require_lm_eval()
+    if include_path is not None and not os.path.isdir(include_path):
+        raise FileNotFoundError(f"--include-path {include_path}: no such folder (it holds "
+                                "task YAML files)")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from transformers_jax.harness.model import TjaxLM
+
+    lm = TjaxLM(run_dir, step=step, batch_size=batch_size, max_length=max_length,
+                max_gen_toks=max_gen_toks, seed=seed)
+    manager = TaskManager(include_path=include_path)
+    names = check_tasks(manager, tasks)
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+        log_samples=False, random_seed=seed, numpy_random_seed=seed,
+        fewshot_random_seed=seed)
+    return {
+        "run": run_dir, "step": lm.run.step, "family": lm.run.config.family,
+        "lm_eval": lm_eval.__version__, "tasks": names,
+        "max_length": lm.max_length, "batch_size": lm.scorer.batch_size,
+        "limit": limit, "results": results["results"],
+        "groups": results.get("groups", {}), "n_shot": results.get("n-shot", {}),
+        "n_samples": results.get("n-samples", {}), "versions": results.get("versions", {}),
+    }
