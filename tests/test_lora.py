@@ -4,6 +4,7 @@ merge gives a plain run with the same logits, and bad input names the fix."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -151,11 +152,23 @@ def dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path):
+def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path, capsys):
     base = str(tmp_path / "base")
     train(GPT, TrainConfig(steps=4, run_dir=base, **SMALL), auto_vocab=True)
     cfg = TrainConfig(steps=6, schedule_steps=6, init_from=base, lora=LoraConfig(rank=2), **SMALL)
+    capsys.readouterr()
     train(GPT, cfg.replace(run_dir=str(tmp_path / "straight")), auto_vocab=True)
+    # the start line and record name the trainable (adapter) and frozen parameters
+    rows = [json.loads(line) for line in open(tmp_path / "straight" / "metrics.jsonl")]
+    start = next(row for row in rows if row["kind"] == "start")
+    adapters = 2 * 2 * (2 * (32 + 32) + 2 * (32 + 32))  # layers x rank x (q, o, k, v: C + HD)
+    assert start["trainable_params"] == adapters == 1024
+    frozen = start["params"] - adapters
+    assert frozen == count(open_run(base).params)
+    assert (
+        f"(1,024 trainable: LoRA rank 2 on query,key,value,out, {frozen:,} frozen)"
+        in capsys.readouterr().err
+    )
     split = str(tmp_path / "split")
     train(GPT, cfg.replace(run_dir=split, steps=3), auto_vocab=True)
     train(GPT, cfg.replace(run_dir=split), auto_vocab=True)  # resumed at step 3

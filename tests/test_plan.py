@@ -14,7 +14,7 @@ import pytest
 
 from transformers_jax import plan as planning
 from transformers_jax.cli import main
-from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
+from transformers_jax.config import ConfigError, LoraConfig, ModelConfig, TrainConfig
 from transformers_jax.registry import ATTENTION
 
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -527,3 +527,42 @@ def test_the_decoding_loop_with_its_cpu_compile_option_compiles_for_tpu():
             model, *args, cfg=SamplingConfig(max_new_tokens=4, temperature=0.0)).compile()
     assert "generate_tokens" in compiled.as_text().splitlines()[0]  # the HloModule line
     assert compiled.memory_analysis().argument_size_in_bytes > 0
+
+
+def test_lora_memory_counts_the_adapters_by_hand():
+    """Rank 4 on q, k, v, o of TINY (C 64, 4 query heads and 2 kv heads of 16): per layer
+    r (C + 64) for q and o, r (C + 32) for k and v; float32, AdamW's two moments."""
+    got = planning.lora_memory(TINY, TINY_TRAIN.replace(lora=LoraConfig(rank=4, alpha=8.0)))
+    adapters = 4 * (2 * (64 + 64) + 2 * (64 + 32))
+    assert got["trainable_params"] == adapters == 1792
+    assert got["frozen_params"] == TINY_PARAMS
+    assert got["adapter_bytes"] == 4 * adapters
+    assert got["optimizer_state_bytes"] == 2 * 4 * adapters
+    assert got["full_finetune_optimizer_state_bytes"] == 2 * 4 * TINY_PARAMS
+    assert got["kept_between_steps_bytes"] == 4 * TINY_PARAMS + 4 * 4 * adapters
+    assert got["rank"] == 4 and got["alpha"] == 8.0
+    assert got["targets"] == ["query", "key", "value", "out"]
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_plan_with_lora_reports_the_adapters_and_a_smaller_step(capsys):
+    argv = ["plan", "--target", TOPOLOGY, "--mesh", "data=4", "--batch", "4", "--seq-len",
+            "128", "--no-decode", "--model.vocab_size=256", "--model.d_model=64",
+            "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=2",
+            "--model.max_len=128", "--model.attention=xla"]
+    results = {}
+    for extra in ([], ["--train.lora.rank=4"]):
+        assert main([*argv, *extra]) == 0
+        results[bool(extra)] = json.loads(capsys.readouterr().out)
+    full, lora = results[False], results[True]
+    assert "lora" not in full
+    assert lora["lora"]["trainable_params"] == 1792
+    assert lora["lora"]["frozen_params"] == full["train"]["params"]
+    # the compiled step holds AdamW moments for the adapters only: its arguments shrink by
+    # the base's two moments less the adapters and theirs (float32, replicated over data=4:
+    # whole on each device), to within what the TPU layouts' tile padding adds (7% here)
+    shrink = full["train"]["memory"]["argument_bytes"] - lora["train"]["memory"]["argument_bytes"]
+    assert shrink == pytest.approx(
+        lora["lora"]["full_finetune_optimizer_state_bytes"]
+        - lora["lora"]["optimizer_state_bytes"] - lora["lora"]["adapter_bytes"], rel=0.1)

@@ -32,7 +32,7 @@ gives memory figures for such a compile but no cost analysis, so the compute ter
 model's own FLOPs and the HBM term is absent; the interconnect is NVLink.
 """
 
-from transformers_jax.plan.command import main, plan, plan_parser
+from transformers_jax.plan.command import lora_memory, main, plan, plan_parser
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
 from transformers_jax.plan.hlo import Module, hbm_bytes, matmul_flops
 from transformers_jax.plan.steps import (
@@ -57,7 +57,6 @@ from transformers_jax.plan.targets import (
 __all__ = [
     "CHIPS", "DEFAULT_REMATS", "GPU_SPECS", "Chip", "Module", "Target", "candidate_meshes",
     "collectives", "compile_decode", "compile_train", "cost", "example_batch", "gpu_target",
-    "gpu_target_config", "hbm_bytes", "main", "make_target", "matmul_flops", "memory", "plan",
-    "roofline", "search",
-    "plan_parser", "tpu_target",
+    "gpu_target_config", "hbm_bytes", "lora_memory", "main", "make_target", "matmul_flops",
+    "memory", "plan", "roofline", "search", "plan_parser", "tpu_target",
 ]

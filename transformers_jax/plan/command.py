@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
-from transformers_jax.models import family_of
+from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.stack import REMAT_POLICIES
 from transformers_jax.overrides import CommandParser, Once, print_json
 from transformers_jax.parallel.mesh import parse_mesh
@@ -22,6 +22,7 @@ from transformers_jax.plan.steps import (
     search,
 )
 from transformers_jax.plan.targets import Target, make_target
+from transformers_jax.train import lora
 
 # short forms of config fields, as in the issue: --mesh, --batch, --seq-len, --remat
 PLAN_ALIASES = {"mesh": "train.mesh", "batch": "train.batch_size", "seq_len": "train.seq_len",
@@ -106,6 +107,8 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
         "note": "compiler figures (XLA memory and cost analysis of the program compiled for "
                 "the target) and a datasheet roofline: estimates, not measured runs",
     }
+    if cfg.lora.enabled:
+        result["lora"] = lora_memory(model_cfg, cfg)
     if do_search:
         found = search(model_cfg, cfg, target, remats, log, meshes)
         result["search"] = found["tried"]
@@ -122,6 +125,27 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
     else:
         result["decode"] = None
     return result
+
+
+def lora_memory(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
+    """``--train.lora.rank``: what the adapters train and keep, counted from the shapes
+    (``lora.memory_count``), beside the same figures for a full fine-tune. Bytes in the
+    parameter dtype, for the whole model (not per device); the compiled step's ``memory``
+    is XLA's per-device figure of the LoRA step."""
+    counted = lora.memory_count(build_model(model_cfg), cfg.lora)
+    return {
+        "rank": cfg.lora.rank, "alpha": cfg.lora.scale * cfg.lora.rank,  # alpha / rank = scale
+        "targets": list(cfg.lora.targets),
+        "trainable_params": counted["adapter_params"],
+        "frozen_params": counted["params"],
+        "trainable_fraction": counted["adapter_params"] / counted["params"],
+        "adapter_bytes": counted["adapter_bytes"],
+        "optimizer_state_bytes": counted["adapter_optimizer_bytes"],
+        "full_finetune_optimizer_state_bytes": 2 * counted["weights_bytes"],
+        "kept_between_steps_bytes": counted["lora_bytes"],
+        "full_finetune_kept_between_steps_bytes": counted["full_finetune_bytes"],
+        "step_extra_bytes_at_most": counted["lora_step_extra_bytes"],
+    }
 
 
 def main(argv: list[str], build_configs: Callable[[list[str]], tuple[ModelConfig, TrainConfig]]

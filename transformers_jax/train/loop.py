@@ -597,6 +597,11 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
     trainer = program.trainer
     cfg, model_cfg = lanes[0].cfg, lanes[0].setup.model_cfg
     n_params = count_params(states[0].params)
+    # LoRA: the model's own parameters frozen, the adapters trained (named on the start line)
+    n_trainable = lora.trainable_count(states[0].params)
+    trains = (f" ({n_trainable:,} trainable: LoRA rank {cfg.lora.rank} on "
+              f"{','.join(cfg.lora.targets)}, {n_params - n_trainable:,} frozen)"
+              if cfg.lora.enabled else "")
     flops = flops_per_token(model_cfg, cfg.seq_len)
     flops_causal = flops_per_token(model_cfg, cfg.seq_len, causal_half=True)  # MaxText's count
     peak, peak_source = device_peak("bfloat16" if model_cfg.dtype == "bfloat16" else "float32")
@@ -630,9 +635,9 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
             lane.log.write(
                 "start",
                 start_step,
-                {"params": n_params, "flops_per_token": flops,
+                {"params": n_params, "trainable_params": n_trainable, "flops_per_token": flops,
                  "flops_per_token_causal_half": flops_causal, "peak_flops": peak},
-                f"{model_cfg.family}: {n_params / 1e6:.2f}M params, attention="
+                f"{model_cfg.family}: {n_params / 1e6:.2f}M params{trains}, attention="
                 f"{model_cfg.attention}, mask={model_cfg.mask}, position={model_cfg.position}; "
                 f"data: {lane.data.description}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})"
                 + (f"; seed {lane.cfg.seed}, one of {len(lanes)} trained together"

@@ -277,7 +277,8 @@ def memory_count(model: nn.Module, lora: LoraConfig) -> dict[str, int]:
     """Bytes a fine-tune of ``model`` keeps between steps, full versus LoRA (shapes only).
 
     Full: the weights, their gradients and AdamW's two moments (4x the weights, in the
-    parameter dtype). LoRA: the weights once, and the same four copies of the adapters only.
+    parameter dtype). LoRA: the weights once, and the same four copies of the adapters only
+    (``adapter_bytes`` one copy, ``adapter_optimizer_bytes`` the two moments).
     ``lora_step_extra``: what the LoRA step adds while it runs, at most (every folded target
     kernel and its gradient alive at once; XLA frees them layer by layer)."""
     wrapped = wrap(model, lora)
@@ -296,6 +297,8 @@ def memory_count(model: nn.Module, lora: LoraConfig) -> dict[str, int]:
         "params": trainable_count(base),
         "adapter_params": trainable_count(adapters),
         "weights_bytes": nbytes(base),
+        "adapter_bytes": nbytes(adapters),
+        "adapter_optimizer_bytes": 2 * nbytes(adapters),  # AdamW's moments, in the param dtype
         "full_finetune_bytes": 4 * nbytes(base),
         "lora_bytes": nbytes(base) + 4 * nbytes(adapters),
         "lora_step_extra_bytes": 2 * nbytes(targets),
