@@ -15,13 +15,13 @@ from transformers_jax.sweep.plan import make_plan
 from transformers_jax.sweep.spec import SpecError, parse_spec
 
 TASK = """
-title = "tiny copy"
+title = "tiny parity"
 seeds = 2
 
 [base]
-args = ["--task", "copy", "--train.train_lengths=1,4", "--model.d_model=16",
-  "--model.n_layers=1", "--model.n_heads=2", "--train.seq_len=12", "--train.batch_size=8",
-  "--train.learning_rate=3e-3", "--steps=40", "--train.eval_every=1000",
+args = ["--task", "parity", "--train.train_lengths=1,4", "--model.d_model=16",
+  "--model.n_layers=1", "--model.n_heads=2", "--train.seq_len=8", "--train.batch_size=8",
+  "--train.learning_rate=1e-2", "--steps=60", "--train.eval_every=1000",
   "--train.checkpoint_every=1000", "--train.log_every=1000", "--train.tensorboard=false"]
 
 [axes]
@@ -82,7 +82,7 @@ def test_task_spec_errors_name_the_key_and_the_fix(change, fragments):
 
 
 def test_exact_metrics_need_a_task_and_cells_need_one(tmp_path):
-    text = TASK.replace('"--task", "copy", ', "")
+    text = TASK.replace('"--task", "parity", ', "")
     with pytest.raises(SpecError, match="give --task NAME"):
         make_plan(parse_spec(text), str(tmp_path))
     plain = (
@@ -94,10 +94,10 @@ def test_exact_metrics_need_a_task_and_cells_need_one(tmp_path):
     learned = TASK.replace('"rope"]', '"learned"]').replace(
         'b = {position = "rope"}', 'b = {position = "learned"}'
     )
-    with pytest.raises(SpecError, match="raise --model.max_len to 14"):
+    with pytest.raises(SpecError, match="raise --model.max_len to 9"):
         make_plan(
             parse_spec(
-                learned.replace("--train.seq_len=12", '--train.seq_len=12", "--model.max_len=12')
+                learned.replace("--train.seq_len=8", '--train.seq_len=8", "--model.max_len=8')
             ),
             str(tmp_path),
         )
@@ -144,15 +144,18 @@ def test_a_task_sweep_scores_exact_match_example_by_example(task_env):
     }
     assert sorted(scores["none", 0], key=int) == [str(n) for n in range(1, 7)]
 
-    # the stored values against greedy decoding of the same test examples
-    run_dir = str(out / "cells/position=none/seed0")
-    for n in (2, 5):
-        source = TaskSource("copy", "test", lengths=(n, n), num_examples=5, seed=3)
-        stored = scores["none", 0][str(n)]["chunks"]
-        assert len(stored) == 5 and set(stored) <= {0.0, 1.0}
-        for i in range(3):
+    # the stored values against greedy decoding of the same test examples (some right, some
+    # wrong: a parity bit is a guess this early)
+    values = [x for table in scores.values() for e in table.values() for x in e["chunks"]]
+    assert set(values) == {0.0, 1.0}
+    for cell, n in (("none", 2), ("rope", 5)):
+        run_dir = str(out / f"cells/position={cell}/seed0")
+        source = TaskSource("parity", "test", lengths=(n, n), num_examples=5, seed=3)
+        stored = scores[cell, 0][str(n)]["chunks"]
+        assert len(stored) == 5
+        for i in range(5):
             ex = source[i]
-            assert stored[i] == float(greedy_right(run_dir, ex["prompt"], ex["answer"], n + 2))
+            assert stored[i] == float(greedy_right(run_dir, ex["prompt"], ex["answer"], 3))
 
     # comparisons: the mean over seeds x examples of the stored values
     def exact(cell, seed, lo, hi):
@@ -167,7 +170,7 @@ def test_a_task_sweep_scores_exact_match_example_by_example(task_env):
     assert one["per_seed"] == pytest.approx(
         [np.mean(exact("none", s, 5, 6) - exact("rope", s, 5, 6)) for s in (0, 1)]
     )
-    assert two["b"] is None
+    assert two["b"] is None and two["mean"] != 0  # a value the test can get wrong
     assert two["mean"] == pytest.approx(
         np.mean([np.mean(exact("none", s, 5, 6)) - np.mean(exact("none", s, 3, 4)) for s in (0, 1)])
     )
