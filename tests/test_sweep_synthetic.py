@@ -112,6 +112,14 @@ def task_env(tmp_path, monkeypatch):
     return tmp_path, spec
 
 
+def test_a_task_sweep_dry_run_lists_its_test(task_env, capsys):
+    tmp_path, spec = task_env
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "data synthetic task(s) parity: 5 test examples at each of 6 task lengths" in out
+    assert "compare 1: position=none vs position=rope: exact@5-6" in out
+
+
 def greedy_right(run_dir: str, prompt: str, answer: str, steps: int) -> bool:
     """Greedy decoding from ``[bos] prompt [sep]`` writes the answer, then eos."""
     from transformers_jax.runs.load import load_run

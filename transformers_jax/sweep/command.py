@@ -148,6 +148,9 @@ def dry_run(plan: SweepPlan) -> None:
         print(f"data {data['corpus']}: {more}{data['training_tokens']:,} training tokens, "
               f"{data['heldout_tokens']:,} held out ({data['overlap']['share']:.2%} of "
               f"held-out {data['overlap']['window_bytes']}-byte windows also in training)")
+    # a task draws fresh examples: epochs of text only
+    epochs = (lambda p: "-") if spec.task is not None else (
+        lambda p: f"{p.tokens_seen / data['training_tokens']:.2f}")
     shapes: dict[str, float] = {}
     scoring: dict = {}
     total = scored = 0.0
@@ -170,8 +173,7 @@ def dry_run(plan: SweepPlan) -> None:
         print(f"{planned.cell.name:<40} {planned.train.steps if step else 0:>7} "
               f"{planned.train.batch_size if step else 0:>5} "
               f"{planned.train.seq_len:>5} {planned.tokens:>12,} "
-              f"{planned.tokens_seen / max(data.get('training_tokens', 0), 1):>6.2f} "
-              f"{step:>7.3f} "
+              f"{epochs(planned):>6} {step:>7.3f} "
               f"{seconds / 60:>8.1f} {scoring_s / 60:>9.1f}  {source}")
     print(f"estimated training time here: {total / 60:.1f} min for all seeds (measured step "
           f"times; compiles add to it); scoring: {scored / 60:.1f} min (one timed batch per "

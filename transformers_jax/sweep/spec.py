@@ -86,7 +86,7 @@ HELDOUT_KEYS = {"bytes", "seed"}
 EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "passkey", "batch_size",
              "max_tokens", "context", "task"}
 TASK_KEYS = {"lengths", "examples", "seed"}
-TEXT_EVAL_KEYS = EVAL_KEYS - {"task", "batch_size"}  # what a task sweep does not score
+TEXT_EVAL_KEYS = EVAL_KEYS - {"task"}  # what a task sweep does not use (its batch: examples)
 BASELINE_KEYS = {"ngram"}
 COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better"}
 PASSKEY_KEYS = {"lengths", "trials", "depths", "digits"}
