@@ -190,3 +190,19 @@ def test_a_task_sweep_scores_exact_match_example_by_example(task_env):
     means = [np.mean([scores["rope", s][str(n)]["mean"] for s in (0, 1)]) for n in range(1, 7)]
     assert [e["mean"] for e in cell["by_length"]] == pytest.approx(means)
     assert (out / "exact_by_length.png").exists()
+
+
+def test_the_committed_spec_plans_every_scheme_on_both_tasks(tmp_path):
+    from pathlib import Path
+
+    from transformers_jax.sweep.spec import read_spec
+
+    path = Path(__file__).resolve().parents[1] / "experiments/specs/synthetic_generalisation.toml"
+    plan = make_plan(read_spec(str(path)), str(tmp_path))
+    assert len(plan.cells) == 20 and len(plan.pairs) == 12
+    assert {c.train.task for c in plan.cells} == {"copy", "reverse"}
+    assert {(c.train.seq_len, c.model.max_len, c.train.train_lengths) for c in plan.cells} == {
+        (42, 84, (1, 20))
+    }
+    t5 = next(c.model.position for c in plan.cells if c.cell.values["position"] == "t5")
+    assert (t5.num_buckets, t5.max_distance) == (32, 42)
