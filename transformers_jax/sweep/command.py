@@ -83,6 +83,11 @@ def _eval_seconds(planned: PlannedCell, plan: SweepPlan, cache: dict) -> float:
     model = planned.model
     if planned.auto_vocab:
         model = model.replace(vocab_size=plan.tokenizer.vocab_size)
+    if spec.task is not None:  # a batch of test examples per task length, the longest rows
+        from transformers_jax.sweep.tasks import row_tokens
+
+        rows = row_tokens(planned.train.task, model.family, max(spec.task.lengths))
+        return _batch_seconds(model, rows, spec.task.examples, cache) * len(spec.task.lengths)
     slid = {x.text for x in spec.sliding_lengths}
     total = 0.0
     for x, length in zip(spec.lengths, planned.lengths(spec), strict=True):
@@ -135,10 +140,17 @@ def dry_run(plan: SweepPlan) -> None:
     data = plan.data_record()
     print(f"{len(plan.cells)} cells x {len(spec.seeds)} seeds = "
           f"{len(plan.cells) * len(spec.seeds)} runs; {len(plan.pairs)} comparisons declared")
-    more = "" if data["training_tokens_complete"] else "the first "
-    print(f"data {data['corpus']}: {more}{data['training_tokens']:,} training tokens, "
-          f"{data['heldout_tokens']:,} held out ({data['overlap']['share']:.2%} of held-out "
-          f"{data['overlap']['window_bytes']}-byte windows also in training)")
+    if spec.task is not None:
+        print(f"data {data['corpus']}: {spec.task.examples} test examples at each of "
+              f"{len(spec.task.lengths)} task lengths")
+    else:
+        more = "" if data["training_tokens_complete"] else "the first "
+        print(f"data {data['corpus']}: {more}{data['training_tokens']:,} training tokens, "
+              f"{data['heldout_tokens']:,} held out ({data['overlap']['share']:.2%} of "
+              f"held-out {data['overlap']['window_bytes']}-byte windows also in training)")
+    # a task draws fresh examples: epochs of text only
+    epochs = (lambda p: "-") if spec.task is not None else (
+        lambda p: f"{p.tokens_seen / data['training_tokens']:.2f}")
     shapes: dict[str, float] = {}
     scoring: dict = {}
     total = scored = 0.0
@@ -161,7 +173,7 @@ def dry_run(plan: SweepPlan) -> None:
         print(f"{planned.cell.name:<40} {planned.train.steps if step else 0:>7} "
               f"{planned.train.batch_size if step else 0:>5} "
               f"{planned.train.seq_len:>5} {planned.tokens:>12,} "
-              f"{planned.tokens_seen / data['training_tokens']:>6.2f} {step:>7.3f} "
+              f"{epochs(planned):>6} {step:>7.3f} "
               f"{seconds / 60:>8.1f} {scoring_s / 60:>9.1f}  {source}")
     print(f"estimated training time here: {total / 60:.1f} min for all seeds (measured step "
           f"times; compiles add to it); scoring: {scored / 60:.1f} min (one timed batch per "

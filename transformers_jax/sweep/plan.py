@@ -75,7 +75,7 @@ class SweepPlan:
     spec: Spec
     cells: list[PlannedCell]
     pairs: list[Pair]
-    split: Split
+    split: Split | None  # None: a task sweep, which holds out no text
     overlap: dict
     tokenizer: object
     heldout_N: np.ndarray  # the held-out text as one token stream (documents joined by eos)
@@ -83,7 +83,17 @@ class SweepPlan:
     train_complete: bool  # whether train_N holds all of it
     context: Windows | None = None  # [eval.context]'s windows, intact and perturbed
 
+    @property
+    def data_sha256(self) -> str:
+        """What the cells' data is: the split's digest (a task sweep: the tasks, whose
+        examples their configs decide)."""
+        return self.split.sha256 if self.split is not None else "synthetic tasks"
+
     def data_record(self) -> dict:
+        if self.split is None:
+            tasks = sorted({c.train.task for c in self.cells})
+            return {"corpus": f"synthetic task(s) {', '.join(tasks)}", "tasks": tasks,
+                    "test": self.spec.task.settings(), "tokenizer": self.tokenizer.name}
         return {**self.split.meta(), "overlap": self.overlap,
                 "heldout_tokens": int(self.heldout_N.size),
                 "training_tokens": int(self.train_N.size),
@@ -143,11 +153,13 @@ def resolve_cell(spec: Spec, cell: Cell, parent: PlannedCell | None = None) -> P
         cell = in_tokens(cell)
     model, cfg = _built(cell, list(cell.args))
     where = f"cell {cell.name}"
-    if cfg.task:
-        raise SpecError(f"{where}: trains on --task {cfg.task}; a sweep scores held-out text "
-                        "(--data PATH, tfds:NAME or the default corpus); score task runs with "
-                        "tjax eval")
     family = FAMILIES.get(model.family)
+    if spec.task is not None:
+        _check_task_cell(spec, cell, model, cfg)
+    elif cfg.task:
+        raise SpecError(f"{where}: trains on --task {cfg.task}; a sweep without [eval.task] "
+                        "scores held-out text: add an [eval.task] table (lengths, examples) to "
+                        "score exact match by task length")
     if family.objective != "lm" or cfg.objective is not None or not model.mask.decodes:
         raise SpecError(f"{where}: family={model.family} mask={model.mask.name} does not "
                         "predict each next token from the ones before it, which the sweep's "
@@ -172,6 +184,33 @@ def resolve_cell(spec: Spec, cell: Cell, parent: PlannedCell | None = None) -> P
     except ValueError as err:
         raise SpecError(f"{where}: {err}") from None
     return PlannedCell(cell, model, cfg, follows_tokenizer(model), parent)
+
+
+def _check_task_cell(spec: Spec, cell: Cell, model: ModelConfig, cfg: TrainConfig) -> None:
+    """A cell of a task sweep trains a decoder on a task, and its positions reach every row
+    of the longest test length."""
+    from transformers_jax.data.synthetic import get_task
+    from transformers_jax.sweep.tasks import row_tokens
+
+    where = f"cell {cell.name}"
+    if not cfg.task:
+        raise SpecError(f"{where}: [eval.task] scores runs trained on a synthetic task; give "
+                        "--task NAME in [base] args (or a train.task axis)")
+    if FAMILIES.get(model.family).tasks != "decoder":
+        raise SpecError(f"{where}: family={model.family} is not a decoder-only model; a task "
+                        "sweep scores GPT-style decoders (family gpt)")
+    longest = max(spec.task.lengths)
+    cap = get_task(cfg.task).max_length
+    if cap is not None and longest > cap:
+        raise SpecError(f"{where}: task {cfg.task} has lengths up to {cap}, and [eval.task] "
+                        f"lengths reach {longest}; score shorter lengths")
+    need = row_tokens(cfg.task, model.family, longest)
+    limit = model.position.max_length(model)
+    if limit is not None and limit < need:
+        raise SpecError(f"{where}: position={model.position.name} encodes {limit} positions, "
+                        f"and task length {longest} needs rows of {need} tokens; raise "
+                        f"--model.max_len to {need} (a learned table's rows past training stay "
+                        "untrained, which is what is measured) or score shorter lengths")
 
 
 def resolve_cells(spec: Spec) -> list[PlannedCell]:
@@ -243,6 +282,8 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
     """``data_root``: where the split's training text is written (the sweep's own folder, so
     its runs can resume after the machine's temporary files are gone)."""
     cells = resolve_cells(spec)
+    if spec.task is not None:
+        return _task_plan(spec, cells)
     _same(cells, ("data", "data_dir", "text_key"), "their data")
     _same(cells, ("tokenizer", "tokenizer_vocab"), "their tokenizer")
     compared = pairs(spec, [c.cell for c in cells])
@@ -290,6 +331,16 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
         else None
     return SweepPlan(spec, cells, compared, split, overlap(train_texts, split.heldout),
                      tokenizer, heldout_N, train_N, complete, context)
+
+
+def _task_plan(spec: Spec, cells: list[PlannedCell]) -> SweepPlan:
+    """A task sweep's plan: no held-out text, no training text read; the cells' tokenizer
+    (one for all, so that a task's test examples are the same tokens in every cell)."""
+    _same(cells, ("tokenizer", "tokenizer_vocab"), "their tokenizer")
+    compared = pairs(spec, [c.cell for c in cells])
+    tokenizer = training_tokenizer(cells[0].train.replace(run_dir=None))
+    empty = np.zeros(0, np.int32)
+    return SweepPlan(spec, cells, compared, None, {}, tokenizer, empty, empty, True)
 
 
 def _context_windows(spec: Spec, cells: list[PlannedCell], tokenizer, train_N: np.ndarray,

@@ -28,6 +28,10 @@ from transformers_jax.sweep.spec import Metric
 def term(scores: dict, kind: str, length: str) -> dict:
     """One term's scores in a seed's scores: ``loss``/``sliding``/``passkey`` by length,
     ``context:NAME`` by distance."""
+    if kind == "exact":  # exact@N or exact@A-B: the examples of each length, side by side
+        from transformers_jax.sweep.tasks import exact_term
+
+        return exact_term(scores["exact"], length)
     kind, _, name = kind.partition(":")
     table = scores[kind]
     return (table[name] if name else table)[length]
@@ -139,7 +143,7 @@ def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict])
             "std": float(np.std(means, ddof=1)) if len(means) > 1 else math.nan})
     if spec.context is not None:
         out["context"] = context_summary(plan, scores)
-    if spec.by_position and scores:
+    if spec.by_position and scores and spec.task is None:
         out["by_position"] = {
             x.text: np.mean([scores[s]["by_position"][x.text] for s in scores], 0).tolist()
             for x in spec.lengths}
@@ -155,6 +159,8 @@ def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
     on at least as much text as its weights have seen; a zero-shot cell has its parent's."""
     from transformers_jax.sweep.ngram import KneserNey
 
+    if plan.split is None:  # a task sweep: no held-out text to fit them to
+        return {}
     vocab = plan.tokenizer.vocab_size
     out = {}
     for budget in sorted({c.tokens_seen for c in plan.cells}):
@@ -187,17 +193,19 @@ def recorded_overlap(data: dict) -> str:
 def markdown(plan: SweepPlan, results: dict) -> str:
     spec = plan.spec
     prov = results["provenance"]
+    code = (f"Code {prov['code']['commit'] or 'not a git checkout'}"
+            + (" (uncommitted changes)" if prov["code"]["dirty"] else "")
+            + (f"; also trained by {len(prov['other_code'])} other code state(s) "
+               "(--allow-code-change)" if prov["other_code"] else ""))
     lines = [f"# {spec.title or 'Sweep ' + os.path.basename(spec.path)}", "",
-             f"Command: `{results['command']}`", "",
-             f"Code {prov['code']['commit'] or 'not a git checkout'}"
-             + (" (uncommitted changes)" if prov["code"]["dirty"] else "")
-             + (f"; also trained by {len(prov['other_code'])} other code state(s) "
-                "(--allow-code-change)" if prov["other_code"] else "")
-             + f". Data {prov['data']['corpus']} (sha256 {prov['data']['sha256'][:12]}), "
+             f"Command: `{results['command']}`", ""]
+    if spec.task is not None:
+        return "\n".join(lines + task_markdown(plan, results, code)) + "\n"
+    lines += [code + f". Data {prov['data']['corpus']} (sha256 {prov['data']['sha256'][:12]}), "
              f"{prov['data']['heldout_tokens']:,} held-out tokens drawn by seed "
              f"{spec.heldout_seed}; {prov['data']['overlap']['share']:.2%} of the held-out "
              f"{prov['data']['overlap']['window_bytes']}-byte windows also occur in training"
-             + recorded_overlap(prov["data"]) + f". Seeds {list(spec.seeds)}.", ""]
+              + recorded_overlap(prov["data"]) + f". Seeds {list(spec.seeds)}.", ""]
     done = [c for c in results["cells"] if c["seeds_scored"] == sorted(spec.seeds)]
     lines += [f"{len(done)} of {len(results['cells'])} cells finished.", "", "## Cells", ""]
     chained = any(c.get("from") for c in results["cells"])
@@ -251,11 +259,22 @@ def markdown(plan: SweepPlan, results: dict) -> str:
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
               "reported, each a paired difference a - b over seeds x held-out chunks of "
               f"{spec.chunk_tokens} tokens (context metrics: over seeds x windows; b = 0: a's "
-              "own values, themselves differences, against zero). The interval is drawn at the "
-              "level Holm's procedure tests it at (family-wise 95% over the scored ones); "
-              "\"inconclusive\" when it holds zero.", "",
-              "| # | claim | a | b | metric | a - b | interval | p (Holm) | verdict |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "own values, themselves differences, against zero). " + HOLM_NOTE, ""]
+    lines += comparison_rows(results)
+    for name in ("loss_by_length.png", "loss_by_position.png", "context_usage.png"):
+        if name in results.get("plots", []):
+            lines += ["", f"![{name}]({name})"]
+    return "\n".join(lines) + "\n"
+
+
+HOLM_NOTE = ("The interval is drawn at the level Holm's procedure tests it at (family-wise 95% "
+             "over the scored ones); \"inconclusive\" when it holds zero.")
+
+
+def comparison_rows(results: dict) -> list[str]:
+    """The comparisons' table."""
+    lines = ["| # | claim | a | b | metric | a - b | interval | p (Holm) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results["comparisons"]:
         if r["verdict"] == "pending":
             lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b'] or 0} | "
@@ -265,10 +284,75 @@ def markdown(plan: SweepPlan, results: dict) -> str:
                      f"| {r['mean']:+.4f} | [{r['low']:+.4f}, {r['high']:+.4f}] "
                      f"({_fmt(100 * r['level'], 2)}%) | {_fmt(r['p_holm'], 4)} | "
                      f"{r['verdict']} |")
-    for name in ("loss_by_length.png", "loss_by_position.png", "context_usage.png"):
-        if name in results.get("plots", []):
-            lines += ["", f"![{name}]({name})"]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def task_markdown(plan: SweepPlan, results: dict, code: str) -> list[str]:
+    """A task sweep's report: exact match by task length, a row per length and a column per
+    cell (mean ± sd over seeds), then the comparisons."""
+    spec, task = plan.spec, plan.spec.task
+    cells = results["cells"]
+    done = [c for c in cells if c["seeds_scored"] == sorted(spec.seeds)]
+    lines = [code + f". Data {results['provenance']['data']['corpus']}: {task.examples} test "
+             f"examples per task length drawn by seed {task.seed}, the same for every cell and "
+             f"seed. Seeds {list(spec.seeds)}.", "",
+             f"{len(done)} of {len(cells)} cells finished.", "", "## Cells", "",
+             "| cell | task | trained on lengths | steps |", "|---|---|---|---|"]
+    by_name = {p.cell.name: p for p in plan.cells}
+    for c in cells:
+        train = by_name[c["name"]].train
+        lo, hi = train.train_lengths
+        lines.append(f"| {c['name']} | {train.task} | {lo}-{hi} | {c['steps']} |")
+    lines += ["", "## Exact match by task length", "",
+              "Share of test examples whose answer and eos are all the teacher-forced argmax "
+              "(what greedy decoding writes), mean ± standard deviation over seeds.", "",
+              "| length | " + " | ".join(c["name"] for c in cells) + " |",
+              "|---|" + "---|" * len(cells)]
+    for i, n in enumerate(task.lengths):
+        entries = []
+        for c in cells:
+            e = c["by_length"][i]
+            entries.append("pending" if not e["per_seed"] else
+                           f"{_fmt(e['mean'], 2)} ± {_fmt(e['std'], 2)}")
+        lines.append(f"| {n} | " + " | ".join(entries) + " |")
+    lines += ["", "## Comparisons", "",
+              f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
+              "reported, each a paired difference a - b of exact match over seeds x test "
+              "examples (exact@A-B: the examples of every length A to B). " + HOLM_NOTE, ""]
+    lines += comparison_rows(results)
+    if "exact_by_length.png" in results.get("plots", []):
+        lines += ["", "![exact_by_length.png](exact_by_length.png)"]
+    return lines
+
+
+def exact_plot(plan: SweepPlan, results: dict, out: str, plt) -> list[str]:
+    """Exact match against task length, a panel per task, the band min to max over seeds."""
+    by_name = {p.cell.name: p for p in plan.cells}
+    cells = [c for c in results["cells"] if c["seeds_scored"]]
+    tasks = sorted({by_name[c["name"]].train.task for c in cells})
+    if not tasks:
+        return []
+    fig, axes = plt.subplots(1, len(tasks), squeeze=False, sharey=True,
+                             figsize=(4.6 * len(tasks), 3.8))
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for c in cells:
+            planned = by_name[c["name"]]
+            if planned.train.task != task:
+                continue
+            x = [e["tokens"] for e in c["by_length"]]
+            y_SX = np.array([e["per_seed"] for e in c["by_length"]]).T
+            (line,) = ax.plot(x, y_SX.mean(0), marker="o", markersize=2, label=c["name"])
+            ax.fill_between(x, y_SX.min(0), y_SX.max(0), color=line.get_color(), alpha=0.15,
+                            linewidth=0)
+            ax.axvline(planned.train.train_lengths[1] + 0.5, color="grey", linestyle=":",
+                       linewidth=0.8)
+        ax.set_title(task)
+        ax.set_xlabel("task length (dotted: longest trained)")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("exact match, mean over seeds")
+    fig.savefig(os.path.join(out, "exact_by_length.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return ["exact_by_length.png"]
 
 
 def context_markdown(plan: SweepPlan, results: dict) -> list[str]:
@@ -341,6 +425,8 @@ def plots(plan: SweepPlan, results: dict, out: str) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    if plan.spec.task is not None:
+        return exact_plot(plan, results, out, plt)
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in results["cells"]:

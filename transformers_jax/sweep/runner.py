@@ -82,7 +82,7 @@ def cell_record(plan: SweepPlan, planned: PlannedCell) -> dict:
     train = {k: v for k, v in dataclasses.asdict(planned.train).items()
              if k not in NOT_IN_KEY}
     decided = {"model": dataclasses.asdict(planned.model),
-               "train": train, "data_sha256": plan.split.sha256,
+               "train": train, "data_sha256": plan.data_sha256,
                "heldout": [plan.spec.heldout_seed, plan.spec.heldout_bytes]}
     if planned.parent is not None:
         decided["parent"] = {"name": planned.parent.cell.name,
@@ -237,7 +237,7 @@ def run_stamp(run_dir: str) -> str | None:
 def score_key(plan: SweepPlan, planned: PlannedCell, scored_run: str | None = None) -> str:
     """What decides a seed's scores: the evaluation, the held-out text, the run's steps, and
     for a zero-shot cell which run of its parent it scored (``run_stamp``)."""
-    decided = {"eval": plan.spec.eval_settings(), "heldout": plan.split.sha256,
+    decided = {"eval": plan.spec.eval_settings(), "heldout": plan.data_sha256,
                "steps": planned.train.steps, "tokens": int(plan.heldout_N.sum()),
                "n": int(plan.heldout_N.size)}
     if plan.context is not None:  # every token of the windows (the unigram draws follow the
@@ -276,6 +276,13 @@ def score_seed(plan: SweepPlan, planned: PlannedCell, run_dir: str,
 
     spec = plan.spec
     model, params, tokenizer = scored_model(planned, run_dir)
+    if spec.task is not None:  # exact match on the task's test examples, no text
+        from transformers_jax.sweep.tasks import task_scores
+
+        return {"key": key or score_key(plan, planned), "exact": task_scores(
+            model, params, tokenizer, planned.model, planned.train.task, spec.task),
+            **({"zero_shot": True, "scored_run": os.path.abspath(run_dir)}
+               if planned.zero_shot else {})}
     tokens_N = plan.heldout_N
     out: dict = {"key": key or score_key(plan, planned), "loss": {}, "sliding": {},
                  "by_position": {}, "passkey": {}}

@@ -29,6 +29,10 @@ fix for a bad one; nothing here imports JAX.
     perturbations = ["truncate", "shuffle"]     # default: all registered
     windows = 200                               # drawn once, shared by every cell and seed
 
+    [eval.task]                                 # instead of held-out text: cells that
+    lengths = "1-40"                            # train on --task NAME, exact match by task
+    examples = 64                               # length (sweep/tasks.py), the same examples
+                                                # for every cell and seed
     [[compare]]                                 # declared now, all reported
     a = {position = "alibi"}
     b = {position = "rope"}
@@ -80,12 +84,15 @@ OPTION = re.compile(r"(model|train)\.[a-z_][a-z0-9_.]*")
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
 HELDOUT_KEYS = {"bytes", "seed"}
 EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "passkey", "batch_size",
-             "max_tokens", "context"}
+             "max_tokens", "context", "task"}
+TASK_KEYS = {"lengths", "examples", "seed"}
+TEXT_EVAL_KEYS = EVAL_KEYS - {"task"}  # what a task sweep does not use (its batch: examples)
 BASELINE_KEYS = {"ngram"}
 COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better"}
 PASSKEY_KEYS = {"lengths", "trials", "depths", "digits"}
 CONTEXT_KEYS = {"window", "target", "distances", "perturbations", "windows", "span", "seed"}
 METRIC = re.compile(r"^(loss|sliding|passkey)@(\d+(?:\.\d+)?x|\d+)$")
+EXACT_METRIC = re.compile(r"^exact@(\d+(?:-\d+)?)$")  # exact@L or exact@A-B (a mean)
 CONTEXT_METRIC = re.compile(r"^(context:[a-z_]+)@(\d+)$")  # context:PERTURBATION@DISTANCE
 
 
@@ -152,8 +159,10 @@ class Metric:
 
     @property
     def better(self) -> str:
-        # passkey: accuracy; context: the loss a perturbation adds, higher = more context used
-        return "higher" if self.terms[0][0] == "passkey" or self.per_window else "lower"
+        # passkey, exact: accuracy; context: the loss a perturbation adds, higher = more
+        # context used
+        accuracy = self.terms[0][0] in ("passkey", "exact")
+        return "higher" if accuracy or self.per_window else "lower"
 
     @property
     def against_zero(self) -> bool:
@@ -190,6 +199,26 @@ class Context:
     def settings(self) -> dict:
         return {**dataclasses.asdict(self), "window": self.window.text,
                 "distances": list(self.distances), "perturbations": list(self.perturbations)}
+
+
+def task_range(text: str) -> tuple[int, int]:
+    """``"21-40"`` -> (21, 40), ``"7"`` -> (7, 7): task lengths, inclusive."""
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskEval:
+    """``[eval.task]``: exact match of task cells (``--task NAME``) at each task length in
+    ``lengths``, on ``examples`` test examples per length drawn by ``seed``: the same
+    examples for every cell (of one task) and seed, so that they pair example by example."""
+
+    lengths: tuple[int, ...]
+    examples: int
+    seed: int
+
+    def settings(self) -> dict:
+        return {"lengths": list(self.lengths), "examples": self.examples, "seed": self.seed}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +259,7 @@ class Spec:
     stages: tuple[dict[str, Any], ...] = ()  # [[stage]] tables: name, from, train, tokens, ...
     slid: tuple[Length, ...] | None = None  # the lengths scored sliding too (None: all)
     context: Context | None = None  # [eval.context]; None: no context usage
+    task: TaskEval | None = None  # [eval.task]: exact match of task cells, no held-out text
 
     @property
     def sliding_lengths(self) -> tuple[Length, ...]:
@@ -249,12 +279,16 @@ class Spec:
 
     def scored(self) -> list[tuple[str, Length]]:
         """Every (kind, length) a cell's runs are scored at, in the report's order."""
+        if self.task is not None:
+            return [("exact", Length(str(n), tokens=n)) for n in self.task.lengths]
         out = [("loss", x) for x in self.lengths]
         out += [("sliding", x) for x in self.sliding_lengths]
         return out + [("passkey", x) for x in self.passkey["lengths"]] if self.passkey else out
 
     def eval_settings(self) -> dict:
         """What decides a cell's scores besides its run (part of the score's key)."""
+        if self.task is not None:
+            return {"task": self.task.settings()}
         sliding = self.sliding if self.slid is None else [x.text for x in self.slid]
         return {"lengths": [x.text for x in self.lengths], "sliding": sliding,
                 "stride": self.stride.text, "chunk_tokens": self.chunk_tokens,
@@ -366,6 +400,14 @@ def parse_metric(text: Any, where: str) -> Metric:
                         "difference of two (\"loss@4x - loss@1x\")")
     terms = []
     for part in parts:
+        m = EXACT_METRIC.match(part)
+        if m:
+            lo, hi = task_range(m.group(1))
+            if not 1 <= lo <= hi:
+                raise SpecError(f"{where}: {part!r} is no range of task lengths; write "
+                                "exact@LOW-HIGH with 1 <= LOW <= HIGH")
+            terms.append(("exact", Length(m.group(1))))
+            continue
         m = CONTEXT_METRIC.match(part)
         if m:
             terms.append((m.group(1), Length(m.group(2), tokens=int(m.group(2)))))
@@ -376,7 +418,8 @@ def parse_metric(text: Any, where: str) -> Metric:
                             "windows of L), sliding@L (sliding windows) or passkey@L (passkey "
                             "retrieval), L tokens or a multiple of seq_len such as 2x; or "
                             "context:PERTURBATION@B (the loss increase when the context beyond "
-                            "B tokens is perturbed, [eval.context])")
+                            "B tokens is perturbed, [eval.context]); or exact@N / exact@A-B "
+                            "(exact match at task length N, or its mean over A-B, [eval.task])")
         terms.append((m.group(1), parse_length(_length_value(m.group(2)), where)))
     if len({kind.startswith("context:") for kind, _ in terms}) > 1:
         raise SpecError(f"{where} = {text!r}: a context metric is per window, the others per "
@@ -599,6 +642,15 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     if max_tokens is not None:
         max_tokens = _positive_int(max_tokens, "[eval] max_tokens")
     context = parse_context(ev["context"]) if "context" in ev else None
+    task = None
+    if "task" in ev:
+        task = parse_task(ev["task"])
+        text_keys = sorted(set(ev) & TEXT_EVAL_KEYS) + [f"[{k}]" for k in ("heldout", "baselines")
+                                                         if k in raw]
+        if text_keys:
+            raise SpecError(f"[eval.task]: a task sweep scores exact match on task examples and "
+                            f"no held-out text, so {', '.join(text_keys)} would do nothing; "
+                            "drop it, or drop [eval.task] to score text")
 
     base_lines = _table(raw, "baselines")
     _unknown(base_lines, BASELINE_KEYS, "[baselines]")
@@ -631,10 +683,21 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         better = c.get("better", metric.better)
         if better not in ("lower", "higher"):
             raise SpecError(f"{where} better = {better!r}: \"lower\" or \"higher\"")
-        if len({kind == "passkey" for kind, _ in metric.terms}) > 1:
+        if len({kind in ("passkey", "exact") for kind, _ in metric.terms}) > 1:
             raise SpecError(f"{where}: {metric.text!r} subtracts a loss from an accuracy; "
                             "compare like with like")
+        widths = [task_range(x.text)[1] - task_range(x.text)[0] for k, x in metric.terms
+                  if k == "exact"]
+        if len(widths) == 2 and widths[0] != widths[1]:
+            first, second = (x.text for _, x in metric.terms)
+            lo, _ = task_range(second)
+            raise SpecError(f"{where}: {metric.text!r} subtracts exact match example by example,"
+                            " so it needs ranges of as many lengths on both sides (e.g. "
+                            f"\"exact@{first} - exact@{lo}-{lo + widths[0]}\")")
         for kind, length in metric.terms:
+            if kind == "exact" or task is not None:
+                _check_exact_term(kind, length, task, f"{where}: {metric.text!r}")
+                continue
             if kind.startswith("context:"):
                 _check_context_term(kind, length, context, f"{where}: {metric.text!r}")
                 continue
@@ -664,7 +727,71 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
                 bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
                 passkey,
                 _positive_int(ev.get("batch_size", 8), "[eval] batch_size"), max_tokens,
-                tuple(orders), tuple(compares), tuple(stages), slid, context)
+                tuple(orders), tuple(compares), tuple(stages), slid, context, task)
+
+
+def _task_lengths(value: Any, where: str) -> tuple[int, ...]:
+    """``"21-40"``, ``12``, or a list of them: the task lengths, sorted, each once."""
+    items = value if isinstance(value, list) else [value]
+    found: set[int] = set()
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 1:
+            found.add(item)
+        elif isinstance(item, str) and re.fullmatch(r"\d+(-\d+)?", item.strip()):
+            lo, hi = task_range(item.strip())
+            if not 1 <= lo <= hi:
+                raise SpecError(f"{where} = {value!r}: {item!r} is an empty range; write "
+                                "\"LOW-HIGH\" with 1 <= LOW <= HIGH")
+            found.update(range(lo, hi + 1))
+        else:
+            raise SpecError(f"{where} = {value!r}: give task lengths as a range (\"1-40\"), a "
+                            "positive integer, or a list of them ([8, \"17-24\"])")
+    if not found:
+        raise SpecError(f"{where} = {value!r}: give at least one task length (\"1-40\")")
+    return tuple(sorted(found))
+
+
+def parse_task(table: Any) -> TaskEval:
+    """``[eval.task]``, checked: the task lengths scored, examples per length, their seed."""
+    where = "[eval.task]"
+    if not isinstance(table, dict):
+        raise SpecError(f"{where}: a table, such as [eval.task] lengths = \"1-40\", "
+                        "examples = 64")
+    _unknown(table, TASK_KEYS, where)
+    if "lengths" not in table:
+        raise SpecError(f"{where}: give lengths, the task lengths to score (\"1-40\": the "
+                        "training lengths and past them)")
+    seed = table.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SpecError(f"{where} seed = {seed!r}: a non-negative integer (draws the test "
+                        "examples, the same for every cell and seed)")
+    return TaskEval(_task_lengths(table["lengths"], f"{where} lengths"),
+                    _positive_int(table.get("examples", 64), f"{where} examples"), seed)
+
+
+def _check_exact_term(kind: str, length: Length, task: TaskEval | None, where: str) -> None:
+    """An ``exact@N`` / ``exact@A-B`` term in a task sweep, every length of it scored."""
+    if task is None:
+        raise SpecError(f"{where} needs exact match on a task; add an [eval.task] table "
+                        "(lengths, examples) and train the cells with --task NAME")
+    if kind != "exact":
+        raise SpecError(f"{where}: a task sweep ([eval.task]) scores no held-out text; "
+                        "compare exact@N or exact@A-B (exact match, the mean over lengths A-B)")
+    lo, hi = task_range(length.text)
+    missing = [n for n in range(lo, hi + 1) if n not in task.lengths]
+    if missing:
+        raise SpecError(f"{where}: task length {missing[0]} is not scored; add it to "
+                        f"[eval.task] lengths (now {_ranges(task.lengths)})")
+
+
+def _ranges(lengths: tuple[int, ...]) -> str:
+    """(1, 2, 3, 7) -> "1-3, 7"."""
+    out, start = [], lengths[0]
+    for prev, n in zip(lengths, (*lengths[1:], None), strict=True):
+        if n != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = n
+    return ", ".join(out)
 
 
 def _check_context_term(kind: str, distance: Length, context: Context | None,

@@ -1,0 +1,90 @@
+"""A task sweep's scores (``[eval.task]``): exact match of a run trained on a synthetic task
+(``--task NAME``, ``data/synthetic.py``) at each task length, example by example.
+
+The test examples are the task's test split drawn by ``[eval.task] seed``, ``examples`` at each
+length: the same for every cell of one task and every seed, so two cells pair example by
+example (the bootstrap's unit). An example is right when the teacher-forced argmax predicts
+every answer token and the eos: that holds exactly when greedy decoding writes the answer
+and stops, at the cost of one forward pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformers_jax.data.synthetic import FORMATS, exact_match, get_task
+from transformers_jax.registry import FAMILIES
+from transformers_jax.sweep.spec import TaskEval, task_range
+
+
+def row_tokens(task: str, family: str, length: int) -> int:
+    """Tokens a decoder row of task length ``length`` needs (an upper bound: one token per
+    character, as the byte tokenizer)."""
+    prompt, answer = get_task(task).max_chars(length)
+    return max(FORMATS[FAMILIES.get(family).tasks].row_lengths(prompt, answer).values())
+
+
+def test_batch(
+    task: str,
+    family: str,
+    tokenizer,
+    length: int,
+    seq_len: int,
+    examples: int,
+    seed: int,
+    prefix: bool,
+) -> dict:
+    """The ``examples`` test examples of task length ``length``, as one batch of rows of
+    ``seq_len`` tokens (one shape for every length: one compile)."""
+    from transformers_jax.data.pipeline import make_task_iterator
+
+    fmt = FAMILIES.get(family).tasks
+    batches = make_task_iterator(
+        task,
+        tokenizer,
+        seq_len,
+        examples,
+        seed,
+        split="test",
+        train_lengths=(length, length),
+        test_lengths=(length, length),
+        fmt=fmt,
+        prefix=prefix and FORMATS[fmt].takes_prefix,
+        num_examples=examples,
+        num_threads=1,
+    )
+    return next(batches)
+
+
+def task_scores(model, params, tokenizer, model_cfg, task: str, settings: TaskEval) -> dict:
+    """``{str(length): {"mean", "chunks"}}``: exact match (1.0 / 0.0) of each test example at
+    each task length of ``settings``, in the order they are drawn."""
+    import jax
+
+    seq_len = row_tokens(task, model_cfg.family, max(settings.lengths))
+    prefix = model_cfg.mask.needs_prefix_len
+    forward = jax.jit(lambda p, b: exact_logits(model, p, b))
+    out = {}
+    for n in settings.lengths:
+        batch = test_batch(
+            task, model_cfg.family, tokenizer, n, seq_len, settings.examples, settings.seed, prefix
+        )
+        predicted = np.asarray(forward(params, batch))
+        right = exact_match(predicted, batch["targets"], batch["weights"]).astype(float)
+        out[str(n)] = {"tokens": n, "mean": float(right.mean()), "chunks": right.tolist()}
+    return out
+
+
+def exact_logits(model, params, batch: dict):
+    """The argmax ids under teacher forcing ``[B, T]`` (jit-able)."""
+    from transformers_jax.train.objectives import apply_model
+
+    return apply_model(model, params, batch).argmax(-1)
+
+
+def exact_term(table: dict, text: str) -> dict:
+    """``exact@N`` or ``exact@A-B`` in a seed's ``exact`` scores: the examples of every length
+    in the range side by side (``chunks``) and their mean."""
+    lo, hi = task_range(text)
+    chunks = [x for n in range(lo, hi + 1) for x in table[str(n)]["chunks"]]
+    return {"mean": float(np.mean(chunks)), "chunks": chunks}
