@@ -1,10 +1,20 @@
-"""A helper the sweep's tests share: every seed run a sweep trains, recorded."""
+"""Helpers the sweep's tests share: a clean checkout faked, every seed run a sweep trains
+recorded."""
 
 from __future__ import annotations
 
 import pytest
 
-from transformers_jax.sweep import runner
+from transformers_jax.sweep import provenance, runner
+
+
+def clean_checkout(mp: pytest.MonkeyPatch, tmp_path) -> dict:
+    """A committed, clean code state for the sweep (tests run from any checkout) and a split
+    cache of the test's own; returns the code state the sweep will record."""
+    mp.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
+    code = {"commit": "a" * 40, "dirty": False, "source_sha256": "1" * 64}
+    mp.setattr(provenance, "code_state", lambda: dict(code))
+    return code
 
 
 def record_trained(mp: pytest.MonkeyPatch) -> list[str]:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from resume_checks import assert_resumes_exactly
 
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.data.pipeline import (
@@ -232,15 +233,7 @@ def test_resume_of_a_task_iterator_and_a_mismatched_state():
     def make(seed=0):
         return make_task_iterator("reverse", BYTE, 48, 4, seed=seed, shard=(0, 1), pack="first_fit")
 
-    it = make()
-    take(it, 5)
-    state = json.loads(json.dumps(it.get_state()))
-    expected = take(it, 5)
-    fresh = make()
-    fresh.set_state(state)
-    for a, b in zip(expected, take(fresh, 5), strict=True):
-        for key in a:
-            np.testing.assert_array_equal(a[key], b[key])
+    state = assert_resumes_exactly(make, after=(5,), batches=5)
     with pytest.raises(ValueError, match="different pipeline.*seed: saved 0, now 1"):
         make(seed=1).set_state(state)
 

@@ -45,10 +45,10 @@ def test_catalog_datasets_through_data_source(mock_tfds):
         assert all(isinstance(source[i], bytes) and source[i] for i in range(len(source)))
     # the single Text feature is found when it is not called "text"
     assert open_source("tfds:pg19", "train").text_key == "book_text"
-    with pytest.raises(ValueError, match="several text features.*description, title"):
+    with pytest.raises(ValueError, match="several text fields .description, title.*--data.field"):
         open_source("tfds:ag_news_subset", "train")
     assert open_source("tfds:ag_news_subset", "train", text_key="title").text_key == "title"
-    with pytest.raises(ValueError, match="not a feature"):
+    with pytest.raises(ValueError, match="not a field.*label \(ClassLabel\), text \(Text\)"):
         open_source("tfds:imdb_reviews", "train", text_key="body")
 
 

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from sweep_runs import record_trained
+from sweep_runs import clean_checkout, record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
@@ -171,9 +171,7 @@ def test_switch_values_sharing_a_name_are_labelled_by_their_settings():
 
 @pytest.fixture
 def sweep_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
-    code = {"commit": "a" * 40, "dirty": False, "source_sha256": "1" * 64}
-    monkeypatch.setattr(provenance, "code_state", lambda: dict(code))
+    code = clean_checkout(monkeypatch, tmp_path)
     spec = tmp_path / "tiny.toml"
     spec.write_text(TINY)
     return tmp_path, spec, code

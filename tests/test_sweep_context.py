@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sweep_runs import clean_checkout
 
 from transformers_jax.sweep.context import (
     PERTURBATIONS,
@@ -235,13 +236,11 @@ def test_a_gpt_and_an_lstm_are_scored_on_the_same_perturbed_windows(tmp_path, mo
     from experiments.common import window_losses
     from transformers_jax.cli import main
     from transformers_jax.runs import load_run
-    from transformers_jax.sweep import provenance, runner
+    from transformers_jax.sweep import runner
     from transformers_jax.sweep.plan import make_plan
     from transformers_jax.sweep.spec import parse_spec
 
-    monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
-    code = {"commit": "a" * 40, "dirty": False, "source_sha256": "1" * 64}
-    monkeypatch.setattr(provenance, "code_state", lambda: dict(code))
+    clean_checkout(monkeypatch, tmp_path)
     spec = tmp_path / "ctx.toml"
     spec.write_text(TINY)
     out = tmp_path / "out"

@@ -22,8 +22,8 @@ from transformers_jax.data.records import (
     MissingPackageError,
     SourceInfo,
     TextSource,
-    UnknownFieldError,
     UnreadableDataError,
+    choose_text_field,
 )
 
 # file suffix -> the ``datasets`` builder that reads it
@@ -80,33 +80,10 @@ def file_key(files: Sequence[str]) -> str:
 
 
 def text_column(features: dict[str, Any], what: str, field: str | None) -> str:
-    """The column holding the text: ``field`` when given (it must exist and hold strings),
-    else ``text``, else the only string column; otherwise an error listing the columns."""
-
-    def kind(feature) -> str:
-        return str(getattr(feature, "dtype", type(feature).__name__))
-
-    listed = ", ".join(f"{name} ({kind(f)})" for name, f in features.items())
-    strings = [n for n, f in features.items() if kind(f) in ("string", "large_string")]
-    if field is not None:
-        if field not in features:
-            raise UnknownFieldError(
-                f"--data.field={field!r} is not a field of {what}; its fields: {listed}"
-            )
-        if field not in strings:
-            raise UnknownFieldError(
-                f"--data.field={field!r} of {what} holds {kind(features[field])}, not text; "
-                f"its text fields: {', '.join(strings) or 'none'}"
-            )
-        return field
-    if "text" in strings:
-        return "text"
-    if len(strings) == 1:
-        return strings[0]
-    raise UnknownFieldError(
-        f"{what} has {'no' if not strings else 'several'} text fields; choose one with "
-        f"--data.field=NAME (its fields: {listed})"
-    )
+    """The column holding the text (``choose_text_field``): string columns are text."""
+    kinds = {name: str(getattr(f, "dtype", type(f).__name__)) for name, f in features.items()}
+    texts = [n for n, k in kinds.items() if k in ("string", "large_string")]
+    return choose_text_field(kinds, texts, what, field)
 
 
 class ArrowText:

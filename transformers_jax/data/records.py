@@ -81,3 +81,28 @@ class TextSource:
 
     def __repr__(self) -> str:
         return f"TextSource({self.info.spec!r}, split={self.info.split!r}, {len(self)} records)"
+
+
+def choose_text_field(kinds: dict[str, str], texts: Sequence[str], what: str,
+                      field: str | None, require_text: bool = True) -> str:
+    """The field holding the text, from the fields' kinds (name -> kind) and the names of the
+    text ones: ``field`` when given (it must exist and, with ``require_text``, hold text), else
+    ``text``, else the only text field; otherwise an error listing the fields."""
+    listed = ", ".join(f"{name} ({kind})" for name, kind in kinds.items())
+    if field is not None:
+        if kinds and field not in kinds:
+            raise UnknownFieldError(
+                f"--data.field={field!r} is not a field of {what}; its fields: {listed}")
+        if require_text and kinds and field not in texts:
+            raise UnknownFieldError(
+                f"--data.field={field!r} of {what} holds {kinds[field]}, not text; "
+                f"its text fields: {', '.join(texts) or 'none'}")
+        return field
+    if "text" in texts:
+        return "text"
+    if len(texts) == 1:
+        return texts[0]
+    raise UnknownFieldError(
+        f"{what} has {'no' if not texts else 'several'} text fields "
+        f"({', '.join(texts) or 'none'}); choose one with --data.field=NAME (its fields: {listed})")
+

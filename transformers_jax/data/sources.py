@@ -48,6 +48,7 @@ from transformers_jax.data.records import (  # noqa: F401 (names of this module'
     UnknownDatasetError,
     UnknownFieldError,
     UnreadableDataError,
+    choose_text_field,
 )
 
 KNOWN_TEXT_DATASETS = (
@@ -90,26 +91,15 @@ def _not_prepared_message(name: str, data_dir: str | None, cause: BaseException)
 
 
 def _text_key(features: Any, name: str, text_key: str | None) -> str:
+    """The text feature (``choose_text_field``): ``tfds.features.Text`` ones, though a named
+    field of another kind is taken as the user says."""
     import tensorflow_datasets as tfds
 
     items = dict(features.items()) if hasattr(features, "items") else {}
-    texts = sorted(k for k, f in items.items() if isinstance(f, tfds.features.Text))
-    if text_key is not None:
-        if items and text_key not in items:
-            raise ValueError(
-                f"text_key={text_key!r} is not a feature of {name!r}; its features: "
-                f"{', '.join(sorted(items))} (text features: {', '.join(texts) or 'none'})"
-            )
-        return text_key
-    if "text" in texts:
-        return "text"
-    if len(texts) == 1:
-        return texts[0]
-    raise ValueError(
-        f"tfds dataset {name!r} has {'no' if not texts else 'several'} text features "
-        f"({', '.join(texts) or 'none'}); choose one with text_key= (features: "
-        f"{', '.join(sorted(items))})"
-    )
+    kinds = {k: type(f).__name__ for k, f in sorted(items.items())}
+    texts = [k for k in kinds if isinstance(items[k], tfds.features.Text)]
+    return choose_text_field(kinds, texts, f"tfds dataset {name!r}", text_key,
+                             require_text=False)
 
 
 def _data_dir(name: str, data_dir: str | None) -> str | None:
