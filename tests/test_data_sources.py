@@ -48,7 +48,7 @@ def test_catalog_datasets_through_data_source(mock_tfds):
     with pytest.raises(ValueError, match="several text fields .description, title.*--data.field"):
         open_source("tfds:ag_news_subset", "train")
     assert open_source("tfds:ag_news_subset", "train", text_key="title").text_key == "title"
-    with pytest.raises(ValueError, match="not a field.*label \(ClassLabel\), text \(Text\)"):
+    with pytest.raises(ValueError, match=r"not a field.*label \(ClassLabel\), text \(Text\)"):
         open_source("tfds:imdb_reviews", "train", text_key="body")
 
 
