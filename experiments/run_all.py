@@ -24,6 +24,7 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -610,6 +611,7 @@ class Experiment:
     sections: tuple[Section, ...]
     runtime: str
     workers: bool = False  # takes --workers N: its runs train in N processes at once (CPU)
+    superseded_by: str | None = None  # the sweep under results/sweeps/ that replaces it
 
 
 EXPERIMENTS = (
@@ -635,6 +637,7 @@ EXPERIMENTS = (
         "L=128 is still above the 3-gram after 2.0M (the module's docstring has the sums); "
         "resumable; --train-lens 64 takes about 40 min",
         workers=True,
+        superseded_by="length_extrapolation_cpu",
     ),
     Experiment(
         "rope_extension", "RoPE context extension",
@@ -766,11 +769,16 @@ def build_readme(results: str, readme: str = README) -> str:
     for i, exp in enumerate(EXPERIMENTS, 1):
         lines.append(f"{i}. [{exp.title}](#{i}-{_anchor(exp.title)})")
     lines.append("")
+    lines += _sweep_reports(results, rel)
     for i, exp in enumerate(EXPERIMENTS, 1):
         command = f"python -m experiments.{exp.module}"
+        lines += [f"## {i}. {exp.title}", ""]
+        if exp.superseded_by:
+            lines += [f"**Superseded** by the sweep [`{exp.superseded_by}`]({rel}/sweeps/"
+                      f"{exp.superseded_by}/report.md) on the research corpus; the results "
+                      "below were trained on the built-in corpus, whose held-out text leaks "
+                      "into training.", ""]
         lines += [
-            f"## {i}. {exp.title}",
-            "",
             f"**What it tests.** {exp.tests}",
             "",
             f"**Published result to echo.** {exp.published}",
@@ -807,6 +815,26 @@ def build_readme(results: str, readme: str = README) -> str:
     with open(readme, "w") as f:
         f.write(text)
     return text
+
+
+def _sweep_reports(results: str, rel: str) -> list[str]:
+    """A list of the committed ``tjax sweep`` reports (``results/sweeps/NAME/report.md``), each
+    with its title and the command heading it."""
+    root = os.path.join(results, "sweeps")
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    reports = [n for n in names if os.path.exists(os.path.join(root, n, "report.md"))]
+    if not reports:
+        return []
+    lines = ["Sweeps on the research corpus (`tjax sweep`, docs/experiments.md): each report "
+             "lists every cell against the n-gram baselines and every declared comparison.", ""]
+    for name in reports:
+        with open(os.path.join(root, name, "report.md")) as f:
+            text = f.read()
+        title = text.splitlines()[0].lstrip("# ").strip()
+        command = re.search(r"^Command: (`[^`]+`)", text, re.M)
+        lines.append(f"- [{title}]({rel}/sweeps/{name}/report.md)"
+                     + (f": {command.group(1)}" if command else ""))
+    return [*lines, ""]
 
 
 def _anchor(title: str) -> str:

@@ -74,13 +74,22 @@ def test_event_files_hold_the_metrics_config_and_samples(tmp_path):
     assert hparams  # the experiment, session start and session end summaries
 
 
-def test_tensorboard_off_and_no_samples_for_a_family_that_does_not_generate(tmp_path):
+def test_no_samples_for_a_family_or_positions_that_cannot_decode(tmp_path):
     train(TINY_MODEL, tiny_cfg(tmp_path / "off", tensorboard=False))
     assert not os.path.exists(tmp_path / "off" / TENSORBOARD_DIR)
     bert = TINY_MODEL.replace(family="bert", mask="bidirectional")
     train(bert, tiny_cfg(tmp_path / "bert"))
     texts = texts_of(read_events(str(tmp_path / "bert" / TENSORBOARD_DIR)))
     assert "config/text_summary" in texts and "samples/text_summary" not in texts
+    # nor for positions that refuse the KV cache (randomized, as set by default): the run
+    # trains to its end and checkpoints rather than failing at its first evaluation
+    randomized = TINY_MODEL.replace(position="randomized")
+    train(randomized, tiny_cfg(tmp_path / "randomized", checkpoint_every=2))
+    assert os.listdir(tmp_path / "randomized" / "checkpoints")
+    texts = texts_of(read_events(str(tmp_path / "randomized" / TENSORBOARD_DIR)))
+    assert "eval/loss" in {tag for tag, _ in scalars_of(read_events(
+        str(tmp_path / "randomized" / TENSORBOARD_DIR)))}
+    assert "samples/text_summary" not in texts
 
 
 def test_flatten_config_gives_hyperparameter_values():

@@ -38,6 +38,7 @@ from transformers_jax import __version__
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, check_lengths
 from transformers_jax.evaluation import held_out_metrics, mean_metrics
 from transformers_jax.models import family_of
+from transformers_jax.nn.kvcache import check_decoding
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel import multihost
 from transformers_jax.parallel.strategies import ParallelTrainer, make_trainer
@@ -559,10 +560,15 @@ def open_lane(setup: RunSetup, records: dict, bar: tqdm | None,
 def _make_sampler(model, model_cfg: ModelConfig, data: RunData):
     """``sampler(params) -> markdown`` of a short greedy continuation of a fixed held-out
     prompt, for the text samples logged at each evaluation; None for a family that does not
-    generate, a mask that does not decode left to right, or a multi-host run (the samples are
+    generate, a model that cannot decode with a KV cache (a mask, positions or kernel that
+    refuse it: a preview is not worth a failed run), or a multi-host run (the samples are
     decoded on process 0 alone, which cannot see every shard of the parameters there)."""
     family = family_of(model_cfg)
-    if not family.generates or not model_cfg.mask.decodes or jax.process_count() > 1:
+    if not family.generates or jax.process_count() > 1:
+        return None
+    try:
+        check_decoding(model_cfg)
+    except ConfigError:
         return None
     tokenizer = data.tokenizer
     batch = data.eval_batches[0]
