@@ -397,6 +397,10 @@ def test_a_cell_key_holds_what_trains_not_how_it_reports(sweep_env):
     same = key()
     assert key(profile="1:1", log_every=3, tensorboard=True, progress=True) == same
     assert key(learning_rate=planned.train.learning_rate / 2) != same
+    # settings added since sweeps began count only when set: older cells keep their keys
+    record = runner.cell_record(plan, planned)["train"]
+    assert "lora" not in record and "data_download" not in record
+    assert key(data_download=True) != same
 
 
 @pytest.mark.slow

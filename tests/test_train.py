@@ -318,6 +318,11 @@ def test_resume_reads_an_older_checkpoint_as_one_group():
     assert train_differences(older, TrainConfig()) == []
     diffs = train_differences(older, TrainConfig(concurrent_groups=2))
     assert diffs == ["concurrent_groups: checkpoint has 1, asked for 2"]
+    # nor does a checkpoint from before LoRA: it trained every parameter
+    before_lora = {k: v for k, v in dataclasses.asdict(TrainConfig()).items()
+                   if k not in ("lora", "data_download")}
+    assert train_differences(before_lora, TrainConfig()) == []
+    assert train_differences(before_lora, TrainConfig(lora={"rank": 4}))[0].startswith("lora.")
 
 
 def test_a_family_declares_its_inputs_in_its_entry(monkeypatch):

@@ -71,8 +71,11 @@ RESUME_IGNORES = frozenset({
     "run_dir", "checkpoint_every", "keep_checkpoints", "resume", "skip_nonfinite_steps",
     "coordinator",  # where process 0 listens, not what is trained
     "accept_data_change", "tensorboard", "wandb_project", "profile", *DATA_FIELDS})
-# Settings added after checkpoints were first written: an older checkpoint ran with these.
-TRAIN_FIELDS_BEFORE = {"concurrent_groups": 1, "objective": None}
+# Settings added after checkpoints were first written: an older checkpoint ran with these
+# (LoRA off, data read where it lies).
+TRAIN_FIELDS_BEFORE = {"concurrent_groups": 1, "objective": None,
+                       **{k: dataclasses.asdict(TrainConfig())[k]
+                          for k in ("lora", "data_download")}}
 
 
 def train_differences(saved: dict, cfg: TrainConfig) -> list[str]:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from transformers_jax.config import TrainConfig
 from transformers_jax.runs.lock import LOCK_FILE, RunDirLockedError, RunLock
 from transformers_jax.sweep import provenance
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
@@ -76,11 +77,17 @@ NOT_IN_KEY = frozenset({"json", "progress", "profile", "tensorboard", "wandb_pro
                         "log_every", "checkpoint_every", "keep_checkpoints"})
 
 
+# Settings added to TrainConfig after sweeps began, left out of a cell's key while they hold
+# the value every earlier run had: a library upgrade keeps the cells a sweep has finished.
+ADDED_SINCE = ("lora", "data_download")
+
+
 def cell_record(plan: SweepPlan, planned: PlannedCell) -> dict:
     """What decides a cell's runs: its configs and its data, and its parent's key (the
     key); and its code."""
+    before = dataclasses.asdict(TrainConfig())
     train = {k: v for k, v in dataclasses.asdict(planned.train).items()
-             if k not in NOT_IN_KEY}
+             if k not in NOT_IN_KEY and not (k in ADDED_SINCE and v == before[k])}
     decided = {"model": dataclasses.asdict(planned.model),
                "train": train, "data_sha256": plan.data_sha256,
                "heldout": [plan.spec.heldout_seed, plan.spec.heldout_bytes]}
