@@ -120,7 +120,7 @@ def test_errors_name_the_problem_and_the_fix(tmp_path):
                                                      position="learned", max_len=32))
     with pytest.raises(ValueError, match="learned position table .* lengths up to 32"):
         evaluate_run(bert, lengths=[64])
-    with pytest.raises(ValueError, match="splits are read from tfds datasets.*drop --split"):
+    with pytest.raises(ValueError, match="splits are read from tfds and hub.*drop --split"):
         evaluate_run(bert, split="validation")
     with pytest.raises(ValueError, match="--passkey needs a model that generates.*drop"):
         evaluate_run(bert, passkey=True)

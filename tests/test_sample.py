@@ -81,7 +81,7 @@ def test_errors():
         generate(model, params, [[1] * 10], SamplingConfig(max_new_tokens=7))
     bert_like = tiny(mask="bidirectional")
     model, params, _ = init(bert_like)
-    with pytest.raises(ValueError, match="needs a mask that decodes"):
+    with pytest.raises(ValueError, match="does not decode left to right; use a mask that does"):
         generate(model, params, [[1]], SamplingConfig(max_new_tokens=2))
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=1.5)

@@ -21,7 +21,7 @@ from transformers_jax import backends
 from transformers_jax.backends.generic import Backend
 from transformers_jax.config import ModelConfig
 from transformers_jax.models import FAMILIES, family_of
-from transformers_jax.nn.kvcache import KVCache
+from transformers_jax.nn.kvcache import KVCache, check_decoding
 
 NEG_INF = -1e30
 
@@ -265,11 +265,7 @@ def generate(
     if not family.generates:
         raise ValueError(f"family={model_cfg.family!r} cannot generate with a KV cache; "
                          f"sampling is for {', '.join(generating_families())} models")
-    if not model_cfg.mask.decodes:
-        raise ValueError(
-            f"sampling needs a mask that decodes left to right (causal, sliding_window, "
-            f"prefix), but this model uses mask={model_cfg.mask.name!r}"
-        )
+    check_decoding(model_cfg)
     if family.generates == "seq2seq" and cfg.bos_id is None:
         raise ValueError("an encoder-decoder starts decoding from bos: set SamplingConfig.bos_id")
     # A learned table has no rows for padding past it: pad exactly then; else to a multiple

@@ -93,26 +93,33 @@ def write_row_slot(old: jax.Array, new: jax.Array, where: RowSlot, axis: int = 1
 
 
 def check_decoding(config: ModelConfig) -> None:
-    """Refuse, before any work, a model that cannot decode token by token with a KV cache:
-    its mask, positional scheme or attention kernel (each entry says why and what works)."""
+    """Refuse, before any work, a model that cannot generate with a KV cache (prefill a
+    prompt, then decode token by token): its mask, positional scheme or attention kernel
+    (each entry says why and what works). A single decoding step reads the cache with
+    ``attend_to_cache`` whatever the kernel, so ``init_cache`` checks the positions only."""
     if not config.mask.decodes:
         decoding = [name for name, kind in MASKS.items() if kind.decodes]
         raise ConfigError(
             f"mask={config.mask.name!r} does not decode left to right; use a mask that does "
             f"({', '.join(decoding)})")
+    check_cacheable(config)
+    config.attention.check_decoding(config)  # the prompt's prefill runs the kernel
+
+
+def check_cacheable(config: ModelConfig) -> None:
+    """Refuse a cache for positions that depend on the whole sequence."""
     if not config.position.cacheable:
         raise ConfigError(
             f"position={config.position}: its positions outside training depend on the whole "
             "sequence, so decoding token by token with a KV cache cannot reproduce them; "
             "choose a setting of the scheme that evaluates on the real positions (for "
             "randomized: --model.position.evaluate=real)")
-    config.attention.check_decoding(config)
 
 
 def init_cache(config: ModelConfig, batch_size: int, size: int,
                n_layers: int | None = None) -> KVCache:
     """An empty cache of ``size`` slots per row for ``n_layers`` layers (default all)."""
-    check_decoding(config)
+    check_cacheable(config)
     N, D = config.kv_heads, config.dims_per_head
     dtype = jnp.dtype(config.dtype)
     layers = config.n_layers if n_layers is None else n_layers
