@@ -7,6 +7,14 @@ import pytest
 
 from transformers_jax.sweep import provenance, runner
 
+# A one-layer GPT of 16 wide trained on 1536 tokens at length 32: seconds a run
+TINY_BASE = """[base]
+args = ["--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2", "--train.seq_len=32",
+  "--train.batch_size=4", "--train.eval_every=1000", "--train.checkpoint_every=1000",
+  "--train.log_every=1000", "--train.tensorboard=false"]
+tokens = 1536
+"""
+
 
 def clean_checkout(mp: pytest.MonkeyPatch, tmp_path) -> dict:
     """A committed, clean code state for the sweep (tests run from any checkout) and a split

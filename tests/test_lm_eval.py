@@ -20,7 +20,7 @@ pytest.importorskip("lm_eval")
 
 from transformers_jax import ModelConfig, TrainConfig  # noqa: E402
 from transformers_jax.evaluation import stream_losses  # noqa: E402
-from transformers_jax.harness.model import TjaxLM  # noqa: E402
+from transformers_jax.harness.model import TjaxLM, _generation_refusal  # noqa: E402
 from transformers_jax.runs.load import open_run  # noqa: E402
 from transformers_jax.sample import SamplingConfig, generate  # noqa: E402
 from transformers_jax.train.loop import train  # noqa: E402
@@ -249,3 +249,20 @@ def test_bad_requests_fail_naming_the_fix(run, tmp_path, monkeypatch):
                         lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
     rc, _, err = tjax_in_process(["eval", "--run", run.directory, "--lm-eval", "hellaswag"])
     assert rc == 2 and "pip install 'transformers-jax[lm-eval]'" in err, err
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({}, None),
+    ({"family": "encdec"}, "family='encdec' does not continue a prompt"),
+    ({"family": "bert", "mask": "bidirectional"}, "family='bert' does not continue"),
+    ({"mask": "bidirectional"}, "mask='bidirectional' does not decode left to right"),
+    ({"position": {"name": "randomized"}}, "--model.position.evaluate=real"),
+    ({"attention": "pallas"}, "attention=chunked or xla"),
+])
+def test_generation_is_refused_with_the_decoding_checks_reason(changes, reason):
+    """lm-eval's generation tasks are refused for what cannot generate, with the reason the
+    sampler itself would give (family, mask, positions, kernel), and allowed otherwise."""
+    config = ModelConfig(**{**dict(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
+                                   max_len=32), **changes})
+    got = _generation_refusal(config)
+    assert got is None if reason is None else reason in got, got

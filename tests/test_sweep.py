@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from sweep_runs import clean_checkout, record_trained
+from sweep_runs import TINY_BASE, clean_checkout, record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
@@ -24,12 +24,7 @@ TINY = """
 title = "tiny"
 seeds = 2
 
-[base]
-args = ["--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2", "--train.seq_len=32",
-  "--train.batch_size=4", "--train.eval_every=1000", "--train.checkpoint_every=1000",
-  "--train.log_every=1000", "--train.tensorboard=false"]
-tokens = 1536
-
+""" + TINY_BASE + """
 [axes]
 "model.position" = ["rope", "alibi"]
 

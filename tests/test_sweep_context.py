@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sweep_runs import clean_checkout
+from sweep_runs import TINY_BASE, clean_checkout
 
 from transformers_jax.sweep.context import (
     PERTURBATIONS,
@@ -126,12 +126,7 @@ TINY = """
 title = "context usage, tiny"
 seeds = 2
 
-[base]
-args = ["--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2", "--train.seq_len=32",
-  "--train.batch_size=4", "--train.eval_every=1000", "--train.checkpoint_every=1000",
-  "--train.log_every=1000", "--train.tensorboard=false"]
-tokens = 1536
-
+""" + TINY_BASE + """
 [axes]
 "model.family" = ["gpt", "lstm"]
 

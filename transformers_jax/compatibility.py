@@ -162,24 +162,20 @@ def readme_table() -> str:
     ]
     for kernel in ATTENTION.names():
         impl = ATTENTION.get(kernel)
+        rope = support("rope", kernel, "causal")
         masks = [m for m in MASKS.names() if support("rope", kernel, m).ok("train")]
-        biased = [
-            p
-            for p in POSITIONS.names()
-            if support(p, kernel, "causal").ok("train")
-            and support(p, kernel, "causal").config.position.bias(
-                support(p, kernel, "causal").config, bidirectional=False
-            )
-            is not None
-        ]
+        biased = [p for p in POSITIONS.names() if _has_bias(support(p, kernel, "causal"))]
         bias = "yes" if impl.bias_backends is None else f"on {'/'.join(impl.bias_backends)}"
-        methods = [
-            m for m in CONTEXT_ATTENTION if support("rope", kernel, "causal").ok(f"context:{m}")
-        ]
+        methods = [m for m in CONTEXT_ATTENTION if rope.ok(f"context:{m}")]
         rows.append(
             f"| `{kernel}` | {'/'.join(impl.backends)} | {', '.join(masks)} | "
             f"{bias if biased else 'no'} | {'yes' if impl.softcap else 'no'} | "
-            f"{'yes' if support('rope', kernel, 'causal').ok('decode') else 'no'} | "
-            f"{', '.join(methods) or 'no'} |"
+            f"{'yes' if rope.ok('decode') else 'no'} | {', '.join(methods) or 'no'} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def _has_bias(cell: Cell) -> bool:
+    """Whether the cell trains and its scheme adds a bias to the scores."""
+    return cell.ok("train") and cell.config.position.bias(cell.config,
+                                                          bidirectional=False) is not None

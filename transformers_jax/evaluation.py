@@ -34,15 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax.config import TrainConfig
+from transformers_jax.config import ConfigError, TrainConfig
 from transformers_jax.data.mixture import is_mixture
 from transformers_jax.data.seq2seq import pack_seq2seq, task_pairs, task_shapes
 from transformers_jax.data.sources import parse_spec
 from transformers_jax.data.tokenizers import ByteTokenizer
-from transformers_jax.models import family_of
 from transformers_jax.models.encdec import greedy_decode
 from transformers_jax.runs.load import Run, open_run
-from transformers_jax.sample import SamplingConfig, generate, generating_families
+from transformers_jax.sample import SamplingConfig, check_generates, generate
 from transformers_jax.train.data import labelled_eval_batches, make_eval_batches
 from transformers_jax.train.losses import token_losses
 from transformers_jax.train.objectives import apply_model
@@ -135,7 +134,6 @@ def evaluate_run(
     run = open_run(run_dir, step)
     model, params, tokenizer, config = run.model, run.params, run.tokenizer, run.config
     meta, train_cfg = run.meta, run.train_config
-    family = family_of(config)
     if tokenizer is None:
         raise ValueError(
             f"{run_dir} has no tokenizer this project can load (converted with an external "
@@ -164,11 +162,12 @@ def evaluate_run(
     passkey_lengths = [int(n) for n in (passkey_lengths or lengths)]
     for length in {*lengths, *(passkey_lengths if passkey else ())}:
         _check_length(config, length)
-    if passkey and not (family.generates and config.mask.decodes):
-        raise ValueError(
-            f"--passkey needs a model that generates (family {', '.join(generating_families())} "
-            f"with a causal mask); {run_dir} holds family={config.family!r} with "
-            f"mask={config.mask.name!r}: drop --passkey")
+    if passkey:
+        try:
+            check_generates(config)
+        except ConfigError as err:
+            raise ValueError(f"--passkey needs a model that generates; {run_dir}: {err}; "
+                             "or drop --passkey") from None
 
     objective = run.objective
     eval_step = jax.jit(make_eval_step(model, objective))

@@ -19,7 +19,7 @@ from jax.experimental import io_callback
 
 from transformers_jax import backends
 from transformers_jax.backends.generic import Backend
-from transformers_jax.config import ModelConfig
+from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.models import FAMILIES, family_of
 from transformers_jax.nn.kvcache import KVCache, check_decoding
 
@@ -262,10 +262,7 @@ def generate(
     """
     model_cfg: ModelConfig = model.config
     family = family_of(model_cfg)
-    if not family.generates:
-        raise ValueError(f"family={model_cfg.family!r} cannot generate with a KV cache; "
-                         f"sampling is for {', '.join(generating_families())} models")
-    check_decoding(model_cfg)
+    check_generates(model_cfg)
     if family.generates == "seq2seq" and cfg.bos_id is None:
         raise ValueError("an encoder-decoder starts decoding from bos: set SamplingConfig.bos_id")
     # A learned table has no rows for padding past it: pad exactly then; else to a multiple
@@ -278,6 +275,15 @@ def generate(
     out = generate_tokens(model, params, jnp.asarray(tokens), jnp.asarray(lengths),
                           jax.random.key(seed), cfg=cfg, on_token=on_token)
     return _cut_at_stops(out, cfg)
+
+
+def check_generates(config: ModelConfig) -> None:
+    """Refuse, before any work, a model that cannot generate with a KV cache: its family, or
+    its mask, positions or kernel (``check_decoding``); the message says what works."""
+    if not family_of(config).generates:
+        raise ConfigError(f"family={config.family!r} cannot generate with a KV cache; "
+                          f"sampling is for {', '.join(generating_families())} models")
+    check_decoding(config)
 
 
 def generating_families() -> list[str]:

@@ -27,7 +27,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from transformers_jax.harness.scoring import TokenScorer
 from transformers_jax.models import family_of
 from transformers_jax.runs.load import Run, open_run
-from transformers_jax.sample import SamplingConfig
+from transformers_jax.sample import SamplingConfig, check_generates
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class TjaxLM(TemplateLM):
         self.scorer = TokenScorer(run.model, run.params, self._max_length,
                                   _int_arg("batch_size", batch_size, DEFAULT_BATCH_SIZE),
                                   run.tokenizer.pad_id)
-        self.generates = family_of(config).continues_prompt and config.mask.decodes
+        self.generation_refusal = _generation_refusal(config)
 
     # what TemplateLM asks of a model ---------------------------------------------------------
 
@@ -182,12 +182,10 @@ class TjaxLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Continuations through the KV cache, greedy unless a task asks to sample, cut before
         the first ``until`` string (or eos), at most ``max_gen_toks`` tokens."""
-        if not self.generates:
+        if self.generation_refusal:
             raise ValueError(
-                f"{self.run.directory} holds a family={self.run.config.family!r} model with "
-                f"mask={self.run.config.mask.name!r}, which does not generate with a KV cache; "
-                "pick tasks whose output_type is loglikelihood, loglikelihood_rolling or "
-                "multiple_choice")
+                f"{self.run.directory} cannot generate: {self.generation_refusal}; pick tasks "
+                "whose output_type is loglikelihood, loglikelihood_rolling or multiple_choice")
         groups: dict[str, list[int]] = {}
         for index, request in enumerate(requests):
             groups.setdefault(json.dumps(request.args[1], sort_keys=True, default=str),
@@ -236,3 +234,15 @@ class TjaxLM(TemplateLM):
                     text = text.split(stop)[0]
             texts.append(text)
         return texts
+
+
+def _generation_refusal(config) -> str | None:
+    """Why the model cannot continue a prompt with a KV cache (None when it can): lm-eval's
+    generation tasks feed it a prompt and read the continuation."""
+    if not family_of(config).continues_prompt:
+        return f"family={config.family!r} does not continue a prompt"
+    try:
+        check_generates(config)
+    except ValueError as err:
+        return str(err)
+    return None
