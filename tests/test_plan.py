@@ -234,6 +234,21 @@ def test_candidate_meshes_cover_every_split():
         planning.candidate_meshes(8, "every")
 
 
+def test_candidate_meshes_split_long_sequences_only():
+    """A context axis joins the candidates only where each shard keeps at least min_shard
+    tokens: none at 1024 tokens, 2 ways at 2048, 2 and 4 ways at 4096."""
+    assert planning.candidate_meshes(8, seq_len=1024) == planning.candidate_meshes(8)
+    at_2k = [m for m in planning.candidate_meshes(8, seq_len=2048) if "context" in m]
+    assert at_2k and all("context=2," in m for m in at_2k)
+    at_4k = planning.candidate_meshes(8, seq_len=4096)
+    assert {m.split("context=")[1][0] for m in at_4k if "context" in m} == {"2", "4"}
+    # every split of 8 into data x fsdp x context x tensor with context in {1, 2, 4}
+    assert len(at_4k) == len(set(at_4k)) == 10 + 6 + 3
+    assert planning.candidate_meshes(8, "fsdp", per_host=2, seq_len=4096, min_shard=2048) == [
+        "data=8,fsdp=1,tensor=1", "data=1,fsdp=8,tensor=1", "data=1,fsdp=4,tensor=2",
+        "data=1,fsdp=4,context=2,tensor=1", "data=1,fsdp=2,context=2,tensor=2"]
+
+
 def test_bad_target_is_a_clear_error():
     with pytest.raises(ConfigError, match="GENERATION:SHAPE"):
         planning.tpu_target("v9z:2x2")
@@ -566,3 +581,33 @@ def test_plan_with_lora_reports_the_adapters_and_a_smaller_step(capsys):
     assert shrink == pytest.approx(
         lora["lora"]["full_finetune_optimizer_state_bytes"]
         - lora["lora"]["optimizer_state_bytes"] - lora["lora"]["adapter_bytes"], rel=0.1)
+
+
+@needs_libtpu
+def test_context_mesh_plans_each_way_across_shards(monkeypatch):
+    """On a mesh that splits sequences the plan compiles all-gather and ring, counts what each
+    sends (the ring's hops are collective-permutes) and names the faster; --search tries each
+    way on such a mesh."""
+    target = planning.tpu_target(TOPOLOGY)
+    model = TINY.replace(attention="xla")
+    cfg = TINY_TRAIN.replace(mesh="data=1,context=4", seq_len=256)
+    result = planning.plan(model, cfg, target, decode=False)
+    assert result["train"]["context_attention"] == "all_gather"
+    methods = result["context"]["methods"]
+    assert set(methods) == {"all_gather", "ring"}
+    assert "collective-permute" in methods["ring"]["collectives"]
+    assert "collective-permute" not in methods["all_gather"]["collectives"]
+    assert methods["all_gather"]["step_s"] == result["train"]["roofline"]["step_s"]
+    fastest = min(methods, key=lambda m: methods[m]["step_s"])
+    assert result["context"]["cheaper"] == fastest
+    # a kernel that masks by array index cannot take gathered keys: the ring alone
+    only_ring = planning.compare_context_methods(
+        TINY.replace(attention="pallas"), cfg.replace(context_attention="ring"), target,
+        {"mesh": "data=1,fsdp=1,context=4,tensor=1", "memory": {"fits": False},
+         "roofline": None})
+    assert list(only_ring["methods"]) == ["ring"]
+    monkeypatch.setattr(planning.steps, "candidate_meshes",
+                        lambda *a, **k: ["data=1,fsdp=1,context=4,tensor=1"])
+    found = planning.search(model, cfg, target, ("none",), log=lambda _: None)
+    assert [r.get("context_attention") for r in found["tried"]] == ["all_gather", "ring"]
+    assert found["best"]["roofline"]["step_s"] == pytest.approx(methods[fastest]["step_s"])

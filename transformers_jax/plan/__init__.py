@@ -24,6 +24,11 @@ counted FLOPs and the model's own count (``train.flops``); collective bytes are 
 ring algorithms, moved at the datasheet's ICI bandwidth without overlap with compute
 (pessimistic) -- ``step_s_overlapped`` assumes perfect overlap.
 
+Context parallelism (``--mesh data=2,context=4``): the plan also compiles the other ways of
+attending across sequence shards the kernel allows (all-gather of keys/values, ring) and says
+under ``context`` which is cheaper; ``--search`` tries meshes with a context axis when the
+sequence splits into shards of at least ``MIN_CONTEXT_SHARD`` tokens, each way in turn.
+
 GPUs (``--target h100:8``, ``h200:2x8``: GPUs per host, hosts): with the CUDA plugin installed
 (``pip install -e ".[gpu-plan]"``: ``jax-cuda12-plugin`` without the CUDA libraries, ~180 MB),
 JAX's compile-only GPU topology takes a target description (``GpuTargetConfigProto``), written
@@ -38,6 +43,7 @@ from transformers_jax.plan.hlo import Module, hbm_bytes, matmul_flops
 from transformers_jax.plan.steps import (
     DEFAULT_REMATS,
     candidate_meshes,
+    compare_context_methods,
     compile_decode,
     compile_train,
     example_batch,
@@ -56,7 +62,7 @@ from transformers_jax.plan.targets import (
 
 __all__ = [
     "CHIPS", "DEFAULT_REMATS", "GPU_SPECS", "Chip", "Module", "Target", "candidate_meshes",
-    "collectives", "compile_decode", "compile_train", "cost", "example_batch", "gpu_target",
+    "compare_context_methods", "collectives", "compile_decode", "compile_train", "cost", "example_batch", "gpu_target",
     "gpu_target_config", "hbm_bytes", "lora_memory", "main", "make_target", "matmul_flops",
     "memory", "plan", "roofline", "search", "plan_parser", "tpu_target",
 ]

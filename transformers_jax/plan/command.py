@@ -17,6 +17,8 @@ from transformers_jax.parallel.mesh import parse_mesh
 from transformers_jax.plan.steps import (
     DEFAULT_REMATS,
     MESH_SETS,
+    MIN_CONTEXT_SHARD,
+    compare_context_methods,
     compile_decode,
     compile_train,
     search,
@@ -58,8 +60,10 @@ def plan_parser() -> CommandParser:
     parser.add_argument("--search", action="store_true", help="try every mesh (and remat "
                         "policy until one fits); report the fastest fit")
     parser.add_argument("--search-meshes", default="all", choices=MESH_SETS,
-                        help="the meshes --search tries: all (every data x fsdp x tensor "
-                        "split) or fsdp (pure data parallel, and FSDP x tensor within a host)")
+                        help="the meshes --search tries: all (every data x fsdp x context x "
+                        "tensor split) or fsdp (pure data parallel, and FSDP x context x tensor "
+                        "within a host); sequences split only into shards of at least "
+                        f"{MIN_CONTEXT_SHARD} tokens, each way of attending across them tried")
     parser.add_argument("--remats", default=",".join(DEFAULT_REMATS), metavar="A,B",
                         help="remat policies --search tries, cheapest first")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding step")
@@ -117,6 +121,8 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
             result["train_note"] = "no mesh and remat policy tried fits in HBM"
     else:
         result["train"] = compile_train(model_cfg, cfg, target, seeds)
+        if "context_attention" in result["train"]:  # the mesh splits sequences: which way?
+            result["context"] = compare_context_methods(model_cfg, cfg, target, result["train"])
     decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes
     if decode and decodes and result["train"] is not None and result["train"]["roofline"]:
         result["decode"] = compile_decode(

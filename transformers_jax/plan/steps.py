@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
+from transformers_jax.config import CONTEXT_ATTENTION, ConfigError, ModelConfig, TrainConfig
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
+from transformers_jax.parallel.context import method_refusal
 from transformers_jax.parallel.mesh import format_mesh, make_mesh, mesh_shape
 from transformers_jax.parallel.seeds import seed_devices, stack_seeds
 from transformers_jax.parallel.strategies import make_trainer, mesh_rules
@@ -69,6 +70,8 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seed
     head = {"strategy": cfg.strategy,
             "mesh": format_mesh(mesh_shape(trainer.mesh))
             if seeds == 1 else f"seed={n}",
+            **({"context_attention": cfg.context_attention}
+               if mesh_shape(trainer.mesh).get("context", 1) > 1 else {}),
             "devices": n, "remat": model_cfg.remat,
             "params": count_params(trainer.abstract_state().params),
             **({"seeds": seeds} if seeds > 1 else {})}
@@ -165,26 +168,77 @@ DEFAULT_REMATS = ("none", "dots_with_no_batch_dims_saveable", "full")  # cheapes
 
 
 MESH_SETS = ("all", "fsdp")
+# The shortest sequence shard --search splits a sequence into: below it the hops and gathers of
+# context parallelism cost more than the activation memory they free.
+MIN_CONTEXT_SHARD = 1024
 
 
-def candidate_meshes(n_devices: int, which: str = "all", per_host: int | None = None
+def candidate_meshes(n_devices: int, which: str = "all", per_host: int | None = None,
+                     seq_len: int | None = None, min_shard: int = MIN_CONTEXT_SHARD
                      ) -> list[str]:
-    """The meshes ``--search`` compiles. ``all``: every ``data x fsdp x tensor`` split of
-    ``n_devices`` (pure data parallel first, then more FSDP, then more tensor parallelism).
-    ``fsdp``: pure data parallelism, and FSDP over every device times tensor parallelism within
-    one host (``per_host`` devices): the layouts MaxText's configs use, a fraction of the
-    compiles on a big slice."""
+    """The meshes ``--search`` compiles. ``all``: every ``data x fsdp x context x tensor`` split
+    of ``n_devices`` (pure data parallel first, then more FSDP, context and tensor
+    parallelism). ``fsdp``: pure data parallelism, and FSDP over the devices times context
+    parallelism times tensor parallelism within one host (``per_host`` devices): the layouts
+    MaxText's configs use, a fraction of the compiles on a big slice. A sequence of
+    ``seq_len`` is split ``c`` ways only into equal shards of at least ``min_shard`` tokens
+    (none without ``seq_len``)."""
     divisors = [d for d in range(1, n_devices + 1) if n_devices % d == 0]
+    contexts = [c for c in divisors if c == 1 or (
+        seq_len is not None and seq_len % c == 0 and seq_len // c >= min_shard)]
     if which == "fsdp":
         host = per_host or n_devices
-        shapes = [(n_devices, 1, 1)] + [(1, n_devices // t, t) for t in divisors if t <= host]
+        shapes = [(n_devices, 1, 1, 1)] + [
+            (1, n_devices // (c * t), c, t) for c, t in itertools.product(contexts, divisors)
+            if t <= host and n_devices % (c * t) == 0]
     elif which == "all":
-        shapes = [(n_devices // (f * t), f, t) for t, f in itertools.product(divisors, divisors)
-                  if n_devices % (f * t) == 0]
+        shapes = [(n_devices // (f * c * t), f, c, t)
+                  for c, t, f in itertools.product(contexts, divisors, divisors)
+                  if n_devices % (f * c * t) == 0]
     else:
         raise ConfigError(f"--search-meshes={which!r}: one of {', '.join(MESH_SETS)}")
     unique = list(dict.fromkeys(shapes))
-    return [format_mesh(dict(zip(("data", "fsdp", "tensor"), s, strict=True))) for s in unique]
+    return [format_mesh(dict(zip(("data", "fsdp", "context", "tensor"), s, strict=True)))
+            for s in unique]
+
+
+def _context_ways(mesh: str) -> int:
+    """How many ways ``mesh`` (a ``candidate_meshes`` string) splits each sequence."""
+    sizes = dict(part.split("=") for part in mesh.split(","))
+    return int(sizes.get("context", 1))
+
+
+def context_methods(model_cfg: ModelConfig, cfg: TrainConfig, mesh: str) -> list[str]:
+    """The ways of computing attention across sequence shards worth compiling on ``mesh``:
+    every method the kernel allows when the mesh splits sequences, else the configured one
+    (it does nothing there)."""
+    if _context_ways(mesh) == 1:
+        return [cfg.context_attention]
+    return [m for m in CONTEXT_ATTENTION if method_refusal(model_cfg.attention, m) is None]
+
+
+def compare_context_methods(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
+                            planned: dict[str, Any]) -> dict[str, Any]:
+    """On a mesh that splits sequences, the plan of each way of computing attention across the
+    shards (``planned`` is the configured one's): its memory, step time and collectives, and
+    ``cheaper``: the faster of those that fit (the smaller if none fits)."""
+    rows: dict[str, Any] = {}
+    for method in context_methods(model_cfg, cfg, planned["mesh"]):
+        plan = planned if method == cfg.context_attention else compile_train(
+            model_cfg, dataclasses.replace(cfg, context_attention=method), target)
+        fits, line = plan["memory"]["fits"], plan["roofline"]
+        rows[method] = {"fits": fits,
+                        "total_bytes": plan["memory"].get("total_bytes"),
+                        "step_s": line and line["step_s"],
+                        "ici_bytes_per_device": plan.get("ici_bytes_per_device"),
+                        "collectives": {kind: c["count"]
+                                        for kind, c in plan.get("collectives", {}).items()}}
+    fitting = [m for m, r in rows.items() if r["fits"] and r["step_s"] is not None]
+    if fitting:
+        cheaper = min(fitting, key=lambda m: rows[m]["step_s"])
+    else:
+        cheaper = min(rows, key=lambda m: rows[m]["total_bytes"] or math.inf)
+    return {"methods": rows, "cheaper": cheaper}
 
 
 def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
@@ -196,26 +250,32 @@ def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
     tried: list[dict[str, Any]] = []
     best = None
     n = len(target.devices)
-    for mesh in candidate_meshes(n, meshes, per_host=n // max(target.hosts, 1)):
-        for remat in remats:
-            trial_model = dataclasses.replace(model_cfg, remat=remat)
-            trial_cfg = dataclasses.replace(cfg, mesh=mesh)
-            try:
-                plan = compile_train(trial_model, trial_cfg, target)
-            except ConfigError as err:  # indivisible heads/width/batch: not a candidate
-                tried.append({"mesh": mesh, "remat": remat, "skipped": str(err)})
-                break
-            row = {"mesh": mesh, "remat": remat, "fits": plan["memory"]["fits"]}
-            if plan["roofline"] is None:  # the compiler refused it: out of memory
-                row["compiler"] = plan["memory"]["compiler"]
-            else:
-                row.update(total_bytes=plan["memory"]["total_bytes"],
-                           step_s=plan["roofline"]["step_s"], mfu=plan["roofline"]["mfu"],
-                           mfu_causal_half=plan["roofline"]["mfu_causal_half"])
-            tried.append(row)
-            log(json.dumps(row))
-            if plan["memory"]["fits"]:
-                if best is None or plan["roofline"]["step_s"] < best["roofline"]["step_s"]:
-                    best = plan
-                break  # a cheaper remat policy that fits beats the ones after it
+    meshes_tried = candidate_meshes(n, meshes, per_host=n // max(target.hosts, 1),
+                                    seq_len=cfg.seq_len)
+    for mesh in meshes_tried:
+        for method in context_methods(model_cfg, cfg, mesh):
+            for remat in remats:
+                trial_model = dataclasses.replace(model_cfg, remat=remat)
+                trial_cfg = dataclasses.replace(cfg, mesh=mesh, context_attention=method)
+                row: dict[str, Any] = {"mesh": mesh, "remat": remat}
+                if _context_ways(mesh) > 1:
+                    row["context_attention"] = method
+                try:
+                    plan = compile_train(trial_model, trial_cfg, target)
+                except ConfigError as err:  # indivisible heads/width/batch: not a candidate
+                    tried.append({**row, "skipped": str(err)})
+                    break
+                row["fits"] = plan["memory"]["fits"]
+                if plan["roofline"] is None:  # the compiler refused it: out of memory
+                    row["compiler"] = plan["memory"]["compiler"]
+                else:
+                    row.update(total_bytes=plan["memory"]["total_bytes"],
+                               step_s=plan["roofline"]["step_s"], mfu=plan["roofline"]["mfu"],
+                               mfu_causal_half=plan["roofline"]["mfu_causal_half"])
+                tried.append(row)
+                log(json.dumps(row))
+                if plan["memory"]["fits"]:
+                    if best is None or plan["roofline"]["step_s"] < best["roofline"]["step_s"]:
+                        best = plan
+                    break  # a cheaper remat policy that fits beats the ones after it
     return {"best": best, "tried": tried}
