@@ -1,12 +1,22 @@
 """Sampling: filters keep exactly the allowed set, greedy is stable, batches and stops work."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from model_helpers import init, tiny
 
-from transformers_jax.sample import SamplingConfig, filter_logits, generate
+from transformers_jax import sample
+from transformers_jax.config import ConfigError
+from transformers_jax.sample import (
+    SamplingConfig,
+    cache_bytes,
+    check_cache_fits,
+    filter_logits,
+    generate,
+)
 
 
 def test_top_k_keeps_exactly_k():
@@ -133,3 +143,27 @@ def test_the_decoding_loop_compiles_without_splitting_its_small_passes_over_thre
                            length=1)[1][0]
     np.testing.assert_array_equal(np.asarray(scanned), np.asarray(top))
     assert generate_tokens.eval_shape(*args, cfg=greedy).shape == top.shape
+
+
+def test_a_cache_the_device_cannot_hold_is_refused_with_the_limit(monkeypatch):
+    """The KV cache is sized before any work: one byte short of what a request needs is
+    refused, and the longest row it names is the longest whose cache fits."""
+    model, params, _ = init(tiny(max_len=64))
+    # 2 rows x (16 + 8) tokens: keys and values [2, 4 heads, 24, 8] x 2 layers in float32, plus
+    # positions and validity per slot and the index per row
+    need = 2 * 2 * (2 * 4 * 24 * 8) * 4 + 2 * 24 * (4 + 1) + 2 * 4
+    assert cache_bytes(model, 2, 16, 8) == need
+    check_cache_fits(model, 2, 16, 8, free_bytes=need)
+    with pytest.raises(ConfigError, match=r"more than the .* GiB free") as refusal:
+        check_cache_fits(model, 2, 16, 8, free_bytes=need - 1)
+    most = int(re.search(r"at most about ([\d,]+) tokens a row", str(refusal.value))[1])
+    assert cache_bytes(model, 2, 16, most - 16) <= need - 1 < cache_bytes(model, 2, 16, most - 15)
+    # a sliding window keeps a ring of `window` slots: more tokens cost nothing, fewer rows do
+    window, _, _ = init(tiny(max_len=64, mask={"name": "sliding_window", "window": 4}))
+    small = cache_bytes(window, 2, 16, 8)
+    with pytest.raises(ConfigError, match="does not depend on the length; sample fewer rows"):
+        check_cache_fits(window, 2, 16, 8, free_bytes=small - 1)
+    # generate asks the device before compiling anything
+    monkeypatch.setattr(sample, "free_memory_bytes", lambda device=None: 1000)
+    with pytest.raises(ConfigError, match="KV cache of 0.00 GiB, more than"):
+        generate(model, params, [[1, 2, 3]], SamplingConfig(max_new_tokens=8))

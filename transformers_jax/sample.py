@@ -272,9 +272,56 @@ def generate(
     decoded = (int(lengths.max()) + cfg.max_new_tokens if family.continues_prompt
                else max(int(lengths.max()), cfg.max_new_tokens + 1))
     check_decode_length(model_cfg, decoded)
+    check_cache_fits(model, *tokens.shape, cfg.max_new_tokens)
     out = generate_tokens(model, params, jnp.asarray(tokens), jnp.asarray(lengths),
                           jax.random.key(seed), cfg=cfg, on_token=on_token)
     return _cut_at_stops(out, cfg)
+
+
+def cache_bytes(model, batch: int, prompt_len: int, max_new_tokens: int) -> int:
+    """Bytes of the KV cache ``prefill`` builds for this request (from shapes; nothing is
+    allocated)."""
+    shapes = jax.eval_shape(lambda: model.init_cache(batch, prompt_len, max_new_tokens))
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
+
+def free_memory_bytes(device: jax.Device | None = None) -> int | None:
+    """Bytes free on ``device`` (default: JAX's first): the allocator's limit less what is in
+    use on an accelerator, the host's available memory on CPU; None where neither is known."""
+    device = device or jax.devices()[0]
+    stats = device.memory_stats()
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_cache_fits(model, batch: int, prompt_len: int, max_new_tokens: int,
+                     free_bytes: int | None = None) -> None:
+    """Refuse, before any work, a request whose KV cache would not fit in the memory free on
+    the device (``free_memory_bytes`` unless given), saying how long a row can be. The cache
+    lives on one device: splitting it over chips is not built."""
+    need = cache_bytes(model, batch, prompt_len, max_new_tokens)
+    free = free_memory_bytes() if free_bytes is None else free_bytes
+    if free is None or need <= free:
+        return
+    extra = 256  # the cache's growth per token a row, measured on a longer request
+    per_token = (cache_bytes(model, batch, prompt_len, max_new_tokens + extra) - need) / extra
+    length = prompt_len + max_new_tokens
+    if per_token > 0:
+        most = max(int((free - (need - per_token * length)) / per_token), 0)
+        limit = (f"at most about {most:,} tokens a row (prompt and new tokens together) fit; "
+                 "shorten the prompts or --max-new-tokens, or sample fewer rows at once")
+    else:  # a ring cache (sliding window): its size does not grow with the length
+        limit = "its size does not depend on the length; sample fewer rows at once"
+    raise ConfigError(
+        f"sampling {batch} rows of {prompt_len} prompt + {max_new_tokens} new tokens needs a "
+        f"KV cache of {need / 2**30:.2f} GiB, more than the {free / 2**30:.2f} GiB free on "
+        f"this device: {limit}")
 
 
 def check_generates(config: ModelConfig) -> None:
