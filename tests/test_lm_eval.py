@@ -20,7 +20,7 @@ pytest.importorskip("lm_eval")
 
 from transformers_jax import ModelConfig, TrainConfig  # noqa: E402
 from transformers_jax.evaluation import stream_losses  # noqa: E402
-from transformers_jax.harness.model import TjaxLM, _generation_refusal  # noqa: E402
+from transformers_jax.harness.model import TjaxLM, generation_refusal  # noqa: E402
 from transformers_jax.runs.load import open_run  # noqa: E402
 from transformers_jax.sample import SamplingConfig, generate  # noqa: E402
 from transformers_jax.train.loop import train  # noqa: E402
@@ -264,5 +264,5 @@ def test_generation_is_refused_with_the_decoding_checks_reason(changes, reason):
     sampler itself would give (family, mask, positions, kernel), and allowed otherwise."""
     config = ModelConfig(**{**dict(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
                                    max_len=32), **changes})
-    got = _generation_refusal(config)
+    got = generation_refusal(config)
     assert got is None if reason is None else reason in got, got

@@ -108,7 +108,7 @@ class TjaxLM(TemplateLM):
         self.scorer = TokenScorer(run.model, run.params, self._max_length,
                                   _int_arg("batch_size", batch_size, DEFAULT_BATCH_SIZE),
                                   run.tokenizer.pad_id)
-        self.generation_refusal = _generation_refusal(config)
+        self.generation_refusal = generation_refusal(config)
 
     # what TemplateLM asks of a model ---------------------------------------------------------
 
@@ -236,7 +236,7 @@ class TjaxLM(TemplateLM):
         return texts
 
 
-def _generation_refusal(config) -> str | None:
+def generation_refusal(config) -> str | None:
     """Why the model cannot continue a prompt with a KV cache (None when it can): lm-eval's
     generation tasks feed it a prompt and read the continuation."""
     if not family_of(config).continues_prompt:

@@ -62,7 +62,8 @@ from transformers_jax.plan.targets import (
 
 __all__ = [
     "CHIPS", "DEFAULT_REMATS", "GPU_SPECS", "Chip", "Module", "Target", "candidate_meshes",
-    "compare_context_methods", "collectives", "compile_decode", "compile_train", "cost", "example_batch", "gpu_target",
-    "gpu_target_config", "hbm_bytes", "lora_memory", "main", "make_target", "matmul_flops",
-    "memory", "plan", "roofline", "search", "plan_parser", "tpu_target",
+    "compare_context_methods", "collectives", "compile_decode", "compile_train", "cost",
+    "example_batch", "gpu_target", "gpu_target_config", "hbm_bytes", "lora_memory", "main",
+    "make_target", "matmul_flops", "memory", "plan", "roofline", "search", "plan_parser",
+    "tpu_target",
 ]
