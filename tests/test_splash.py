@@ -159,3 +159,19 @@ def test_what_splash_cannot_do_is_explained():
     splash = compatibility.support("rope", "splash", "sliding_window")
     assert splash.ok("train") and splash.ok("context:ring")
     assert not splash.ok("decode") and not splash.ok("context:all_gather")
+
+
+def test_a_model_with_splash_gives_the_reference_logits():
+    """Through the model (rope rotation, its scale, grouped heads, soft-cap, packed documents):
+    the entry's ``interpret`` setting runs the kernel here."""
+    from model_helpers import init
+
+    cfg = tiny(attention={"name": "splash", "block": 128, "interpret": True}, n_kv_heads=2,
+               n_layers=1, max_len=256, attn_logit_softcap=5.0, init_std=0.3)
+    seg, pos = _packed()
+    inputs = {"segment_ids": seg, "positions": pos}
+    model, params, tokens = init(cfg, T=T, B=B, **inputs)
+    ref = init(cfg.replace(attention="reference"), T=T, B=B, **inputs)[0]
+    got = model.apply({"params": params}, tokens, **inputs)
+    want = ref.apply({"params": params}, tokens, **inputs)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
