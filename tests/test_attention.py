@@ -482,10 +482,10 @@ def test_bfloat16_inputs(impl):
 
 def test_unknown_implementation_lists_valid_names():
     q, k, v, _, _ = _random_problem(12, 3, 3, "MHA", "none")
-    valid = "valid choices: chunked, cudnn, pallas, reference, xla"
+    valid = "valid choices: chunked, cudnn, pallas, reference, splash, xla"
     with pytest.raises(UnknownNameError, match=valid):
         dot_product_attention(q, k, v, implementation="flash3000")
-    assert ATTENTION.names() == ["chunked", "cudnn", "pallas", "reference", "xla"]
+    assert ATTENTION.names() == ["chunked", "cudnn", "pallas", "reference", "splash", "xla"]
 
 
 def test_one_oracle_that_supports_everything():

@@ -30,6 +30,9 @@ TINY = ModelConfig(vocab_size=256, d_model=64, n_layers=1, n_heads=4, n_kv_heads
 TINY_PARAMS = 62_336  # count_params of build_model(TINY)'s initialised parameters
 TINY_TRAIN = TrainConfig(batch_size=4, seq_len=128, strategy="jit")
 TPU_ATTENTION = [name for name in ATTENTION.names() if "tpu" in ATTENTION.get(name).backends]
+# the Pallas kernels (nothing but a TPU or GPU runs them) compile for v5p too
+TPU_ONLY = [name for name in TPU_ATTENTION if "cpu" not in ATTENTION.get(name).backends]
+TARGETS = [(TOPOLOGY, name) for name in TPU_ATTENTION] + [("v5p:2x2x1", n) for n in TPU_ONLY]
 AOT_STRATEGIES = {"single": None, "shard_map": "data=4", "jit": "data=1,fsdp=2,tensor=2"}
 
 
@@ -269,14 +272,15 @@ def mxu_precision():
 @needs_libtpu
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", sorted(AOT_STRATEGIES))
-@pytest.mark.parametrize("attention", TPU_ATTENTION)
-def test_train_step_compiles_for_tpu(attention, strategy):
-    target = planning.tpu_target(TOPOLOGY)
+@pytest.mark.parametrize("topology, attention", TARGETS)
+def test_train_step_compiles_for_tpu(topology, attention, strategy):
+    target = planning.tpu_target(topology)
     cfg = TINY_TRAIN.replace(strategy=strategy, mesh=AOT_STRATEGIES[strategy])
     got = planning.compile_train(TINY.replace(attention=attention), cfg, target)
     memory = got["memory"]
     assert memory["argument_bytes"] > 0 and memory["generated_code_bytes"] > 0
-    assert memory["fits"] and memory["total_bytes"] < memory["hbm_bytes"] == 16 * 2**30
+    hbm = {"v5e": 16, "v5p": 95}[topology.split(":")[0]] * 2**30
+    assert memory["fits"] and memory["total_bytes"] < memory["hbm_bytes"] == hbm
     assert got["params"] == TINY_PARAMS  # the same model whatever the strategy
     # XLA's FLOPs agree with the model's count (matmuls, forward + backward) to 25%
     assert got["flops_per_device"] == pytest.approx(got["model_flops_per_device"], rel=0.25)
@@ -379,6 +383,50 @@ def test_pallas_with_segments_gqa_and_padding_compiles_sharded_for_tpu():
         compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
     hlo = compiled.as_text()
     assert "tpu_custom_call" in hlo  # the Mosaic kernel itself, not a fallback
+    assert compiled.memory_analysis().argument_size_in_bytes > 0
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology", [TOPOLOGY, "v5p:2x2x1"])
+def test_splash_with_every_mask_part_compiles_sharded_for_tpu(topology):
+    """The splash kernel, differentiated, with a sliding window, packed segments, key padding,
+    soft-capping and grouped heads, on inputs split over data and tensor: mapped per shard, it
+    compiles for v5e and v5p."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from transformers_jax.nn.attention import dot_product_attention
+    from transformers_jax.nn.masks import AttentionMask
+    from transformers_jax.parallel import LOGICAL_RULES, make_mesh
+
+    mesh = make_mesh("data=2,tensor=2", devices=planning.tpu_target(topology).devices)
+    b, t, h, n, d = 4, 512, 4, 2, 128
+
+    def loss(q, k, v, segments, valid):
+        pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+        mask = AttentionMask(q_positions=pos, kv_positions=pos, q_segments=segments,
+                             kv_segments=segments, kv_valid=valid, causal=True, window=200)
+        out = dot_product_attention(q, k, v, mask=mask, implementation="splash",
+                                    logit_softcap=30.0)
+        return out.astype(jnp.float32).sum()
+
+    def spec(*axes):
+        return NamedSharding(mesh, P(*axes))
+
+    heads = spec(("data", "fsdp"), None, "tensor", None)
+    args = (jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16, sharding=heads),
+            jax.ShapeDtypeStruct((b, t, n, d), jnp.bfloat16, sharding=heads),
+            jax.ShapeDtypeStruct((b, t, n, d), jnp.bfloat16, sharding=heads),
+            jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=spec("data", None)),
+            jax.ShapeDtypeStruct((b, t), jnp.bool_, sharding=spec("data", None)))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
+    hlo = compiled.as_text()
+    assert "tpu_custom_call" in hlo  # the Mosaic kernels themselves, not a fallback
+    # each device holds one k/v head and its two query heads: the MQA kernel, k/v not repeated
+    assert all(f"splash_mqa_{p}_segmented" in hlo for p in ("fwd", "dq", "dkv"))
     assert compiled.memory_analysis().argument_size_in_bytes > 0
 
 

@@ -30,8 +30,11 @@ kernel), in ``implementations.py``; each kernel is one file:
   pass; memory linear in the sequence length, runs on any backend.
 - ``pallas.py``: the Pallas flash-attention kernels shipped with JAX, TPU (and NVIDIA GPU via
   Triton) only; causal/segment masks; a clear error on other backends.
+- ``splash.py``: JAX's Pallas TPU splash attention: causal, sliding-window and segment masks,
+  soft-capping, grouped heads; an interpreter mode (``interpret=True``) for tests on any backend.
 
-``platform.py`` holds what the kernels ask about where they run. Adding an implementation: a
+``platform.py`` holds what the kernels ask about where they run, ``per_shard.py`` how a Pallas
+kernel is mapped over the devices' shards. Adding an implementation: a
 new file with its kernel and an ``AttentionImpl`` subclass decorated with
 ``@ATTENTION.register("name")`` whose ``attend`` calls it, and one import line in
 ``load_attention`` of ``transformers_jax/builtins.py``. The names below load on first use: a
@@ -54,11 +57,13 @@ _EXPORTS = {
     "Cudnn": "transformers_jax.nn.attention.implementations",
     "Pallas": "transformers_jax.nn.attention.implementations",
     "Reference": "transformers_jax.nn.attention.implementations",
+    "Splash": "transformers_jax.nn.attention.implementations",
     "Xla": "transformers_jax.nn.attention.implementations",
     "chunked_attention": "transformers_jax.nn.attention.chunked",
     "cudnn_attention": "transformers_jax.nn.attention.jax_nn",
     "xla_attention": "transformers_jax.nn.attention.jax_nn",
     "pallas_attention": "transformers_jax.nn.attention.pallas",
+    "splash_attention": "transformers_jax.nn.attention.splash",
     "attention_weights": "transformers_jax.nn.attention.reference",
     "reference_attention": "transformers_jax.nn.attention.reference",
     "reference_probs": "transformers_jax.nn.attention.reference",

@@ -1,7 +1,7 @@
 """The attention switch of the config (``registry.ATTENTION``): each entry says what its kernel
 supports and calls it. The kernels are one file each (``reference.py``, ``jax_nn.py``,
-``chunked.py``, ``pallas.py``); a config is built and checked without JAX, so ``attend``
-imports its kernel when the model calls it."""
+``chunked.py``, ``pallas.py``, ``splash.py``); a config is built and checked without JAX, so
+``attend`` imports its kernel when the model calls it."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class AttentionImpl(Switch):
     oracle: ClassVar[bool] = False
     softcap: ClassVar[bool] = True
     dense_masks: ClassVar[bool] = True
+    windows: ClassVar[bool] = False
     decodes: ClassVar[bool] = True
     backends: ClassVar[tuple[str, ...]] = ("cpu", "gpu", "tpu")
     bias_backends: ClassVar[tuple[str, ...] | None] = None  # None: every backend it runs on
@@ -48,9 +49,11 @@ class AttentionImpl(Switch):
                 f"attention={self.name!r}: the {self.name} kernel cannot soft-cap attention "
                 "logits; use attention=reference or attention=chunked with attn_logit_softcap")
         window = getattr(config.mask, "window", None)
-        if not self.dense_masks and (window is not None or config.mask.needs_prefix_len):
+        windowed = window is not None and not self.windows
+        if not self.dense_masks and (windowed or config.mask.needs_prefix_len):
+            kinds = "causal, sliding-window" if self.windows else "causal"
             raise ConfigError(
-                f"attention={self.name!r}: supports causal and segment masks only, not "
+                f"attention={self.name!r}: supports {kinds} and segment masks only, not "
                 f"mask={config.mask.name}; use attention=chunked")
 
     def check_decoding(self, config: Any) -> None:
@@ -143,3 +146,38 @@ class Pallas(AttentionImpl):
         from transformers_jax.nn.attention.pallas import pallas_attention
 
         return pallas_attention(q, k, v, **options)
+
+
+@ATTENTION.register("splash")
+@dataclasses.dataclass(frozen=True)
+class Splash(AttentionImpl):
+    """JAX's Pallas splash attention (TPU): a flash kernel that skips masked blocks; causal,
+    sliding-window, segment masks, soft-capping, grouped heads without repeating them. No
+    prefix-LM (per-row prefix lengths are data, its mask is static), no bias, no KV cache.
+    ``block``: the largest query/key block (a multiple of 128). ``interpret``: run in the
+    Pallas interpreter on any backend (slow; for tests)."""
+
+    dense_masks: ClassVar[bool] = False
+    windows: ClassVar[bool] = True
+    decodes: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("tpu",)
+    typed_under_shard_map: ClassVar[bool] = False  # pallas_call outputs have no vma
+
+    block: int = 512
+    interpret: bool = False
+
+    def attend(self, q, k, v, **options) -> jax.Array:
+        from transformers_jax.nn.attention.splash import splash_attention
+
+        return splash_attention(q, k, v, **options, block=self.block, interpret=self.interpret)
+
+    def check(self, config: Any) -> None:
+        super().check(config)
+        if config.position.adds_bias:
+            raise ConfigError(
+                f"attention='splash' takes no additive bias, and position="
+                f"{config.position.name} adds one to the scores; use attention=chunked (any "
+                "backend) or attention=pallas (TPU), or a position without a bias (rope, none)")
+        if self.block <= 0 or self.block % 128:
+            raise ConfigError(f"attention.block={self.block!r}: must be a positive multiple of "
+                              "128 (the TPU's lanes), e.g. 512")

@@ -3,15 +3,11 @@ Triton)."""
 
 from __future__ import annotations
 
-import math
-
-import flax.linen as nn
-import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from transformers_jax.nn.attention.api import as_4d, refuse_softcap
-from transformers_jax.nn.attention.platform import platform_compiled_for, varying_axes
+from transformers_jax.nn.attention.per_shard import per_shard
+from transformers_jax.nn.attention.platform import platform_compiled_for
 from transformers_jax.nn.masks import AttentionMask
 
 
@@ -101,7 +97,7 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
             )
             return out.transpose(0, 2, 1, 3)
 
-        return _per_shard(kernel, q, k, v, ab, segments).astype(q.dtype)
+        return per_shard(kernel, "pallas", q, k, v, ab, segments).astype(q.dtype)
     if bias is not None:
         raise ValueError(
             "attention implementation 'pallas' takes no bias on GPU (the Triton kernel has "
@@ -121,40 +117,4 @@ def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=12
         return gpu_attention.mha(q, k, v, segment_ids=None if segments is None else segments[0],
                                  sm_scale=scale, causal=causal)
 
-    return _per_shard(gpu_kernel, q, k, v, None, segments).astype(q.dtype)
-
-
-def _per_shard(kernel, q, k, v, ab, segments):
-    """``kernel(q, k, v, ab, segments)`` on each device's rows and heads: inside ``shard_map``
-    over the mesh axes that the logical rules in context give ``batch`` and ``heads`` (flax's
-    ``nn.logical_axis_rules``, set by the jit and single strategies). With no mesh or no rules
-    (pmap, or already inside the shard_map strategy), or where nothing is split, it is called
-    directly. An axis that does not divide its dimension (a small eval batch) is left whole."""
-    if varying_axes(q, k, v, ab, segments):
-        raise ValueError(
-            "attention implementation 'pallas' cannot run inside shard_map(check_vma=True): "
-            "JAX's Pallas kernels declare their outputs without the varying-axis types the "
-            "check needs; pass check_vma=False to your shard_map (train.strategy=shard_map "
-            "does), use train.strategy=jit, or attention=chunked")
-    mesh = jax.sharding.get_abstract_mesh()
-    rules = nn.get_logical_axis_rules()
-    if mesh.empty or not rules:
-        return kernel(q, k, v, ab, segments)
-    free = {name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
-            if kind != jax.sharding.AxisType.Manual}
-
-    def axes(logical: str, size: int):
-        names = nn.logical_to_mesh_axes((logical,), rules)[0]
-        names = () if names is None else ((names,) if isinstance(names, str) else tuple(names))
-        names = tuple(a for a in names if a in free and mesh.shape[a] > 1)
-        ways = math.prod(mesh.shape[a] for a in names)
-        return names if names and size % ways == 0 else None
-
-    batch, heads = axes("batch", q.shape[0]), axes("heads", q.shape[2])
-    if batch is None and heads is None:
-        return kernel(q, k, v, ab, segments)
-    qkv = P(batch, None, heads, None)
-    specs = (qkv, qkv, qkv, None if ab is None else P(batch, heads, None, None),
-             None if segments is None else (P(batch, None), P(batch, None)))
-    return jax.shard_map(kernel, in_specs=specs, out_specs=qkv, check_vma=False)(
-        q, k, v, ab, segments)
+    return per_shard(gpu_kernel, "pallas", q, k, v, None, segments).astype(q.dtype)

@@ -109,6 +109,11 @@ class PositionScheme(Switch):
         return True
 
     @property
+    def adds_bias(self) -> bool:
+        """Whether ``bias`` gives a module (asked without building it, so without JAX)."""
+        return type(self).bias is not PositionScheme.bias
+
+    @property
     def randomizes(self) -> bool:
         """Whether ``train_positions`` changes anything (then training needs an RNG)."""
         return type(self).train_positions is not PositionScheme.train_positions

@@ -128,6 +128,10 @@ class Randomized(PositionScheme):
     def bias(self, config: Any, bidirectional: bool) -> nn.Module | None:
         return self.base.bias(config, bidirectional)
 
+    @property
+    def adds_bias(self) -> bool:
+        return self.base.adds_bias
+
     def train_positions(self, rng: jax.Array, positions_BT: jax.Array, config: Any,
                         segment_ids: jax.Array | None = None) -> jax.Array:
         return sample_positions(rng, positions_BT, self.max_position, segment_ids)
