@@ -218,14 +218,15 @@ def _ring_mask(kind: str):
     return build_mask(kind, pos, pos)
 
 
-def _ring_direct(kind: str, zigzag: bool):
+def _ring_direct(kind: str, zigzag: bool, dense: bool = False):
     """Ring attention of random q, k, v on ``ways`` devices (the sequence split over them):
-    the output, the reference kernel's on one device, and the tiles each device computed."""
+    the output, the reference kernel's on one device, and the tiles each device computed.
+    ``dense``: the mask given as a boolean ``[B, 1, T, T]`` array, split along queries."""
     b, t, h, n, d, ways = (RING[x] for x in ("B", "T", "H", "N", "D", "ways"))
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(b, t, heads, d)), jnp.float32)
                for heads in (h, n, n))
-    mask = _ring_mask(kind)
+    mask = _ring_mask(kind).dense() if dense else _ring_mask(kind)
     mesh = Mesh(np.array(jax.devices()[:ways]), ("context",))
 
     def local(q, k, v, mask):
@@ -235,10 +236,13 @@ def _ring_direct(kind: str, zigzag: bool):
 
     spec = P(None, "context")
     mask_spec = jax.tree.map(lambda x: P(None) if x.ndim == 1 else spec, mask)
+    if dense:
+        mask_spec = P(None, None, "context", None)
     out, tiles = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, mask_spec),
                                        out_specs=(spec, P("context"))))(q, k, v, mask)
     want = dot_product_attention(q, k, v, mask=mask, implementation="reference")
-    return np.asarray(out), np.asarray(want), np.asarray(tiles), np.asarray(mask.dense())
+    dense_mask = np.asarray(_ring_mask(kind).dense())
+    return np.asarray(out), np.asarray(want), np.asarray(tiles), dense_mask
 
 
 def _tiles_with_a_visible_pair(dense, ways: int, zigzag: bool) -> list[int]:
@@ -252,16 +256,21 @@ def _tiles_with_a_visible_pair(dense, ways: int, zigzag: bool) -> list[int]:
     return [int(seen[rows].sum()) for rows in mine]
 
 
-@pytest.mark.parametrize("kind", ["causal", "window", "prefix", "bidirectional", "packed"])
+@pytest.mark.parametrize("kind", ["causal", "window", "prefix", "bidirectional", "packed",
+                                  "dense"])
 def test_ring_computes_only_the_tiles_the_mask_shows(kind):
     """Each device counts the tiles it computed (a ``lax.cond`` skips the others): exactly
     those in which the dense mask has a visible pair, decided from positions; everything for
     a bidirectional mask; on packed rows (positions restarting) no fewer, and the segment ids
     still skip some. Causal: the contiguous ring's devices do 1, 2, .., c blocks; zigzag gives
-    every device the same 2c + 1 tiles of a quarter block. The output is the reference's."""
+    every device the same 2c + 1 tiles of a quarter block; a dense boolean mask (packed rows
+    as an array) skips exactly too. The output is the reference's."""
     ways = RING["ways"]
     for zigzag in (False, True):
-        out, want, tiles, dense = _ring_direct(kind, zigzag)
+        if kind == "dense":
+            out, want, tiles, dense = _ring_direct("packed", zigzag, dense=True)
+        else:
+            out, want, tiles, dense = _ring_direct(kind, zigzag)
         np.testing.assert_allclose(out, want, atol=1e-5)
         needed = _tiles_with_a_visible_pair(dense, ways, zigzag)
         every = ways * (4 if zigzag else 1)
