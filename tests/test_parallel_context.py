@@ -232,7 +232,7 @@ def _ring_direct(kind: str, zigzag: bool, dense: bool = False):
     def local(q, k, v, mask):
         out, tiles = ring_attention(q, k, v, None, mask, axis="context", ways=ways,
                                     zigzag=zigzag, scale=d**-0.5)
-        return out, tiles[None]
+        return out, tiles[None]  # [1, steps]
 
     spec = P(None, "context")
     mask_spec = jax.tree.map(lambda x: P(None) if x.ndim == 1 else spec, mask)
@@ -245,26 +245,33 @@ def _ring_direct(kind: str, zigzag: bool, dense: bool = False):
     return np.asarray(out), np.asarray(want), np.asarray(tiles), dense_mask
 
 
-def _tiles_with_a_visible_pair(dense, ways: int, zigzag: bool) -> list[int]:
-    """Per device, the (query tile, key tile) pairs in which the dense mask has any True: the
-    work the ring cannot skip. Contiguous: device i's queries are chunk i of c, key tiles the c
-    shards; zigzag: chunks i and 2c-1-i of 2c, key tiles the 2c halves of shards."""
+def _tiles_with_a_visible_pair(dense, ways: int, zigzag: bool) -> np.ndarray:
+    """``[device, step]``: the (query tile, key tile) pairs in which the dense mask has any
+    True, the work the ring cannot skip. At step s device i holds the keys of device i - s.
+    Contiguous: a device's queries and keys are its shard, one tile; zigzag: chunks i and
+    2c-1-i of 2c, four tiles."""
     chunks = 2 * ways if zigzag else ways
     size = dense.shape[-1] // chunks
     seen = dense.any(axis=(0, 1)).reshape(chunks, size, chunks, size).any(axis=(1, 3))
-    mine = [[i, 2 * ways - 1 - i] if zigzag else [i] for i in range(ways)]
-    return [int(seen[rows].sum()) for rows in mine]
+
+    def mine(i):
+        return [i, 2 * ways - 1 - i] if zigzag else [i]
+
+    return np.array([[seen[np.ix_(mine(i), mine((i - step) % ways))].sum()
+                      for step in range(ways)] for i in range(ways)])
 
 
 @pytest.mark.parametrize("kind", ["causal", "window", "prefix", "bidirectional", "packed",
                                   "dense"])
 def test_ring_computes_only_the_tiles_the_mask_shows(kind):
-    """Each device counts the tiles it computed (a ``lax.cond`` skips the others): exactly
-    those in which the dense mask has a visible pair, decided from positions; everything for
-    a bidirectional mask; on packed rows (positions restarting) no fewer, and the segment ids
-    still skip some. Causal: the contiguous ring's devices do 1, 2, .., c blocks; zigzag gives
-    every device the same 2c + 1 tiles of a quarter block; a dense boolean mask (packed rows
-    as an array) skips exactly too. The output is the reference's."""
+    """Each device counts the tiles it computed at each ring step (a ``lax.cond`` skips the
+    others): exactly those in which the dense mask has a visible pair, decided from
+    positions; everything for a bidirectional mask; on packed rows (positions restarting) no
+    fewer, and the segment ids still skip some; a dense boolean mask (packed rows as an
+    array) exactly. Causal: on the contiguous ring device i computes the block of step s
+    only for s <= i, so every step waits for a whole block on the last device; in zigzag
+    order every device computes 3 quarter blocks on the first step and 2 on every other.
+    The output is the reference's."""
     ways = RING["ways"]
     for zigzag in (False, True):
         if kind == "dense":
@@ -273,15 +280,18 @@ def test_ring_computes_only_the_tiles_the_mask_shows(kind):
             out, want, tiles, dense = _ring_direct(kind, zigzag)
         np.testing.assert_allclose(out, want, atol=1e-5)
         needed = _tiles_with_a_visible_pair(dense, ways, zigzag)
-        every = ways * (4 if zigzag else 1)
+        every = 4 if zigzag else 1  # tiles per step
         if kind == "packed":
-            assert all(needed <= tiles) and tiles.sum() < every * ways, (tiles, needed)
+            assert (needed <= tiles).all() and tiles.sum() < every * ways * ways, tiles
         else:
             np.testing.assert_array_equal(tiles, needed)
         if kind == "bidirectional":
-            assert list(tiles) == [every] * ways
+            assert (tiles == every).all()
         if kind == "causal":
-            assert list(tiles) == ([2 * ways + 1] * ways if zigzag else list(range(1, ways + 1)))
+            steps = np.arange(ways)
+            want_tiles = ([[3] + [2] * (ways - 1)] * ways if zigzag else
+                          [(steps <= i).astype(int) for i in range(ways)])
+            np.testing.assert_array_equal(tiles, want_tiles)
 
 
 def test_ring_backward_keeps_no_scores():

@@ -36,23 +36,27 @@ prefix or a bidirectional mask hides little, and the bound never hides a visible
 packed rows (positions restarting) stay exact and merely skip less. The hops still run on
 every step: the skip saves compute, not communication.
 
-Zigzag order. With contiguous shards and a causal mask, device i has i + 1 blocks of work and
-the last device c, so a step waits on it. ``ring_zigzag`` cuts the sequence into 2c chunks and
-gives device i query chunks i and 2c-1-i; each ring step then splits into 2 x 2 tiles of a
-chunk each, and every device computes 2c + 1 of its 4c tiles (contiguous: device c-1 computes c
-blocks, 4c tiles' worth). Only the queries move: the work of a device is its queries times the
-keys they see, whatever order the keys travel in, so keys, values and their positions stay
-contiguous. The model outside sees global arrays in their order, so the permutation happens
-inside this seam, on each device's shard: q, its positions and segment ids, the rows of a bias
-or dense mask go to zigzag order by two ``ppermute``s of half a shard (the even chunks, then
-the odd ones: each a permutation of the devices), and the output comes back by two more.
-Measured on a 1-layer GPT's training step (``benchmarks/context_ring.py``, data=2,context=4, 4
-x 64 tokens): 25 collective-permutes instead of 15, 41.5 kB instead of 25.0 kB sent per device
-(q and the output forward, their gradients backward, the int positions; the ring itself sends K
-and V c - 1 times each way). Permuting the batch once at the input would save these four
-shard-sized hops per layer, but every token-wise layer, the positions the model makes, the loss
-and the data pipeline would then have to agree on the order; this design keeps that knowledge
-in one function and exact by construction.
+Zigzag order. With contiguous shards and a causal mask, device i has i + 1 blocks of work (the
+last c), and at step s only devices s..c-1 compute: as each hop waits for the device before,
+the ring still takes about c block-times. ``ring_zigzag`` cuts the sequence into 2c chunks and
+gives device i chunks i and 2c-1-i of the queries and of the keys; each ring step splits into
+2x2 tiles of a chunk, and every device computes 3 tiles on the first step and 2 on every other
+(half a block: keys from a device before it are seen, their first chunk, by both query chunks;
+keys from a device after it, both chunks, by the second query chunk only), 2c+1 in all. Balance
+in total alone is not enough: zigzag queries over contiguous keys give every device 2c+1 tiles
+too, but 4 on some steps. The model outside sees global arrays in their order, so the
+permutation happens inside this seam, on each device's shard: q, k, v, their positions, padding
+and segment ids, the rows of a bias or dense mask go to zigzag order by two ``ppermute``s of
+half a shard each (the even chunks, then the odd ones: each a permutation of the devices), and
+the output comes back by two more; a bias's or dense mask's key columns stay whole and are
+sliced where each key chunk sits. Measured on a 1-layer GPT's training step
+(``benchmarks/context_ring.py``, data=2,context=4, 4x64 tokens): 33 collective-permutes instead
+of 15, 49.7 kB instead of 25.0 kB sent per device (forward: q, k, v, the positions and the
+output; backward: their gradients; the ring itself sends K, V and their positions c-1 times
+forward and dK, dV c-1 times back). Permuting the batch once at the input would save these hops
+in every layer, but every token-wise layer, the positions the model makes, the loss and the
+data pipeline would then have to agree on the order; this design keeps that knowledge in one
+function and exact by construction.
 
 Backward. Each ring step is ``jax.checkpoint``-ed: the forward keeps, per step, the
 online-softmax carry (``[b, h, q, D]`` and two ``[b, h, q]``) and the key/value block it
@@ -247,19 +251,20 @@ def ring_attention(q, k, v, bias, mask, *, axis, ways: int, zigzag: bool, scale:
     """Inside ``shard_map``: one device's queries ``[b, q, h, D]`` (contiguous shard) against
     the keys/values of every device ``[b, k, n, D]`` by the ring, in zigzag query order when
     ``zigzag`` (q and k divisible by 2); the output in the queries' order, and the number of
-    (query tile, key tile) pairs this device computed."""
+    (query tile, key tile) pairs this device computed at each ring step, int32 ``[c]``."""
     if not zigzag:
         return _ring(q, k, v, bias, mask, axis=axis, ways=ways, scale=scale,
                      logit_softcap=logit_softcap, recompute=recompute)
     order = functools.partial(_to_zigzag, axis=axis, ways=ways)
-    q, bias = order(q, 1), order(bias, 2)
+    q, k, v, bias = order(q, 1), order(k, 1), order(v, 1), order(bias, 2)
     if isinstance(mask, AttentionMask):
-        mask = mask.replace(q_positions=order(mask.q_positions, 1),
-                            q_segments=order(mask.q_segments, 1), aligned=False)
+        mask = _with_keys(mask.replace(q_positions=order(mask.q_positions, 1),
+                                       q_segments=order(mask.q_segments, 1)),
+                          *(order(x, 1) for x in _key_side(mask)))
     else:
         mask = order(mask, 2)
     out, count = _ring(q, k, v, bias, mask, axis=axis, ways=ways, scale=scale,
-                       logit_softcap=logit_softcap, parts=2, recompute=recompute)
+                       logit_softcap=logit_softcap, zigzag=True, recompute=recompute)
     return _from_zigzag(out, 1, axis=axis, ways=ways), count
 
 
@@ -307,20 +312,23 @@ def _with_keys(mask: AttentionMask, kv_positions, kv_valid, kv_segments) -> Atte
                         aligned=False)
 
 
-def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap, parts: int = 1,
-          recompute: bool = True):
+def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap,
+          zigzag: bool = False, recompute: bool = True):
     """Ring attention on one device: its queries ``[b, q, h, D]`` against every device's
     keys/values ``[b, k, n, D]``, which travel one hop per step; float32 online softmax.
 
-    Each step splits its queries into ``parts`` query tiles and the block it holds into
-    ``parts`` key tiles, and computes a tile only when the mask lets some query see some key
-    of it (``AttentionMask.may_see_any``; a dense mask: any True in the tile), under
-    ``lax.cond``. ``recompute``: each step is ``jax.checkpoint``-ed, so the backward pass keeps
-    the online-softmax carry and the step's block, and recomputes the scores.
+    ``zigzag``: queries and keys are in zigzag order (device i holds chunks i and 2c-1-i of
+    2c), and each step splits into 2 x 2 tiles of a chunk; else one tile, the whole block. A
+    tile is computed only when the mask lets some query see some key of it
+    (``AttentionMask.may_see_any``; a dense mask: any True in the tile), under ``lax.cond``.
+    ``recompute``: each step is ``jax.checkpoint``-ed, so the backward pass keeps the
+    online-softmax carry and the step's block, and recomputes the scores.
 
-    Returns the output ``[b, q, h, D]`` and how many tiles this device computed (int32)."""
+    Returns the output ``[b, q, h, D]`` and how many tiles this device computed at each step
+    (int32 ``[c]``)."""
     b, q_len, h, d = q.shape
     k_len, n = k.shape[1], k.shape[2]
+    parts = 2 if zigzag else 1
     qp, kp = q_len // parts, k_len // parts
     me = lax.axis_index(axis)
     hop = [(i, (i + 1) % ways) for i in range(ways)]
@@ -382,15 +390,18 @@ def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap, 
             k_t, v_t = (lax.slice_in_dim(x, r * kp, (r + 1) * kp, axis=1) for x in (k_blk, v_blk))
             keys_t = tuple(None if x is None else lax.slice_in_dim(x, r * kp, (r + 1) * kp, axis=1)
                            for x in keys)
-            start = ((me - step) % ways) * k_len + r * kp  # where the tile's keys sit among K
+            owner = (me - step) % ways  # the device the block started on
+            chunk = (2 * ways - 1 - owner if r else owner) if zigzag else owner * parts + r
+            start = chunk * kp  # where the tile's keys sit among all K
             for i in range(parts):
                 if mask is None:  # every tile is seen
-                    carries[i], count = tile(carries[i], i, k_t, v_t, keys_t, start), count + 1
+                    carries[i] = tile(carries[i], i, k_t, v_t, keys_t, start)
+                    count = count.at[step].add(1)
                     continue
                 carries[i], count = lax.cond(
                     may_see(i, keys_t, start),
                     lambda c, t, i=i, k_t=k_t, v_t=v_t, keys_t=keys_t, start=start: (
-                        tile(c, i, k_t, v_t, keys_t, start), t + 1),
+                        tile(c, i, k_t, v_t, keys_t, start), t.at[step].add(1)),
                     lambda c, t: (c, t),
                     carries[i], count)
         return tuple(carries), count
@@ -403,8 +414,8 @@ def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap, 
              jnp.zeros_like(q, shape=(b, n, h // n, qp, 1), dtype=jnp.float32),
              jnp.zeros_like(q, shape=(b, n, h // n, qp, d), dtype=jnp.float32))
     keys = _key_side(mask) if isinstance(mask, AttentionMask) else (None, None, None)
-    state = process(((empty,) * parts, jnp.zeros_like(q, shape=(), dtype=jnp.int32)), 0, k, v,
-                    keys)
+    state = process(((empty,) * parts, jnp.zeros_like(q, shape=(ways,), dtype=jnp.int32)), 0,
+                    k, v, keys)
 
     def step(carry, i):
         state, k_blk, v_blk, keys = carry
