@@ -249,9 +249,10 @@ def _attention(impl, method, mesh, rules, axis, ways, q, k, v, *, bias, mask, sc
 def ring_attention(q, k, v, bias, mask, *, axis, ways: int, zigzag: bool, scale: float,
                    logit_softcap=None, recompute: bool = True):
     """Inside ``shard_map``: one device's queries ``[b, q, h, D]`` (contiguous shard) against
-    the keys/values of every device ``[b, k, n, D]`` by the ring, in zigzag query order when
-    ``zigzag`` (q and k divisible by 2); the output in the queries' order, and the number of
-    (query tile, key tile) pairs this device computed at each ring step, int32 ``[c]``."""
+    the keys/values of every device ``[b, k, n, D]`` by the ring, with queries and keys in
+    zigzag order when ``zigzag`` (q and k even); the output in the queries' own order, and
+    the number of (query tile, key tile) pairs this device computed at each ring step, int32
+    ``[c]``."""
     if not zigzag:
         return _ring(q, k, v, bias, mask, axis=axis, ways=ways, scale=scale,
                      logit_softcap=logit_softcap, recompute=recompute)
@@ -269,7 +270,8 @@ def ring_attention(q, k, v, bias, mask, *, axis, ways: int, zigzag: bool, scale:
 
 
 def _zigzag_owner(chunk: int, ways: int) -> int:
-    """The device that holds query chunk ``chunk`` (of 2c) in zigzag order: i and 2c-1-i."""
+    """The device that holds chunk ``chunk`` (of 2c) in zigzag order: device i has i and
+    2c-1-i."""
     return chunk if chunk < ways else 2 * ways - 1 - chunk
 
 
