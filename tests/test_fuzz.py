@@ -136,7 +136,7 @@ TRAIN_TEXT = {
     "strategy": st.sampled_from(["single", "pmap", "shard_map", "jit", "ddp"]),
     "mesh": st.sampled_from(["none", "data=2", "garbage"]),
     "grad_accum": INT_TEXT, "coordinator": st.sampled_from(["none", "127.0.0.1:1234"]),
-    "context_attention": st.sampled_from(["all_gather", "ring", "zigzag"]),
+    "context_attention": st.sampled_from(["all_gather", "ring", "ring_zigzag", "zigzag"]),
     "num_processes": st.one_of(INT_TEXT, st.just("none")),
     "process_id": st.one_of(INT_TEXT, st.just("none")),
     "profile": st.sampled_from(["none", "1:2", "0:1", "5", "a:b", "3:0", "-1:2", "1:2:3", "",

@@ -1,5 +1,6 @@
 """Mask builders: exact boolean patterns, and tiles that agree with the dense mask."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -110,3 +111,44 @@ def test_tile_visibility_is_unknown_unless_aligned_and_free_of_data():
     for extra in ({"kv_valid": pos < 6}, {"q_segments": pos * 0, "kv_segments": pos * 0}):
         mask = build_mask("causal", pos, pos, aligned=True, **extra)
         assert mask.tile_visibility(0, 4, 4, 4) is None
+
+
+@pytest.mark.parametrize("kind", _registered_kinds())
+@pytest.mark.parametrize("rows", ["aligned", "packed"])
+def test_may_see_any_never_hides_a_visible_tile(kind, rows):
+    """What the ring asks before computing a block: for every tile (sizes 1-6, every offset)
+    of 16 positions in 2 rows, False only where the dense mask has no True. On one document's
+    positions it is exact for the position rules (causal, window, prefix); on packed rows
+    (positions restarting, segment ids, padding at the end) it still finds hidden tiles."""
+    n = 16
+    pos = positions(n, batch=2)
+    extra = {}
+    if rows == "packed":
+        cut = jnp.array([[6], [11]])
+        seg = (jnp.arange(n)[None] >= cut).astype(jnp.int32)
+        pos = jnp.where(seg == 0, pos, pos - cut)
+        extra = {"q_segments": seg, "kv_segments": seg, "kv_valid": jnp.arange(n)[None] < 14}
+    prefix_len = jnp.array([3, 9]) if kind.needs_prefix_len else None
+    mask = build_mask(kind, pos, pos, prefix_len=prefix_len, **extra)
+    dense = mask.dense()
+    for qs, ks in [(1, 1), (4, 4), (3, 6), (6, 2)]:
+        def answer(q0, k0, qs=qs, ks=ks):
+            def take(arr, start, size):
+                return None if arr is None else jax.lax.dynamic_slice_in_dim(arr, start, size, 1)
+            tile = mask.replace(
+                q_positions=take(pos, q0, qs), kv_positions=take(pos, k0, ks),
+                kv_valid=take(mask.kv_valid, k0, ks), q_segments=take(mask.q_segments, q0, qs),
+                kv_segments=take(mask.kv_segments, k0, ks))
+            block = jax.lax.dynamic_slice(dense, (0, 0, q0, k0), (2, 1, qs, ks))
+            return tile.may_see_any(), block.any()
+
+        q0, k0 = (x.ravel() for x in jnp.meshgrid(jnp.arange(n - qs + 1), jnp.arange(n - ks + 1)))
+        said, seen = (np.asarray(x) for x in jax.jit(jax.vmap(answer))(q0, k0))
+        assert not (seen & ~said).any(), "a tile with a visible pair was called hidden"
+        if rows == "aligned":
+            np.testing.assert_array_equal(said, seen)
+        if kind.causal or rows == "packed":  # something is hidden, and found so
+            assert (~said).any()
+        if rows == "packed" and (qs, ks) == (6, 2):  # queries of the first documents, keys
+            # of the second (valid): hidden by the segment ids alone, whatever the kind
+            assert not said[(np.asarray(q0) == 0) & (np.asarray(k0) == 12)].any()

@@ -1,6 +1,8 @@
 """Context parallelism (``parallel/context.py``): a tiny GPT whose sequences are split over the
 ``context`` mesh axis computes the logits, loss and gradients of one device, for every position
-scheme, by both methods (all-gather of keys/values, ring), and trains as one device does.
+scheme, by every method (all-gather of keys/values, ring, ring in zigzag order), and trains as
+one device does; the ring computes only the tiles its mask shows (a count per device), evenly
+in zigzag order, and keeps no scores for its backward.
 
 Tolerances (float32, 8 fake CPU devices): logits to 1e-5 absolute (observed ~2e-7), the loss
 to 1e-6 relative, every gradient to 2e-5 of the largest gradient entry (observed ~6e-7; the
@@ -14,10 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
 from transformers_jax.nn.attention import dot_product_attention
+from transformers_jax.nn.mask_kinds import SlidingWindow
+from transformers_jax.nn.masks import build_mask
 from transformers_jax.parallel import LOGICAL_RULES, format_mesh, make_mesh, make_trainer
+from transformers_jax.parallel.context import ring_attention
 from transformers_jax.parallel.mesh import parse_mesh
 from transformers_jax.parallel.rules import context_parallel_size
 from transformers_jax.parallel.strategies import mesh_rules
@@ -26,10 +33,11 @@ from transformers_jax.train.optim import make_optimizer
 
 B, T = 4, 64
 GPT = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, max_len=T)
-# Every scheme runs once; the fast set also runs by the other method (and mesh). Each case is
-# about three tiny compiles (one device, the mesh), so the rest is marked slow.
+# Every scheme runs twice; the fast set by every method (and mesh). Each case is about three
+# tiny compiles (one device, the mesh), so the rest is marked slow.
 FAST = ("none", "rope", "alibi")
-METHODS = {"ring": "data=2,context=4", "all_gather": "context=4"}
+METHODS = {"ring": "data=2,context=4", "all_gather": "context=4",
+           "ring_zigzag": "data=2,context=4"}
 
 
 def _batch(extra: str | None = None) -> dict:
@@ -73,7 +81,8 @@ def _run(cfg: ModelConfig, mesh_spec: str | None, method: str = "all_gather",
         with mesh_rules(mesh, LOGICAL_RULES, method):
             (value, logits), grads = step(params)
             # the hook ran (not GSPMD on its own): the method's collective is in the program
-            collective = {"ring": "collective_permute", "all_gather": "all_gather"}[method]
+            collective = {"ring": "collective_permute", "all_gather": "all_gather",
+                          "ring_zigzag": "collective_permute"}[method]
             assert collective in step.lower(params).as_text()
     return np.asarray(logits), float(value), jax.tree.map(np.asarray, grads)
 
@@ -95,8 +104,10 @@ def _assert_same(got, want) -> None:
 
 
 def _cases():
+    """The fast set by every method; every other scheme by the zigzag ring (the most moving
+    parts) and by ring or all-gather in turn."""
     for i, name in enumerate(POSITIONS.names()):
-        methods = list(METHODS) if name in FAST else [list(METHODS)[i % 2]]
+        methods = list(METHODS) if name in FAST else ["ring_zigzag", ("ring", "all_gather")[i % 2]]
         for method in methods:
             marks = () if name in FAST else (pytest.mark.slow,)
             yield pytest.param(name, method, marks=marks, id=f"{name}-{method}")
@@ -109,15 +120,18 @@ def test_context_parallel_equals_one_device(position, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mask", ["prefix", "window_packed"])
-def test_context_parallel_masks(mask):
-    """Masks by positions, not indices, through the ring: a prefix-LM whose prefixes end in
-    different shards (queries see keys of later shards), and a window reaching over shard
-    boundaries on packed documents (positions restarting, segment ids)."""
-    masks = {"prefix": "prefix", "window_packed": {"name": "sliding_window", "window": 24}}
+@pytest.mark.parametrize("method", ["ring", "ring_zigzag"])
+@pytest.mark.parametrize("mask", ["prefix", "window_packed", "causal_packed"])
+def test_context_parallel_masks(mask, method):
+    """Masks by positions, not indices, through the ring (blocks skipped by what the mask
+    says, queries in zigzag order): a prefix-LM whose prefixes end in different shards
+    (queries see keys of later shards), a window reaching over shard boundaries on packed
+    documents (positions restarting, segment ids), causal packed documents."""
+    masks = {"prefix": "prefix", "window_packed": {"name": "sliding_window", "window": 24},
+             "causal_packed": "causal"}
     cfg = GPT.replace(position="alibi", mask=masks[mask])
     extra = "prefix" if mask == "prefix" else "packed"
-    _assert_same(_run(cfg, "data=2,context=4", "ring", extra), _run(cfg, None, extra=extra))
+    _assert_same(_run(cfg, "data=2,context=4", method, extra), _run(cfg, None, extra=extra))
 
 
 def test_train_steps_equal_one_device():
@@ -170,12 +184,142 @@ def test_refusals_name_what_works():
         make_trainer("jit", model, optimizer, {k: v[:, :60] for k, v in batch.items()},
                      mesh="context=8")
     with pytest.raises(ConfigError, match="context_attention='zigzag': valid choices: "
-                       "all_gather, ring"):
+                       "all_gather, ring, ring_zigzag"):
         make_trainer("jit", model, optimizer, batch, mesh="data=2,context=4",
                      context_attention="zigzag")
+    with pytest.raises(ConfigError, match="length 36, which does not split into 8 zigzag "
+                       "chunks.*multiple of 8.*or train.context_attention=ring"):
+        make_trainer("jit", model, optimizer, {k: v[:, :36] for k, v in batch.items()},
+                     mesh="data=2,context=4", context_attention="ring_zigzag")
     pallas = build_model(GPT.replace(attention="pallas"))
     with pytest.raises(ConfigError, match="use train.context_attention=ring, or "
                        "attention=chunked"):
         make_trainer("jit", pallas, optimizer, batch, mesh="data=2,context=4")
     with pytest.raises(ConfigError, match="train.context_attention"):
         TrainConfig(context_attention="zigzag")
+
+
+RING = {"B": 2, "T": 32, "H": 2, "N": 1, "D": 8, "ways": 4}
+
+
+def _ring_mask(kind: str):
+    """A mask over RING's rows: causal, a window of 8 (one shard), bidirectional, a prefix per
+    row, or causal packed documents (positions restart at a cut, segment ids)."""
+    t, b = RING["T"], RING["B"]
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if kind == "packed":
+        seg = (jnp.arange(t)[None] >= jnp.array([[10], [21]])).astype(jnp.int32)
+        pos = jnp.where(seg == 0, pos, pos - jnp.array([[10], [21]]))
+        return build_mask("causal", pos, pos, q_segments=seg, kv_segments=seg)
+    if kind == "prefix":
+        return build_mask("prefix", pos, pos, prefix_len=jnp.array([5, 20]))
+    if kind == "window":
+        return build_mask(SlidingWindow(window=8), pos, pos)
+    return build_mask(kind, pos, pos)
+
+
+def _ring_direct(kind: str, zigzag: bool, dense: bool = False):
+    """Ring attention of random q, k, v on ``ways`` devices (the sequence split over them):
+    the output, the reference kernel's on one device, and the tiles each device computed.
+    ``dense``: the mask given as a boolean ``[B, 1, T, T]`` array, split along queries."""
+    b, t, h, n, d, ways = (RING[x] for x in ("B", "T", "H", "N", "D", "ways"))
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(b, t, heads, d)), jnp.float32)
+               for heads in (h, n, n))
+    mask = _ring_mask(kind).dense() if dense else _ring_mask(kind)
+    mesh = Mesh(np.array(jax.devices()[:ways]), ("context",))
+
+    def local(q, k, v, mask):
+        out, tiles = ring_attention(q, k, v, None, mask, axis="context", ways=ways,
+                                    zigzag=zigzag, scale=d**-0.5)
+        return out, tiles[None]  # [1, steps]
+
+    spec = P(None, "context")
+    mask_spec = jax.tree.map(lambda x: P(None) if x.ndim == 1 else spec, mask)
+    if dense:
+        mask_spec = P(None, None, "context", None)
+    out, tiles = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, mask_spec),
+                                       out_specs=(spec, P("context"))))(q, k, v, mask)
+    want = dot_product_attention(q, k, v, mask=mask, implementation="reference")
+    dense_mask = np.asarray(_ring_mask(kind).dense())
+    return np.asarray(out), np.asarray(want), np.asarray(tiles), dense_mask
+
+
+def _tiles_with_a_visible_pair(dense, ways: int, zigzag: bool) -> np.ndarray:
+    """``[device, step]``: the (query tile, key tile) pairs in which the dense mask has any
+    True, the work the ring cannot skip. At step s device i holds the keys of device i - s.
+    Contiguous: a device's queries and keys are its shard, one tile; zigzag: chunks i and
+    2c-1-i of 2c, four tiles."""
+    chunks = 2 * ways if zigzag else ways
+    size = dense.shape[-1] // chunks
+    seen = dense.any(axis=(0, 1)).reshape(chunks, size, chunks, size).any(axis=(1, 3))
+
+    def mine(i):
+        return [i, 2 * ways - 1 - i] if zigzag else [i]
+
+    return np.array([[seen[np.ix_(mine(i), mine((i - step) % ways))].sum()
+                      for step in range(ways)] for i in range(ways)])
+
+
+@pytest.mark.parametrize("kind", ["causal", "window", "prefix", "bidirectional", "packed",
+                                  "dense"])
+def test_ring_computes_only_the_tiles_the_mask_shows(kind):
+    """Each device counts the tiles it computed at each ring step (a ``lax.cond`` skips the
+    others): exactly those in which the dense mask has a visible pair, decided from
+    positions; everything for a bidirectional mask; on packed rows (positions restarting) no
+    fewer, and the segment ids still skip some; a dense boolean mask (packed rows as an
+    array) exactly. Causal: on the contiguous ring device i computes the block of step s
+    only for s <= i, so every step waits for a whole block on the last device; in zigzag
+    order every device computes 3 quarter blocks on the first step and 2 on every other.
+    The output is the reference's."""
+    ways = RING["ways"]
+    for zigzag in (False, True):
+        if kind == "dense":
+            out, want, tiles, dense = _ring_direct("packed", zigzag, dense=True)
+        else:
+            out, want, tiles, dense = _ring_direct(kind, zigzag)
+        np.testing.assert_allclose(out, want, atol=1e-5)
+        needed = _tiles_with_a_visible_pair(dense, ways, zigzag)
+        every = 4 if zigzag else 1  # tiles per step
+        if kind == "packed":
+            assert (needed <= tiles).all() and tiles.sum() < every * ways * ways, tiles
+        else:
+            np.testing.assert_array_equal(tiles, needed)
+        if kind == "bidirectional":
+            assert (tiles == every).all()
+        if kind == "causal":
+            steps = np.arange(ways)
+            want_tiles = ([[3] + [2] * (ways - 1)] * ways if zigzag else
+                          [(steps <= i).astype(int) for i in range(ways)])
+            np.testing.assert_array_equal(tiles, want_tiles)
+
+
+def test_ring_backward_keeps_no_scores():
+    """The ring's steps are rematerialised: what the forward keeps for the backward (``jax.vjp``'s
+    residuals) no longer grows with the scores, ``[q, K]`` per device, and the compiled
+    gradient's temporaries shrink (1 x 1024 tokens, 4 heads of 16, 4 devices, causal)."""
+    ways, t, h, d = 4, 1024, 4, 16
+    mesh = Mesh(np.array(jax.devices()[:ways]), ("context",))
+    x = jax.ShapeDtypeStruct((1, t, h, d), jnp.float32)
+    pos = jnp.arange(t, dtype=jnp.int32)[None]
+
+    def measure(recompute):
+        def loss(q, k, v):
+            def local(q, k, v, mask):
+                return ring_attention(q, k, v, None, mask, axis="context", ways=ways,
+                                      zigzag=True, scale=d**-0.5, recompute=recompute)[0]
+
+            spec = P(None, "context")
+            out = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)(
+                q, k, v, build_mask("causal", pos, pos))
+            return jnp.sum(out * q)
+
+        kept = jax.eval_shape(lambda *a: jax.vjp(loss, *a)[1], x, x, x)
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile()
+        return (sum(r.size * r.dtype.itemsize for r in jax.tree.leaves(kept)),
+                compiled.memory_analysis().temp_size_in_bytes)
+
+    (kept_all, temp_all), (kept_few, temp_few) = measure(False), measure(True)
+    scores = ways * (t // ways) * t * h * 4  # every device's [h, q, K] float32 scores
+    assert kept_all > scores and kept_all > 10 * kept_few, (kept_all, kept_few)  # 45 MB, 3.3 MB
+    assert temp_few < 0.6 * temp_all, (temp_all, temp_few)

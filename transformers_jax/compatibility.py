@@ -1,12 +1,12 @@
 """Which switch combinations work, asked of the switches themselves.
 
-For every positional scheme x attention kernel x mask (the registries' entries, with their
-default settings; a window of 16 for ``sliding_window``) and every use (training, KV-cache
-decoding, context parallelism by ring or by all-gather), ``support`` answers with the refusal
-the library itself would give, or None: the table is what the config checks, the decoding
-check and the context-parallel check say, so it cannot drift from them. ``docs_table`` and
-``readme_table`` render it; ``tests/test_compatibility.py`` keeps the documents equal to it and
-checks every supported cell against the reference kernel.
+For every positional scheme x attention kernel x mask (the registries' entries, with their default
+settings; a window of 16 for ``sliding_window``) and every use (training, KV-cache decoding,
+context parallelism by all-gather, ring or zigzag ring), ``support`` answers with the refusal the
+library itself would give, or None: the table is what the config checks, the decoding check and the
+context-parallel check say, so it cannot drift from them. ``docs_table`` and ``readme_table``
+render it; ``tests/test_compatibility.py`` keeps the documents equal to it and checks every
+supported cell against the reference kernel.
 
 A mask is tried with the first family that accepts it with the oracle kernel, families that
 continue a prompt first (a decoder-only LM), so a kernel is judged on the model that decodes
@@ -102,7 +102,8 @@ def bias_only_on(position: str, attention: str, mask: str) -> tuple[str, ...] | 
     return impl.bias_backends
 
 
-LETTERS = {"train": "T", "decode": "D", "context:ring": "R", "context:all_gather": "G"}
+LETTERS = {"train": "T", "decode": "D", "context:ring": "R", "context:all_gather": "G",
+           "context:ring_zigzag": "Z"}
 
 
 def cell_text(position: str, attention: str, mask: str) -> str:

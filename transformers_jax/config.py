@@ -45,7 +45,9 @@ REMAT_POLICIES = ("none", "full", "nothing_saveable", "dots_saveable",
                   "dots_with_no_batch_dims_saveable", "everything_saveable",
                   "save_attention_out", "save_qkv_proj")
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
-CONTEXT_ATTENTION = ("all_gather", "ring")  # attention across sequence shards (parallel/context.py)
+# attention across sequence shards (parallel/context.py); ring_zigzag: the ring with each
+# device holding chunks i and 2c-1-i of the queries, so causal work is even
+CONTEXT_ATTENTION = ("all_gather", "ring", "ring_zigzag")
 # Packed text rows shuffled within windows of this many by default: packing cuts a document
 # into consecutive rows, so unshuffled batches are mostly one document's neighbouring windows
 # (measured in experiments/length_extrapolation.py: NoPE at L=128 2.25 -> 1.757 nats held-out,
@@ -349,7 +351,7 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per step (the batch is split, the update is the same)
     # with a context mesh axis (--train.mesh=data=2,context=4, strategy jit): how attention
     # crosses the sequence shards (docs/scaling.md)
-    context_attention: str = "all_gather"  # all_gather (of keys/values) or ring
+    context_attention: str = "all_gather"  # all_gather (of keys/values), ring or ring_zigzag
     # The CPU backend's (backends/cpu.py): small models trained 1.06-1.11x faster on 2 cores;
     # meshes of other devices refuse more than 1
     concurrent_groups: int = 1  # row groups per (micro-)batch computed side by side on a CPU

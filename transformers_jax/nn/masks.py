@@ -118,6 +118,42 @@ class AttentionMask:
             take(self.kv_segments, k_start, k_size),
         )
 
+    def may_see_any(self) -> jax.Array:
+        """A scalar boolean, False only when no query here sees any key here: what a blockwise
+        kernel asks before computing a block it received (traced, from the positions and ids
+        the mask carries, never from array indices).
+
+        Each rule gives a necessary condition on the ranges of the row's values: causal needs
+        the earliest (valid) key at or before the latest query, or, with a prefix, inside the
+        prefix; a window needs the latest key less than ``window`` before the earliest query;
+        segments need the id ranges of queries and keys to overlap. True whenever any pair is
+        visible (it may also be True when none is: positions that restart in packed documents
+        hide little from ranges), exact for the contiguous, increasing positions of one
+        document. Costs a min/max over the block's positions, no ``[Q, K]`` work."""
+        big = jnp.iinfo(jnp.int32).max
+
+        def span(x, valid=None):
+            """Per row [B|1]: (min, max) of ``x [B|1, L]`` over the entries marked valid."""
+            if valid is None:
+                return x.min(axis=1), x.max(axis=1)
+            return jnp.where(valid, x, big).min(axis=1), jnp.where(valid, x, -big).max(axis=1)
+
+        q_lo, q_hi = span(self.q_positions)
+        k_lo, k_hi = span(self.kv_positions, self.kv_valid)
+        ok = k_lo <= k_hi  # some key is not padding
+        if self.causal:
+            seen = k_lo <= q_hi
+            if self.prefix_len is not None:
+                seen |= k_lo < self.prefix_len
+            ok &= seen
+        if self.window is not None:
+            ok &= q_lo - k_hi < self.window
+        if self.q_segments is not None:
+            qs_lo, qs_hi = span(self.q_segments)
+            ks_lo, ks_hi = span(self.kv_segments, self.kv_valid)
+            ok &= jnp.maximum(qs_lo, ks_lo) <= jnp.minimum(qs_hi, ks_hi)
+        return jnp.any(ok)
+
     def tile_visibility(self, q_start: int, q_size: int, k_start: int, k_size: int):
         """``"none"`` when no query of the tile at (q_start, k_start) sees any of its keys,
         ``"all"`` when every query sees every key, ``"some"`` between the two, None when that

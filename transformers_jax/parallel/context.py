@@ -19,18 +19,61 @@ gives each device its queries ``[b, q, h, D]`` and keys/values ``[b, k, n, D]``,
   over ``context`` and runs the configured kernel on its queries against every key; or
 - ``ring``: passes key/value blocks round the ``context`` axis with ``lax.ppermute`` (c - 1
   hops) and accumulates an online softmax in float32, so a device holds one remote block at a
-  time; the block maths is this module's (the configured kernel is not used).
+  time; the block maths is this module's (the configured kernel is not used); or
+- ``ring_zigzag``: the ring, with the queries in zigzag order (below).
 
 The mask is rebuilt on each device from positions (an ``AttentionMask``'s causal, window and
 prefix rules, padding, segments), never from array indices, so what a query sees does not
 depend on where its keys live. A dense boolean mask and the bias, ``[.., q, K]`` per device,
-are split along queries and sliced along keys. Not yet: skipping the blocks a causal mask
-hides (each ring step computes every block) and balancing that work (zigzag order); a backward
-pass that recomputes blocks instead of keeping each step's scores; sharding the KV cache.
+are split along queries and sliced along keys.
+
+Skipping hidden work. Before each (query tile, key tile) pair of a ring step the device asks
+the mask whether any query may see any key there (``AttentionMask.may_see_any``: a min/max of
+the tile's positions and segment ids, traced; a dense mask: any True in the tile) and computes
+the pair under ``lax.cond`` only if so. A causal mask hides the blocks in every query's future,
+a window also those beyond it in the past, segment ids the blocks of other documents; a
+prefix or a bidirectional mask hides little, and the bound never hides a visible pair, so
+packed rows (positions restarting) stay exact and merely skip less. The hops still run on
+every step: the skip saves compute, not communication.
+
+Zigzag order. With contiguous shards and a causal mask, device i has i + 1 blocks of work (the
+last c), and at step s only devices s..c-1 compute: as each hop waits for the device before,
+the ring still takes about c block-times. ``ring_zigzag`` cuts the sequence into 2c chunks and
+gives device i chunks i and 2c-1-i of the queries and of the keys; each ring step splits into
+2x2 tiles of a chunk, and every device computes 3 tiles on the first step and 2 on every other
+(half a block: keys from a device before it are seen, their first chunk, by both query chunks;
+keys from a device after it, both chunks, by the second query chunk only), 2c+1 in all. Balance
+in total alone is not enough: zigzag queries over contiguous keys give every device 2c+1 tiles
+too, but 4 on some steps. The model outside sees global arrays in their order, so the
+permutation happens inside this seam, on each device's shard: q, k, v, their positions, padding
+and segment ids, the rows of a bias or dense mask go to zigzag order by two ``ppermute``s of
+half a shard each (the even chunks, then the odd ones: each a permutation of the devices), and
+the output comes back by two more; a bias's or dense mask's key columns stay whole and are
+sliced where each key chunk sits. Measured on a 1-layer GPT's training step
+(``benchmarks/context_ring.py``, data=2,context=4, 4x64 tokens): 33 collective-permutes instead
+of 15, 49.7 kB instead of 25.0 kB sent per device (forward: q, k, v, the positions and the
+output; backward: their gradients; the ring itself sends K, V and their positions c-1 times
+forward and dK, dV c-1 times back). Permuting the batch once at the input would save these hops
+in every layer, but every token-wise layer, the positions the model makes, the loss and the
+data pipeline would then have to agree on the order; this design keeps that knowledge in one
+function and exact by construction.
+
+Backward. Each ring step is ``jax.checkpoint``-ed: the forward keeps, per step, the
+online-softmax carry (``[b, h, q, D]`` and two ``[b, h, q]``) and the key/value block it
+received, and the backward recomputes that step's scores; nothing of size ``q x K`` is kept
+(``tests/test_parallel_context.py`` measures the residuals; ``docs/scaling.md`` the numbers).
+
+Not yet: a flash-style backward that passes dK/dV round the ring instead of keeping every
+hop's key/value block (those are O(K) per device, as with ``all_gather``); skipping the hops
+themselves when a whole step is hidden on every device (a window shorter than a shard); per
+tile biases computed from positions (a bias scheme materialises ``[h, q, K]`` per device);
+sharding the KV cache for decoding.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -52,7 +95,22 @@ from transformers_jax.parallel.rules import (
     length_axes,
 )
 
-__all__ = ["CONTEXT_ATTENTION", "attention_hook", "check_context", "method_refusal"]
+__all__ = ["CONTEXT_ATTENTION", "METHODS", "attention_hook", "check_context", "method_refusal"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A ``train.context_attention`` value: ``ring`` passes key/value blocks round the axis
+    (else every device gathers them all); ``zigzag`` reorders the queries so that causal work
+    is the same on every device (its sequences split into 2c chunks)."""
+
+    ring: bool
+    zigzag: bool = False
+
+
+METHODS = {"all_gather": Method(ring=False), "ring": Method(ring=True),
+           "ring_zigzag": Method(ring=True, zigzag=True)}
+assert tuple(METHODS) == CONTEXT_ATTENTION, "config.CONTEXT_ATTENTION lists METHODS' names"
 
 
 def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch: Mapping,
@@ -78,6 +136,12 @@ def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch:
                 f"mesh context={ways}: the batch's {key!r} has length {shape[1]}, which does "
                 f"not split into {ways} equal shards; use a sequence length that is a multiple "
                 f"of {ways} (train.seq_len), or a context size that divides {shape[1]}")
+        if METHODS[method].zigzag and len(shape) >= 2 and shape[1] % (2 * ways):
+            raise ConfigError(
+                f"train.context_attention={method!r} with context={ways}: the batch's {key!r} "
+                f"has length {shape[1]}, which does not split into {2 * ways} zigzag chunks; "
+                f"use a sequence length that is a multiple of {2 * ways} (train.seq_len), or "
+                "train.context_attention=ring")
     refusal = method_refusal(attention, method)
     if refusal:
         raise ConfigError(refusal)
@@ -87,7 +151,7 @@ def method_refusal(attention: Any, method: str) -> str | None:
     """Why ``method`` cannot split attention computed by the kernel ``attention`` over the
     sequence (None when it can). The ring computes its blocks itself; the all-gather hands
     each device's queries every key, which a kernel that masks by array index cannot do."""
-    if method == "all_gather" and not attention.dense_masks:
+    if not METHODS[method].ring and not attention.dense_masks:
         return (f"attention={attention.name!r} with context parallelism: the all_gather method "
                 "gives each device's queries all keys, which this kernel (causality by array "
                 "index) cannot mask; use train.context_attention=ring, or attention=chunked, "
@@ -160,10 +224,15 @@ def _attention(impl, method, mesh, rules, axis, ways, q, k, v, *, bias, mask, sc
     else:
         mask_spec = None
 
+    how = METHODS[method]
+    # zigzag needs 2c query chunks and 2 key tiles per block; another length (an evaluation
+    # at a length that splits c ways only) takes the contiguous ring: the same numbers
+    zigzag = how.zigzag and q_len % (2 * ways) == 0 and k_len % (2 * ways) == 0
+
     def local(q, k, v, bias, mask):
-        if method == "ring":
-            return _ring(q, k, v, bias, mask, axis=axis, ways=ways, k_total=k_len, scale=scale,
-                         logit_softcap=logit_softcap)
+        if how.ring:
+            return ring_attention(q, k, v, bias, mask, axis=axis, ways=ways, zigzag=zigzag,
+                                  scale=scale, logit_softcap=logit_softcap)[0]
         k, v = (lax.all_gather(x, axis, axis=1, tiled=True) for x in (k, v))
         if isinstance(mask, AttentionMask):
             mask = _with_keys(mask, *(None if x is None else
@@ -177,6 +246,63 @@ def _attention(impl, method, mesh, rules, axis, ways, q, k, v, *, bias, mask, sc
         q, k, v, bias, mask)
 
 
+def ring_attention(q, k, v, bias, mask, *, axis, ways: int, zigzag: bool, scale: float,
+                   logit_softcap=None, recompute: bool = True):
+    """Inside ``shard_map``: one device's queries ``[b, q, h, D]`` (contiguous shard) against
+    the keys/values of every device ``[b, k, n, D]`` by the ring, with queries and keys in
+    zigzag order when ``zigzag`` (q and k even); the output in the queries' own order, and
+    the number of (query tile, key tile) pairs this device computed at each ring step, int32
+    ``[c]``."""
+    if not zigzag:
+        return _ring(q, k, v, bias, mask, axis=axis, ways=ways, scale=scale,
+                     logit_softcap=logit_softcap, recompute=recompute)
+    order = functools.partial(_to_zigzag, axis=axis, ways=ways)
+    q, k, v, bias = order(q, 1), order(k, 1), order(v, 1), order(bias, 2)
+    if isinstance(mask, AttentionMask):
+        mask = _with_keys(mask.replace(q_positions=order(mask.q_positions, 1),
+                                       q_segments=order(mask.q_segments, 1)),
+                          *(order(x, 1) for x in _key_side(mask)))
+    else:
+        mask = order(mask, 2)
+    out, count = _ring(q, k, v, bias, mask, axis=axis, ways=ways, scale=scale,
+                       logit_softcap=logit_softcap, zigzag=True, recompute=recompute)
+    return _from_zigzag(out, 1, axis=axis, ways=ways), count
+
+
+def _zigzag_owner(chunk: int, ways: int) -> int:
+    """The device that holds chunk ``chunk`` (of 2c) in zigzag order: device i has i and
+    2c-1-i."""
+    return chunk if chunk < ways else 2 * ways - 1 - chunk
+
+
+def _to_zigzag(x, dim: int, *, axis, ways: int):
+    """One device's share of ``x`` along ``dim`` in contiguous order (chunks 2i, 2i+1 of 2c)
+    -> zigzag order (chunks i, 2c-1-i). Two ``ppermute``s of half a shard: the even chunks
+    travel together, and so do the odd ones (each is a permutation of the devices: of the
+    chunks i and 2c-1-i, one is even). None, or an axis of 1 (broadcast), is returned as is."""
+    if x is None or x.shape[dim] == 1:
+        return x
+    lo, hi = jnp.split(x, 2, axis=dim)  # chunk 2i (even), chunk 2i+1 (odd)
+    even = lax.ppermute(lo, axis, [(i, _zigzag_owner(2 * i, ways)) for i in range(ways)])
+    odd = lax.ppermute(hi, axis, [(i, _zigzag_owner(2 * i + 1, ways)) for i in range(ways)])
+    first_even = lax.axis_index(axis) % 2 == 0  # device i's first chunk, i, is even
+    return jnp.where(first_even, jnp.concatenate([even, odd], dim),
+                     jnp.concatenate([odd, even], dim))
+
+
+def _from_zigzag(x, dim: int, *, axis, ways: int):
+    """The inverse of ``_to_zigzag``: chunks i, 2c-1-i back to 2i, 2i+1."""
+    first, second = jnp.split(x, 2, axis=dim)
+    first_even = lax.axis_index(axis) % 2 == 0
+    even = jnp.where(first_even, first, second)
+    odd = jnp.where(first_even, second, first)
+    even_chunk = [i if i % 2 == 0 else 2 * ways - 1 - i for i in range(ways)]  # on device i
+    odd_chunk = [2 * ways - 1 - i if i % 2 == 0 else i for i in range(ways)]
+    lo = lax.ppermute(even, axis, [(i, even_chunk[i] // 2) for i in range(ways)])
+    hi = lax.ppermute(odd, axis, [(i, odd_chunk[i] // 2) for i in range(ways)])
+    return jnp.concatenate([lo, hi], dim)
+
+
 def _key_side(mask: AttentionMask) -> tuple:
     """The parts of a mask that follow the keys: positions, padding, segment ids."""
     return mask.kv_positions, mask.kv_valid, mask.kv_segments
@@ -188,64 +314,118 @@ def _with_keys(mask: AttentionMask, kv_positions, kv_valid, kv_segments) -> Atte
                         aligned=False)
 
 
-def _ring(q, k, v, bias, mask, *, axis, ways: int, k_total: int, scale: float, logit_softcap):
+def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap,
+          zigzag: bool = False, recompute: bool = True):
     """Ring attention on one device: its queries ``[b, q, h, D]`` against every device's
-    keys/values ``[b, k, n, D]``, which travel one hop per step; float32 online softmax."""
+    keys/values ``[b, k, n, D]``, which travel one hop per step; float32 online softmax.
+
+    ``zigzag``: queries and keys are in zigzag order (device i holds chunks i and 2c-1-i of
+    2c), and each step splits into 2 x 2 tiles of a chunk; else one tile, the whole block. A
+    tile is computed only when the mask lets some query see some key of it
+    (``AttentionMask.may_see_any``; a dense mask: any True in the tile), under ``lax.cond``.
+    ``recompute``: each step is ``jax.checkpoint``-ed, so the backward pass keeps the
+    online-softmax carry and the step's block, and recomputes the scores.
+
+    Returns the output ``[b, q, h, D]`` and how many tiles this device computed at each step
+    (int32 ``[c]``)."""
     b, q_len, h, d = q.shape
     k_len, n = k.shape[1], k.shape[2]
-    q_BQNGD = q.reshape(b, q_len, n, h // n, d)
+    parts = 2 if zigzag else 1
+    qp, kp = q_len // parts, k_len // parts
     me = lax.axis_index(axis)
     hop = [(i, (i + 1) % ways) for i in range(ways)]
 
-    def scores(step, k_blk, keys):
-        """Scores ``[b, n, G, q, k]`` float32 of the block that started on device
-        ``me - step``, masked (-inf) where a query may not see a key."""
-        start = ((me - step) % ways) * k_len  # where the block's keys sit among all K
-        s = jnp.einsum("bqngd,bknd->bngqk", q_BQNGD, k_blk,
+    def query_rows(x, i, dim):
+        """Query tile ``i`` of ``x`` along ``dim`` (itself when that axis is broadcast)."""
+        if x is None or x.shape[dim] == 1:
+            return x
+        return lax.slice_in_dim(x, i * qp, (i + 1) * qp, axis=dim)
+
+    q_tiles = [query_rows(q, i, 1).reshape(b, qp, n, h // n, d) for i in range(parts)]
+    bias_tiles = [query_rows(bias, i, 2) for i in range(parts)]
+    if isinstance(mask, AttentionMask):
+        mask_tiles = [mask.replace(q_positions=query_rows(mask.q_positions, i, 1),
+                                   q_segments=query_rows(mask.q_segments, i, 1))
+                      for i in range(parts)]
+    else:
+        mask_tiles = [query_rows(mask, i, 2) for i in range(parts)]
+
+    def keys_of(x, start, size, dim):
+        """Keys ``start:start + size`` of a bias or dense mask (itself when broadcast)."""
+        return x if x is None or x.shape[dim] == 1 else lax.dynamic_slice_in_dim(
+            x, start, size, axis=dim)
+
+    def visible(i, keys_t, start):
+        """The ``[b|1, 1|h, qp, kp]`` mask of query tile i over a key tile, or None."""
+        if isinstance(mask, AttentionMask):
+            return _with_keys(mask_tiles[i], *keys_t).dense()
+        return keys_of(mask_tiles[i], start, kp, 3)
+
+    def may_see(i, keys_t, start):
+        if isinstance(mask, AttentionMask):
+            return _with_keys(mask_tiles[i], *keys_t).may_see_any()
+        return jnp.any(visible(i, keys_t, start))
+
+    def tile(carry, i, k_t, v_t, keys_t, start):
+        """The online-softmax carry of query tile i after one key tile."""
+        m_old, l_old, acc_old = carry
+        s = jnp.einsum("bqngd,bknd->bngqk", q_tiles[i], k_t,
                        preferred_element_type=jnp.float32) * scale
         if logit_softcap is not None:
             s = logit_softcap * jnp.tanh(s / logit_softcap)
         if bias is not None:
-            blk = bias if bias.shape[-1] == 1 else lax.dynamic_slice_in_dim(bias, start, k_len,
-                                                                              axis=3)
-            s = s + group_heads(blk, n).astype(jnp.float32)
-        if isinstance(mask, AttentionMask):
-            visible = _with_keys(mask, *keys).dense()
-        elif mask is not None:
-            visible = mask if mask.shape[-1] == 1 else lax.dynamic_slice_in_dim(
-                mask, start, k_len, axis=3)
-        else:
-            return s
-        return jnp.where(group_heads(visible, n), s, -jnp.inf)
-
-    def update(carry, step, k_blk, v_blk, keys):
-        s = scores(step, k_blk, keys)
-        m_blk = lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-        if carry is None:
-            m = m_blk
-        else:
-            m_old, l_old, acc_old = carry
-            m = jnp.maximum(m_old, m_blk)
+            s = s + group_heads(keys_of(bias_tiles[i], start, kp, 3), n).astype(jnp.float32)
+        if mask is not None:
+            s = jnp.where(group_heads(visible(i, keys_t, start), n), s, -jnp.inf)
+        m = jnp.maximum(m_old, lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
         shift = jnp.where(jnp.isfinite(m), m, 0.0)  # nothing visible yet: exp(-inf) = 0
         p = jnp.exp(s - shift)
-        l_sum = jnp.sum(p, axis=-1, keepdims=True)
-        acc = jnp.einsum("bngqk,bknd->bngqd", p, v_blk.astype(jnp.float32))
-        if carry is not None:
-            rescale = jnp.exp(m_old - shift)
-            l_sum = l_old * rescale + l_sum
-            acc = acc_old * rescale + acc
+        rescale = jnp.exp(m_old - shift)
+        l_sum = l_old * rescale + jnp.sum(p, axis=-1, keepdims=True)
+        acc = acc_old * rescale + jnp.einsum("bngqk,bknd->bngqd", p, v_t.astype(jnp.float32))
         return m, l_sum, acc
 
-    keys = _key_side(mask) if isinstance(mask, AttentionMask) else (None, None, None)
-    carry = update(None, 0, k, v, keys)
+    def process(state, step, k_blk, v_blk, keys):
+        """Every (query tile, key tile) pair of the block that started on ``me - step``."""
+        carries, count = list(state[0]), state[1]
+        for r in range(parts):
+            k_t, v_t = (lax.slice_in_dim(x, r * kp, (r + 1) * kp, axis=1) for x in (k_blk, v_blk))
+            keys_t = tuple(None if x is None else lax.slice_in_dim(x, r * kp, (r + 1) * kp, axis=1)
+                           for x in keys)
+            owner = (me - step) % ways  # the device the block started on
+            chunk = (2 * ways - 1 - owner if r else owner) if zigzag else owner * parts + r
+            start = chunk * kp  # where the tile's keys sit among all K
+            for i in range(parts):
+                if mask is None:  # every tile is seen
+                    carries[i] = tile(carries[i], i, k_t, v_t, keys_t, start)
+                    count = count.at[step].add(1)
+                    continue
+                carries[i], count = lax.cond(
+                    may_see(i, keys_t, start),
+                    lambda c, t, i=i, k_t=k_t, v_t=v_t, keys_t=keys_t, start=start: (
+                        tile(c, i, k_t, v_t, keys_t, start), t.at[step].add(1)),
+                    lambda c, t: (c, t),
+                    carries[i], count)
+        return tuple(carries), count
 
-    def step(state, i):
-        carry, k_blk, v_blk, keys = state
+    if recompute:  # keep each step's inputs (carry, block); recompute its scores in backward
+        process = jax.checkpoint(process, prevent_cse=False)
+
+    # zeros_like(q): the carry varies over the mesh axes as q does (shard_map's type checks)
+    empty = (jnp.full_like(q, -jnp.inf, shape=(b, n, h // n, qp, 1), dtype=jnp.float32),
+             jnp.zeros_like(q, shape=(b, n, h // n, qp, 1), dtype=jnp.float32),
+             jnp.zeros_like(q, shape=(b, n, h // n, qp, d), dtype=jnp.float32))
+    keys = _key_side(mask) if isinstance(mask, AttentionMask) else (None, None, None)
+    state = process(((empty,) * parts, jnp.zeros_like(q, shape=(ways,), dtype=jnp.int32)), 0,
+                    k, v, keys)
+
+    def step(carry, i):
+        state, k_blk, v_blk, keys = carry
         k_blk, v_blk, keys = jax.tree.map(lambda x: lax.ppermute(x, axis, hop),
                                           (k_blk, v_blk, keys))
-        return (update(carry, i, k_blk, v_blk, keys), k_blk, v_blk, keys), None
+        return (process(state, i, k_blk, v_blk, keys), k_blk, v_blk, keys), None
 
-    (carry, *_), _ = lax.scan(step, (carry, k, v, keys), jnp.arange(1, ways))
-    _, l_sum, acc = carry
-    out = acc / jnp.where(l_sum > 0, l_sum, 1.0)  # [b, n, G, q, D]; sees no key: zero
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d).astype(q.dtype)
+    ((carries, count), *_), _ = lax.scan(step, (state, k, v, keys), jnp.arange(1, ways))
+    outs = [acc / jnp.where(l_sum > 0, l_sum, 1.0) for _, l_sum, acc in carries]  # sees none: 0
+    out = jnp.concatenate(outs, axis=3)  # [b, n, G, q, D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, q_len, h, d).astype(q.dtype), count

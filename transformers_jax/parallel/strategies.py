@@ -21,7 +21,8 @@ optimizer update. What differs is who holds what:
   ``fsdp``, tensor parallelism splits heads, MLP width and vocabulary over ``tensor``;
   activations follow the model's logical constraints, their length split over ``context``
   (context parallelism: attention across the shards by ``context.attention_hook``, an
-  all-gather of keys and values or a ring). XLA (GSPMD) inserts the other collectives.
+  all-gather of keys and values or a ring, zigzag or not). XLA (GSPMD) inserts the other
+  collectives.
 
 Gradient accumulation (``grad_accum=k``) scans over k micro-batches inside the step, adding
 weighted loss sums and gradients of sums, and normalises once by the global weight: exactly the
@@ -180,7 +181,7 @@ class ParallelTrainer:
     init_fn: Callable | None = None
     abstract_state: Callable[[], TrainState] | None = None  # None: pmap (local devices only)
     batch_shardings: Callable[[dict], dict] | None = None  # batch -> NamedSharding per key
-    context_attention: str = "all_gather"  # with a context axis: all_gather or ring
+    context_attention: str = "all_gather"  # with a context axis: all_gather, ring, ring_zigzag
 
     def traced(self):
         """The context this strategy's steps are traced in (the mesh and logical-axis rules
@@ -228,7 +229,8 @@ def mesh_rules(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES,
     model's ``nn.with_logical_constraint`` calls then become real sharding constraints (with
     no mesh or no rules they are no-ops, which is what pmap and shard_map want). When the rules
     split the sequence over the mesh (a ``context`` axis), the model's attention runs across
-    the shards by ``context_attention`` (``all_gather`` or ``ring``; ``parallel/context.py``)."""
+    the shards by ``context_attention`` (``all_gather``, ``ring`` or ``ring_zigzag``;
+    ``parallel/context.py``)."""
     hook = attention_hook(mesh, rules, context_attention)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules), across_shards(hook):
         yield
@@ -284,8 +286,8 @@ def make_trainer(
     ``groups``: each (micro-)batch computed as this many independent row groups
     (``train.concurrent_groups``; ``train.step.grouped_sums_and_grads``): for CPU devices only,
     a ConfigError for others. ``context_attention``: how attention crosses the sequence
-    shards of a mesh with a ``context`` axis (``all_gather`` of keys and values, or ``ring``;
-    ``parallel/context.py``); ignored without one.
+    shards of a mesh with a ``context`` axis (``all_gather`` of keys and values, ``ring``, or
+    ``ring_zigzag``; ``parallel/context.py``); ignored without one.
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"train.strategy={strategy!r}: valid choices: {', '.join(STRATEGIES)}")
