@@ -251,7 +251,7 @@ def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
     best = None
     n = len(target.devices)
     meshes_tried = candidate_meshes(n, meshes, per_host=n // max(target.hosts, 1),
-                                    seq_len=cfg.seq_len)
+                                    seq_len=cfg.seq_len, min_shard=MIN_CONTEXT_SHARD)
     for mesh in meshes_tried:
         for method in context_methods(model_cfg, cfg, mesh):
             for remat in remats:
