@@ -27,6 +27,9 @@ import time
 
 from transformers_jax.cli import build_configs
 from transformers_jax.plan import compile_train, tpu_target
+from transformers_jax.plan.hlo import Module
+from transformers_jax.plan.ops import op_roofline
+from transformers_jax.train.flops import flops_per_token
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true",
           "--model.attention=pallas", "--train.strategy=jit"]
@@ -128,13 +131,36 @@ def _plan_run(name: str, hlo_dir: str | None, per_device: int) -> dict:
            "plan_s": time.perf_counter() - wall, "fits": got["memory"]["fits"],
            "planned_per_device": per_device,
            "memory": got["memory"]}
-    line = got["roofline"]
-    if line is not None:
-        convention = CONVENTION[name]
-        out.update(convention=convention, estimate_mfu=line[convention], step_s=line["step_s"],
-                   split=line["split"], bound=line["bound"], top_ops=line["top_ops"][:5],
-                   whole_program_mfu=line["whole_program"][convention],
-                   error_points=100 * (line[convention] - run["published_mfu"]))
+    if got["roofline"] is not None:
+        out.update(_estimate(name, got["roofline"]),
+                   whole_program_mfu=got["roofline"]["whole_program"][CONVENTION[name]])
+    return out
+
+
+def _estimate(name: str, line: dict) -> dict:
+    convention = CONVENTION[name]
+    return {"convention": convention, "estimate_mfu": line[convention],
+            "step_s": line["step_s"], "split": line["split"], "bound": line["bound"],
+            "top_ops": line["top_ops"][:5],
+            "error_points": 100 * (line[convention] - RUNS[name]["published_mfu"])}
+
+
+def recost(row: dict, hlo_dir: str) -> dict:
+    """A planned row costed again from its kept program (``--hlo-dir``) with the current
+    roofline, without compiling: for changes to ``plan/ops.py``."""
+    run, name = RUNS[row["name"]], row["name"]
+    target = tpu_target(run["target"])
+    model_cfg, cfg = build_configs(row["command"].split()[5:])
+    with open(os.path.join(hlo_dir, f"{name}.hlo")) as f:
+        module = Module.parse(f.read())
+    tokens = cfg.batch_size * cfg.seq_len / len(target.devices)
+    line = op_roofline(module, target, flops_per_token(model_cfg, cfg.seq_len) * tokens,
+                       flops_per_token(model_cfg, cfg.seq_len, causal_half=True) * tokens,
+                       causal=model_cfg.mask.causal)
+    out = {**row, **_estimate(name, line)}
+    if "convention" not in row and out["convention"] == "mfu":  # planned before CONVENTION
+        out["whole_program_mfu"] = row["whole_program_mfu"] * line["mfu"] / line[
+            "mfu_causal_half"]  # its step time, the other FLOP count
     return out
 
 
@@ -178,7 +204,16 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="write the rows (JSON) there")
     parser.add_argument("--hlo-dir", default=None, help="also keep each compiled program")
     parser.add_argument("--table", metavar="JSON", help="print the table of a run's JSON")
+    parser.add_argument("--recost", metavar="JSON", help="cost a run's rows again from the "
+                        "programs kept in --hlo-dir (no compile); rewrite --out")
     args = parser.parse_args()
+    if args.recost:
+        with open(args.recost) as f:
+            rows = [recost(r, args.hlo_dir) if "step_s" in r else r for r in json.load(f)["runs"]]
+        with open(args.out or args.recost, "w") as f:
+            json.dump({"runs": rows}, f, indent=1)
+        print(table(rows))
+        return 0
     if args.table:
         with open(args.table) as f:
             print(table(json.load(f)["runs"]))
