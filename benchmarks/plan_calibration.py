@@ -105,10 +105,11 @@ CONVENTION = {"llama3.1-8b-v6e-8": "mfu", "llama3.1-70b-v6e-256": "mfu",
               "maxtext-32b-v5e-256": "mfu"}
 
 
-def plan_run(name: str, hlo_dir: str | None) -> dict:
-    """The published batch per device, else the largest smaller one that fits here (our loss
-    keeps the whole vocabulary's logits; MaxText's recipes also offload activations)."""
-    for per_device in range(RUNS[name]["per_device"], 0, -1):
+def plan_run(name: str, hlo_dir: str | None, most: int | None = None) -> dict:
+    """The published batch per device (or ``most``), else the largest smaller one that fits
+    here (our loss keeps the whole vocabulary's logits; MaxText's recipes also offload
+    activations)."""
+    for per_device in range(min(most or 10**9, RUNS[name]["per_device"]), 0, -1):
         out = _plan_run(name, hlo_dir, per_device)
         if out["fits"]:
             break
@@ -203,6 +204,8 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated run names")
     parser.add_argument("--out", default=None, help="write the rows (JSON) there")
     parser.add_argument("--hlo-dir", default=None, help="also keep each compiled program")
+    parser.add_argument("--per-device", type=int, metavar="B", help="try at most B sequences "
+                        "per device (skip the compiles a known limit refuses)")
     parser.add_argument("--table", metavar="JSON", help="print the table of a run's JSON")
     parser.add_argument("--recost", metavar="JSON", help="cost a run's rows again from the "
                         "programs kept in --hlo-dir (no compile); rewrite --out")
@@ -226,7 +229,7 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
             continue
         try:
-            rows.append(plan_run(name, args.hlo_dir))
+            rows.append(plan_run(name, args.hlo_dir, args.per_device))
         except Exception as err:  # noqa: BLE001 - one failed run must not lose the others
             rows.append({"name": name, **{k: v for k, v in RUNS[name].items() if k != "argv"},
                          "error": f"{type(err).__name__}: {err}"[:500]})

@@ -118,6 +118,23 @@ def test_a_synchronous_collective_is_exposed_and_rings_over_the_torus():
     assert line["top_collectives"][0]["kind"] == "all-reduce"
 
 
+FLASH = ("  %q = bf16[2,4,1024,128]{3,2,1,0} parameter(5)\n"
+         "  %k = bf16[2,4,1024,128]{3,2,1,0} parameter(6)\n"
+         "  %flash_attention.1 = bf16[2,4,1024,128]{3,2,1,0} custom-call(%q, %k, %k), "
+         'custom_call_target="tpu_custom_call"')
+
+
+def test_a_flash_attention_kernel_costs_its_matmuls_from_its_shapes():
+    from transformers_jax.plan.ops import KERNEL_EFFICIENCY
+
+    causal = op_roofline(Module.parse(entry(FLASH)), TARGET, 0.0, causal=True)
+    flops = 2 * 2 * (2 * 4 * 1024 * 1024 * 128) / 2  # QK and PV; causal skips half the blocks
+    assert causal["mxu_flops"] == flops and causal["opaque_custom_calls"] == []
+    assert causal["step_s"] == pytest.approx(flops / (197e12 * KERNEL_EFFICIENCY), rel=1e-9)
+    full = op_roofline(Module.parse(entry(FLASH)), TARGET, 0.0, causal=False)
+    assert full["mxu_flops"] == 2 * flops
+
+
 # libtpu: a real compile for TPU v5e 2x2 ---------------------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu not installed (pip install -e '.[tpu]')")

@@ -7,7 +7,8 @@ at the chip's MXU peak for their dtype, its other arithmetic (one FLOP per outpu
 reduction per input element) at the vector peak, and its HBM bytes (``hlo.instruction_bytes``)
 at HBM bandwidth. Loops count as often as they run (``hlo.Module.multiplicities``). A Pallas
 kernel is an opaque custom call: its FLOPs come from its operand shapes where ``KERNELS``
-knows the kernel (flash attention), else only its bytes count (listed as opaque).
+knows the kernel (flash attention), run at ``KERNEL_EFFICIENCY`` of the peak; an unknown
+kernel's bytes only count (listed as opaque).
 
 Collectives cost their ring bytes (``compiled.collectives``' model) over the links they cross:
 a ring over k torus axes gets k / ``Chip.ici_links`` of the chip's ICI bandwidth, and a group
@@ -18,8 +19,8 @@ the collective stream at its start, behind the transfers already queued; its don
 A synchronous collective waits for the stream and blocks compute. The time compute waits is
 the collectives' exposed time; the step is the sum of every operation's time plus that.
 Left out: async copies between memory spaces (copy-start/-done, slice-start/-done), fixed costs
-per operation, and the MXU's efficiency at small or ragged shapes (see docs/performance.md for
-the calibration against published runs).
+per operation, and the MXU's efficiency at small or ragged shapes (docs/performance.md has the
+calibration against published runs).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ _MOVES = {"parameter", "constant", "bitcast", "broadcast", "reshape", "transpose
 # head they run (flash attention: forward QK and PV; dq: QK, dO V and dS K; dkv: QK, PV, dO V
 # and dS Q), read from q [B, H, T, D] and k [B, H, S, D]; a causal kernel skips about half
 KERNELS = {"bwd_dkv": 4, "bwd_dq": 3, "flash_attention": 2}
+# The fraction of the MXU peak those kernels reach: fitted to two published runs (Llama 2 70B at
+# 4K on v5p, Llama 3.1 8B at 8K on v6e; docs/performance.md), an estimate; their softmax runs on
+# the vector unit between the matmuls of each 128-wide block
+KERNEL_EFFICIENCY = 0.35
 BOUNDS = ("matmul", "other_compute", "memory_bound")
 
 
@@ -213,7 +218,7 @@ def op_cost(module: Module, inst: Instruction, target: Target, causal: bool = Tr
         cost.mxu_flops = flops or 0.0
         cost.bytes = sum(array_bytes(inst.shape)) + sum(
             sum(array_bytes(shapes.get(o, ""))) for o in inst.operands())
-        mxu_s = _mxu_seconds(inst, cost.mxu_flops, shapes, target)
+        mxu_s = _mxu_seconds(inst, cost.mxu_flops, shapes, target) / KERNEL_EFFICIENCY
         vector_s = 0.0
     else:
         mxu_s = 0.0
