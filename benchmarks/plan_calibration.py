@@ -125,17 +125,22 @@ def _plan_run(name: str, hlo_dir: str | None, per_device: int) -> dict:
     argv += [f"--model.n_layers={run['layers']}"] if run["layers"] else []
     model_cfg, cfg = build_configs(argv)
     wall = time.perf_counter()
-    hlo = os.path.join(hlo_dir, f"{name}.hlo") if hlo_dir else None
+    flags = os.environ.get("LIBTPU_INIT_ARGS") or None  # the compiler's flags, if any
+    hlo = os.path.join(hlo_dir, _hlo_name(name, flags)) if hlo_dir else None
     got = compile_train(model_cfg, cfg, target, hlo_out=hlo)
     out = {"name": name, **{k: v for k, v in run.items() if k != "argv"},
            "command": " ".join(["tjax plan --target", run["target"], "--no-decode", *argv]),
            "plan_s": time.perf_counter() - wall, "fits": got["memory"]["fits"],
-           "planned_per_device": per_device,
+           "planned_per_device": per_device, "libtpu_args": flags,
            "memory": got["memory"]}
     if got["roofline"] is not None:
         out.update(_estimate(name, got["roofline"]),
                    whole_program_mfu=got["roofline"]["whole_program"][CONVENTION[name]])
     return out
+
+
+def _hlo_name(name: str, flags: str | None) -> str:
+    return f"{name}-flags.hlo" if flags else f"{name}.hlo"
 
 
 def _estimate(name: str, line: dict) -> dict:
@@ -152,7 +157,7 @@ def recost(row: dict, hlo_dir: str) -> dict:
     run, name = RUNS[row["name"]], row["name"]
     target = tpu_target(run["target"])
     model_cfg, cfg = build_configs(row["command"].split()[5:])
-    with open(os.path.join(hlo_dir, f"{name}.hlo")) as f:
+    with open(os.path.join(hlo_dir, _hlo_name(name, row.get("libtpu_args")))) as f:
         module = Module.parse(f.read())
     tokens = cfg.batch_size * cfg.seq_len / len(target.devices)
     line = op_roofline(module, target, flops_per_token(model_cfg, cfg.seq_len) * tokens,
@@ -174,13 +179,13 @@ def in_process_with(name: str, flags: str, hlo_dir: str | None) -> dict:
         subprocess.run(command + (["--hlo-dir", hlo_dir] if hlo_dir else []), check=True,
                        env={**os.environ, "LIBTPU_INIT_ARGS": flags}, stdout=subprocess.DEVNULL)
         with open(out) as f:
-            return {**json.load(f)["runs"][0], "libtpu_args": flags}
+            return json.load(f)["runs"][0]
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| published run | ours (target, layers) | published MFU | estimate | error "
-           "(points) | bound | whole-program estimate (before) |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| published run | ours: target, layers, batch per device (published) | "
+           "published MFU | estimate | error (points) | bound | whole-program estimate "
+           "(before) |", "|---|---|---|---|---|---|---|"]
     errors = []
     for r in rows:
         if "estimate_mfu" not in r:
@@ -189,7 +194,10 @@ def table(rows: list[dict]) -> str:
             continue
         errors.append(abs(r["error_points"]))
         layers = f", {r['layers']} layers" if r.get("layers") else ""
-        out.append(f"| [{r['name']}]({r['source']}) | `{r['target']}`{layers} | "
+        layers += f", {r.get('planned_per_device', r['per_device'])} ({r['per_device']})"
+        flags = " (collective matmul off)" if "windowed_einsum" in (r.get("libtpu_args")
+                                                                  or "") else ""
+        out.append(f"| [{r['name']}]({r['source']}){flags} | `{r['target']}`{layers} | "
                    f"{100 * r['published_mfu']:.1f}% | {100 * r['estimate_mfu']:.1f}% | "
                    f"{r['error_points']:+.1f} | {r['bound']} | "
                    f"{100 * r['whole_program_mfu']:.1f}% |")
