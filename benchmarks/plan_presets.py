@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -99,27 +100,22 @@ def _gib(n: float) -> str:
 CALIBRATION = "benchmarks/results/plan_calibration.json"
 
 
-def expected_error(path: str = CALIBRATION) -> dict[str, float]:
-    """The largest |error| (MFU points) of the calibration runs on each chip, and over all
-    (key ``all``); empty without a calibration file."""
+def expected_error(path: str = CALIBRATION) -> float | None:
+    """The median |error| (MFU points) of the calibration's plans of published runs
+    (``benchmarks/plan_calibration.py``); None without its file."""
     try:
         with open(path) as f:
             runs = [r for r in json.load(f)["runs"] if "error_points" in r]
     except FileNotFoundError:
-        return {}
-    out: dict[str, float] = {}
-    for r in runs:
-        chip = r["target"].partition(":")[0]
-        out[chip] = max(out.get(chip, 0.0), abs(r["error_points"]))
-    out["all"] = max(out.values(), default=0.0)
-    return out
+        return None
+    return statistics.median(abs(r["error_points"]) for r in runs) if runs else None
 
 
 def table(path: str) -> str:
     """The README table (markdown) from the JSON lines of a run."""
     rows = [json.loads(line) for line in open(path) if line.strip()]
     order = {name: i for i, name in enumerate(CONFIGS)}
-    errors = expected_error()
+    error = expected_error()
     rows.sort(key=lambda r: (list(TARGETS).index(r["target"]) if r["target"] in TARGETS else 9,
                              order.get(r["config"], 99)))
     out = ["| preset | slice (topology) | batch x length | fits | best mesh | remat | "
@@ -136,16 +132,18 @@ def table(path: str) -> str:
             out.append(f"| {r['config']} | {where} | {shape} | **no** (any mesh tried, any "
                        "remat) ||||||||")
             continue
-        chip = r["target"].partition(":")[0]
-        error = errors.get(chip, errors.get("all"))
-        mfu = f"{100 * r['mfu']:.0f}%" + (f" (±{error:.0f})" if error is not None
-                                          and "split" in r else "")
+        memory = f"{_gib(r['bytes_per_chip'])} ({_gib(r['hbm_per_chip'])})"
+        if "split" not in r:  # planned before the per-operation roofline, not re-planned
+            out.append(f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | "
+                       f"{r['remat']} | {memory} | | not re-planned | | | "
+                       f"{100 * r['mfu']:.0f}% |")
+            continue
+        mfu = f"{100 * r['mfu']:.0f}%" + (f" (±{error:.0f})" if error is not None else "")
         before = r.get("whole_program", {}).get("mfu")
         out.append(
             f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | {r['remat']} | "
-            f"{_gib(r['bytes_per_chip'])} ({_gib(r['hbm_per_chip'])}) | {r['step_s']:.3f} | "
-            f"{mfu} | {r['bound']} | {r['tokens_per_s']:,.0f} | "
-            f"{'' if before is None else f'{100 * before:.0f}%'} |")
+            f"{memory} | {r['step_s']:.3f} | {mfu} | {r['bound']} | "
+            f"{r['tokens_per_s']:,.0f} | {'' if before is None else f'{100 * before:.0f}%'} |")
     return "\n".join(out)
 
 
