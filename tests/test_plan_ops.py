@@ -135,6 +135,15 @@ def test_a_flash_attention_kernel_costs_its_matmuls_from_its_shapes():
     assert full["mxu_flops"] == 2 * flops
 
 
+def test_a_mesh_axis_collective_rings_over_that_axis_only():
+    # the TPU compiler's form: groups along 'x' (2 of the 2 x 2 devices), device ids between
+    gather = ("  %ag = f32[4096,1024]{1,0} all-gather(%w), channel_id=3, replica_groups="
+              "mesh['x'=2,'y'=2], device_ids=([2,2]T(1,0)) {'x'}, dimensions={0}")
+    line = op_roofline(Module.parse(entry(gather)), TARGET, 0.0)
+    assert line["collective_bytes"] == 0.5 * 16 * 2**20  # (n-1)/n with n = 2, not 4
+    assert line["split"]["exposed_collectives"] == pytest.approx(8 * 2**20 / 100e9, rel=1e-9)
+
+
 # libtpu: a real compile for TPU v5e 2x2 ---------------------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu not installed (pip install -e '.[tpu]')")
