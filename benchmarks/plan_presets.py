@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -59,40 +60,90 @@ def row(name: str, target_name: str, attention: str) -> dict:
                    bytes_per_chip=best["memory"]["total_bytes"] * target.devices_per_chip,
                    hbm_per_chip=target.chip.hbm_bytes,
                    step_s=best["roofline"]["step_s"], mfu=best["roofline"]["mfu"],
-                   step_s_overlapped=best["roofline"]["step_s_overlapped"],
-                   mfu_overlapped=best["roofline"]["mfu_overlapped"],
-                   bound=best["roofline"]["bound"], tokens_per_s=best["tokens_per_s"],
+                   mfu_causal_half=best["roofline"]["mfu_causal_half"],
+                   bound=best["roofline"]["bound"], split=best["roofline"]["split"],
+                   top_ops=best["roofline"]["top_ops"][:3],
+                   whole_program={k: best["roofline"]["whole_program"][k] for k in (
+                       "step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound")},
+                   tokens_per_s=best["tokens_per_s"],
                    ici_bytes_per_device=best["ici_bytes_per_device"])
     return out
+
+
+def replan(old: dict) -> dict:
+    """A row of an earlier run planned again on its chosen mesh and remat (no search): the
+    per-operation roofline's step time, MFU, bound and split; the earlier whole-program
+    figures stay under ``whole_program``."""
+    if not old.get("fits"):
+        return old
+    target = tpu_target(old["target"])
+    argv = [a for a in old["command"].split()[5:] if a.startswith("--") and a not in (
+        "--search", "--no-decode", "--preset", "--search-meshes")]
+    argv = ["--preset", old["config"], *[a for a in argv if "=" in a],
+            f"--train.mesh={old['mesh']}", f"--model.remat={old['remat']}"]
+    model_cfg, cfg = build_configs(argv)
+    wall = time.perf_counter()
+    got = plan(model_cfg, cfg, target, decode=False)["train"]
+    line = got["roofline"]
+    keep = ("step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound", "tokens_per_s")
+    return {**old, "whole_program": {k: old[k] for k in keep if k in old},
+            "step_s": line["step_s"], "mfu": line["mfu"],
+            "mfu_causal_half": line["mfu_causal_half"], "bound": line["bound"],
+            "split": line["split"], "top_ops": line["top_ops"][:3],
+            "tokens_per_s": got["tokens_per_s"], "replan_s": time.perf_counter() - wall}
 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f}"
 
 
+CALIBRATION = "benchmarks/results/plan_calibration.json"
+
+
+def expected_error(path: str = CALIBRATION) -> float | None:
+    """The median |error| (MFU points) of the calibration's plans of published runs
+    (``benchmarks/plan_calibration.py``); None without its file."""
+    try:
+        with open(path) as f:
+            runs = [r for r in json.load(f)["runs"] if "error_points" in r]
+    except FileNotFoundError:
+        return None
+    return statistics.median(abs(r["error_points"]) for r in runs) if runs else None
+
+
 def table(path: str) -> str:
     """The README table (markdown) from the JSON lines of a run."""
     rows = [json.loads(line) for line in open(path) if line.strip()]
     order = {name: i for i, name in enumerate(CONFIGS)}
+    error = expected_error()
     rows.sort(key=lambda r: (list(TARGETS).index(r["target"]) if r["target"] in TARGETS else 9,
                              order.get(r["config"], 99)))
     out = ["| preset | slice (topology) | batch x length | fits | best mesh | remat | "
-           "GiB per chip (of HBM) | step s | MFU | bound | tokens/s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "GiB per chip (of HBM) | step s | MFU (expected error) | bound | tokens/s | "
+           "whole-program MFU (before) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         where = f"{r.get('slice')} (`{r['target']}`)"
         if "error" in r:
-            out.append(f"| {r['config']} | {where} | | error: {r['error'][:80]} |||||||")
+            out.append(f"| {r['config']} | {where} | | error: {r['error'][:80]} ||||||||")
             continue
         shape = f"{r['batch']} x {r['seq_len']}"
         if not r["fits"]:
             out.append(f"| {r['config']} | {where} | {shape} | **no** (any mesh tried, any "
-                       "remat) |||||||")
+                       "remat) ||||||||")
             continue
+        memory = f"{_gib(r['bytes_per_chip'])} ({_gib(r['hbm_per_chip'])})"
+        if "split" not in r:  # planned before the per-operation roofline, not re-planned
+            out.append(f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | "
+                       f"{r['remat']} | {memory} | | not re-planned | | | "
+                       f"{100 * r['mfu']:.0f}% |")
+            continue
+        mfu = f"{100 * r['mfu']:.0f}%" + (f" (±{error:.0f})" if error is not None else "")
+        before = r.get("whole_program", {}).get("mfu")
         out.append(
             f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | {r['remat']} | "
-            f"{_gib(r['bytes_per_chip'])} ({_gib(r['hbm_per_chip'])}) | {r['step_s']:.3f} | "
-            f"{100 * r['mfu']:.0f}% | {r['bound']} | {r['tokens_per_s']:,.0f} |")
+            f"{memory} | {r['step_s']:.3f} | {mfu} | {r['bound']} | "
+            f"{r['tokens_per_s']:,.0f} | {'' if before is None else f'{100 * before:.0f}%'} |")
     return "\n".join(out)
 
 
@@ -107,7 +158,23 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
     parser.add_argument("--table", metavar="JSONL", help="print the README table of a run's "
                         "JSON lines, and nothing else")
+    parser.add_argument("--replan", metavar="JSONL", help="plan again the rows of a run's "
+                        "JSON lines (--only: those presets) on their chosen mesh and remat, "
+                        "with the per-operation roofline; rewrite the file")
     args = parser.parse_args()
+    if args.replan:
+        with open(args.replan) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        for i, old in enumerate(rows):
+            if (args.only and old["config"] not in args.only.split(",")) or (
+                    old.get("target") not in args.targets.split(",")) or "split" in old:
+                continue
+            rows[i] = replan(old)
+            print(json.dumps({k: rows[i].get(k) for k in ("config", "target", "mfu", "bound")}),
+                  flush=True)
+            with open(args.replan, "w") as f:  # each row as it is done
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+        return 0
     if args.table:
         print(table(args.table))
         return 0

@@ -9,20 +9,23 @@ With ``libtpu`` installed (``pip install -e ".[tpu]"``), ``jax.experimental.topo
 the devices of a TPU topology; the step is lowered for a mesh of them exactly as ``tjax
 train`` would run it (``parallel.make_trainer``), compiled by the TPU compiler, and the
 compiled program is read: XLA's memory analysis (per device), its cost analysis (FLOPs and
-bytes per device per step) and the collectives it contains. A roofline from the chip's
-datasheet (``CHIPS``) turns these into a step-time and MFU estimate. These are compiler figures
-and estimates, not measurements.
+bytes per device per step) and the collectives it contains. The step time is a roofline per
+operation (``plan.ops``): each top-level instruction or fusion costs the largest of its matmul
+FLOPs at the MXU peak, its other arithmetic at the vector peak and its HBM bytes at HBM
+bandwidth; collectives their ring bytes over the links they cross, an asynchronous one hidden
+behind the compute between its start and done; the step is the sum in program order, split into
+matmul, other compute, memory-bound and exposed collective time, with the operations that cost
+most. The whole-program roofline of before stays under ``roofline.whole_program``. These are
+compiler figures and estimates, not measurements; their error against published runs is in
+docs/performance.md.
 
 Loops: XLA's cost analysis counts a loop body once (``--model.scan_layers``, gradient
 accumulation). ``plan.hlo`` reads the call graph of the compiled module and counts each loop's
-collectives and matmul FLOPs as often as it runs (trip counts from XLA or the loop condition;
-the JSON lists the loops, and any whose count it could not read); HBM bytes in loops are
-scaled by a per-instruction byte model, an estimate (within 12% of the unrolled program's
-XLA count for GPT-2 small on TPU; ``xla_*`` keep XLA's loop-once figures).
-Limits: nothing inside a Pallas kernel is counted, so the compute term uses the larger of the
-counted FLOPs and the model's own count (``train.flops``); collective bytes are per device for
-ring algorithms, moved at the datasheet's ICI bandwidth without overlap with compute
-(pessimistic) -- ``step_s_overlapped`` assumes perfect overlap.
+collectives, matmul FLOPs and operations as often as it runs (trip counts from XLA or the loop
+condition; the JSON lists the loops, and any whose count it could not read); HBM bytes come
+from a per-instruction byte model, an estimate (within 12% of the unrolled program's XLA count
+for GPT-2 small on TPU; ``xla_*`` keep XLA's loop-once figures). Pallas kernels are custom
+calls XLA does not cost: ``plan.ops`` costs the flash-attention kernels from their shapes.
 
 Context parallelism (``--mesh data=2,context=4``): the plan also compiles the other ways of
 attending across sequence shards the kernel allows (all-gather of keys/values, ring) and says
@@ -33,13 +36,15 @@ GPUs (``--target h100:8``, ``h200:2x8``: GPUs per host, hosts): with the CUDA pl
 (``pip install -e ".[gpu-plan]"``: ``jax-cuda12-plugin`` without the CUDA libraries, ~180 MB),
 JAX's compile-only GPU topology takes a target description (``GpuTargetConfigProto``), written
 here from the datasheet (``GPU_SPECS``), and XLA compiles for it with no GPU present. XLA
-gives memory figures for such a compile but no cost analysis, so the compute term is the
-model's own FLOPs and the HBM term is absent; the interconnect is NVLink.
+gives memory figures for such a compile but no cost analysis; the per-operation roofline reads
+the program text, so it costs GPU programs too (not checked against a measured GPU run); the
+interconnect is NVLink.
 """
 
 from transformers_jax.plan.command import lora_memory, main, plan, plan_parser
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
 from transformers_jax.plan.hlo import Module, hbm_bytes, matmul_flops
+from transformers_jax.plan.ops import op_roofline
 from transformers_jax.plan.steps import (
     DEFAULT_REMATS,
     candidate_meshes,
@@ -64,6 +69,6 @@ __all__ = [
     "CHIPS", "DEFAULT_REMATS", "GPU_SPECS", "Chip", "Module", "Target", "candidate_meshes",
     "compare_context_methods", "collectives", "compile_decode", "compile_train", "cost",
     "example_batch", "gpu_target", "gpu_target_config", "hbm_bytes", "lora_memory", "main",
-    "make_target", "matmul_flops", "memory", "plan", "roofline", "search", "plan_parser",
-    "tpu_target",
+    "make_target", "matmul_flops", "memory", "op_roofline", "plan", "roofline", "search",
+    "plan_parser", "tpu_target",
 ]

@@ -20,7 +20,8 @@ def _group_size(line: str, n_devices: int) -> int:
     listed = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
     if listed:
         return max(1, len([x for x in listed.group(1).split(",") if x]))
-    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    # the TPU compiler writes device_ids=(...) between the mesh and its axes
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
     if mesh:
         sizes = dict(re.findall(r"'([^']+)'=(\d+)", mesh.group(1)))
         return math.prod(int(sizes.get(a, 1)) for a in re.findall(r"'([^']+)'", mesh.group(2)))

@@ -185,26 +185,27 @@ def _convolution_macs(rest: str, lhs: tuple, rhs: tuple, out: tuple) -> float:
     return macs
 
 
+def dot_flops(inst: Instruction, shapes: dict[str, str]) -> float:
+    """FLOPs of one ``dot`` or ``convolution`` (2 per multiply-add); 0 for any other op."""
+    out = array_dims(inst.shape) if inst.op in ("dot", "convolution") else []
+    operands = inst.operands()
+    if not out or len(operands) < 2 or operands[0] not in shapes or operands[1] not in shapes:
+        return 0.0
+    lhs, rhs = array_dims(shapes[operands[0]])[0][1], array_dims(shapes[operands[1]])[0][1]
+    if inst.op == "dot":
+        dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", inst.rest)
+        contract = math.prod(lhs[int(d)] for d in dims.group(1).split(",") if d) if dims else 1
+    else:
+        contract = _convolution_macs(inst.rest, lhs, rhs, out[0][1]) / math.prod(out[0][1])
+    return 2.0 * math.prod(out[0][1]) * contract
+
+
 def matmul_flops(module: Module, runs: dict[str, float]) -> float:
     """FLOPs of every ``dot`` and ``convolution`` per step (2 per multiply-add), loops counted
     as often as they run."""
     shapes = module.shapes()
-    total = 0.0
-    for inst in module.instructions():
-        if inst.op not in ("dot", "convolution") or not runs.get(inst.computation):
-            continue
-        out = array_dims(inst.shape)
-        operands = inst.operands()
-        if not out or len(operands) < 2 or operands[0] not in shapes or operands[1] not in shapes:
-            continue
-        lhs, rhs = array_dims(shapes[operands[0]])[0][1], array_dims(shapes[operands[1]])[0][1]
-        if inst.op == "dot":
-            dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", inst.rest)
-            contract = math.prod(lhs[int(d)] for d in dims.group(1).split(",") if d) if dims else 1
-        else:
-            contract = _convolution_macs(inst.rest, lhs, rhs, out[0][1]) / math.prod(out[0][1])
-        total += 2.0 * math.prod(out[0][1]) * contract * runs[inst.computation]
-    return total
+    return sum(dot_flops(inst, shapes) * runs[inst.computation]
+               for inst in module.instructions() if runs.get(inst.computation))
 
 
 _NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "call",
@@ -278,27 +279,34 @@ def _fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, str]) -> 
     return sum(read.values()) + max(written, 0.0)
 
 
+def instruction_bytes(module: Module, inst: Instruction, shapes: dict[str, str]) -> float:
+    """HBM bytes one top-level instruction (not inside a fusion) reads and writes, once."""
+    if inst.op in _NO_TRAFFIC or inst.op.endswith("-done") or inst.op == "custom-call":
+        return 0.0
+    if inst.op == "fusion":
+        return _fusion_bytes(module, inst, shapes)
+    if inst.op in _SLICES:
+        return 2.0 * sum(array_bytes(inst.shape))
+    if inst.op == "dynamic-update-slice":
+        ops = inst.operands()
+        return 2.0 * sum(array_bytes(shapes.get(ops[1], ""))) if len(ops) > 1 else 0.0
+    return sum(array_bytes(inst.shape)) + sum(
+        sum(array_bytes(shapes.get(o, ""))) for o in inst.operands())
+
+
+def fusion_bodies(module: Module) -> set[str]:
+    """The computations that are some fusion's body."""
+    if "fused" not in module._memo:
+        module._memo["fused"] = {c for i in module.instructions() if i.op == "fusion"
+                                 for c in i.callees()}
+    return module._memo["fused"]
+
+
 def hbm_bytes(module: Module, runs: dict[str, float]) -> float:
     """Bytes read and written by the top-level instructions of every computation that is not a
     fusion's body, each as often as it runs (a rough, loop-aware model of XLA's own count)."""
     shapes = module.shapes()
-    fused = {c for i in module.instructions() if i.op == "fusion" for c in i.callees()}
-    total = 0.0
-    for name, body in module.computations.items():
-        if name in fused or not runs.get(name):
-            continue
-        for inst in body:
-            if inst.op in _NO_TRAFFIC or inst.op.endswith("-done") or inst.op == "custom-call":
-                continue
-            if inst.op == "fusion":
-                moved = _fusion_bytes(module, inst, shapes)
-            elif inst.op in _SLICES:
-                moved = 2.0 * sum(array_bytes(inst.shape))
-            elif inst.op == "dynamic-update-slice":
-                ops = inst.operands()
-                moved = 2.0 * sum(array_bytes(shapes.get(ops[1], ""))) if len(ops) > 1 else 0.0
-            else:
-                moved = sum(array_bytes(inst.shape)) + sum(
-                    sum(array_bytes(shapes.get(o, ""))) for o in inst.operands())
-            total += moved * runs[name]
-    return total
+    fused = fusion_bodies(module)
+    return sum(instruction_bytes(module, inst, shapes) * runs[name]
+               for name, body in module.computations.items()
+               if name not in fused and runs.get(name) for inst in body)

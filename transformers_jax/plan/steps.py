@@ -24,6 +24,7 @@ from transformers_jax.parallel.seeds import seed_devices, stack_seeds
 from transformers_jax.parallel.strategies import make_trainer, mesh_rules
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
 from transformers_jax.plan.hlo import Module
+from transformers_jax.plan.ops import op_roofline
 from transformers_jax.plan.targets import Target
 from transformers_jax.sample import decode_step
 from transformers_jax.train import lora
@@ -47,13 +48,14 @@ def host_zeros(batch: dict) -> dict:
     return {k: np.zeros(v.shape, v.dtype) for k, v in batch.items()}
 
 
-def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seeds: int = 1
-                  ) -> dict[str, Any]:
+def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seeds: int = 1,
+                  hlo_out: str | None = None) -> dict[str, Any]:
     """Compile ``cfg.strategy``'s training step for ``target``; its memory, cost, collectives
     and roofline. ``seeds > 1``: the step of that many seeds trained together (``parallel.
     seeds``, strategy ``single``), as ``train.seeds.train_seeds`` runs it: over as many of the
     target's devices as divide the seeds (``seed_devices``; one on a CPU target), each device
-    its own seeds; FLOPs and memory per device."""
+    its own seeds; FLOPs and memory per device. ``hlo_out``: also write the compiled
+    program's HLO text there (to study or re-cost it)."""
     model = lora.wrap(build_model(model_cfg), cfg.lora)  # --train.lora.rank: adapters only
     mesh = make_mesh(cfg.mesh, devices=target.devices)
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)
@@ -87,7 +89,11 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seed
                            "compiler": str(err).splitlines()[0][:300]},
                 "roofline": None}
     compile_s = time.perf_counter() - wall
-    module = Module.parse(compiled.as_text())
+    text = compiled.as_text()
+    if hlo_out:
+        with open(hlo_out, "w") as f:
+            f.write(text)
+    module = Module.parse(text)
     comms = collectives(module, n)
     costs = cost(compiled, module)
     tokens = seeds * cfg.batch_size * cfg.seq_len  # per step, over all devices (and seeds)
@@ -95,8 +101,11 @@ def compile_train(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, seed
     # MaxText's count: causal attention at half (the roofline's mfu_causal_half)
     model_flops_causal = flops_per_token(model_cfg, cfg.seq_len, causal_half=True) * tokens / n
     ici = sum(c["ici_bytes"] for c in comms.values())
-    line = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici, target,
-                    model_flops_causal_half=model_flops_causal)
+    line = op_roofline(module, target, model_flops, model_flops_causal,
+                       causal=model_cfg.mask.causal)
+    # the whole-program roofline of before, for comparison
+    line["whole_program"] = roofline(costs["flops"], model_flops, costs["bytes_accessed"], ici,
+                                     target, model_flops_causal_half=model_flops_causal)
     return {
         **head,
         "compile_s": compile_s,

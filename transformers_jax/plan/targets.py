@@ -23,6 +23,18 @@ class Chip:
     hbm_bytes_per_s: float
     ici_bytes_per_s: float
     source: str
+    # figures for the per-operation roofline (plan/ops.py); not all on the datasheets above
+    ici_links: int = 4  # links the ICI figure is spread over; a ring over one axis gets
+    # ici_bytes_per_s / ici_links (half each way over its two links), k axes k times that
+    vector_flops: float = 0.0  # elementwise FLOP/s; 0: peak_flops / 32 (see vector_peak)
+    int8_factor: float = 2.0  # 8-bit matmuls against bf16 (v5e, v5p, v6e datasheets: 2x)
+    dcn_bytes_per_s: float = 6.25e9  # per chip across slices: 200 Gb/s a host of 4 (assumed)
+
+    @property
+    def vector_peak(self) -> float:
+        """Elementwise FLOP/s. TPU: not published; the vector unit's 8 x 128 lanes against
+        the MXUs' 128 x 128 multiply-adds give about 1/32 of the bf16 peak (an assumption)."""
+        return self.vector_flops or self.peak_flops / 32
 
 
 # Google Cloud TPU documentation, system architecture pages (retrieved 2026-11).
@@ -30,13 +42,13 @@ CHIPS: dict[str, Chip] = {
     "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, 300e9,
                "https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at "
                "1200 GB/s); ICI: 6 links x 50 GB/s from the TPU v4 paper (Jouppi et al., "
-               "ISCA 2023), not on that page: unverified"),
+               "ISCA 2023), not on that page: unverified", ici_links=6),
     "v5e": Chip("TPU v5e", 197e12, 16 * GIB, 819e9, 400e9,
                 "https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 16 GiB HBM at "
                 "819 GB/s, 400 GB/s bidirectional ICI per chip)"),
     "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, 1200e9,
                 "https://cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, 95 GiB HBM at "
-                "2765 GB/s, 1200 GB/s bidirectional ICI per chip)"),
+                "2765 GB/s, 1200 GB/s bidirectional ICI per chip)", ici_links=6),
     "v6e": Chip("TPU v6e", 918e12, 32 * GIB, 1638e9, 800e9,
                 "https://cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16, 32 GB HBM at "
                 "1638 GB/s, 800 GB/s bidirectional ICI per chip)"),
@@ -45,10 +57,12 @@ CHIPS: dict[str, Chip] = {
 # NVIDIA datasheets; bf16 dense is half the with-sparsity figure printed there.
 CHIPS["h100"] = Chip("NVIDIA H100 SXM", 989e12, 80e9, 3.35e12, 900e9,
                      "https://www.nvidia.com/en-us/data-center/h100/ (bf16 1979 TFLOP/s with "
-                     "sparsity, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s)")
+                     "sparsity, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; fp32 67 TFLOP/s)",
+                     ici_links=2, vector_flops=67e12, dcn_bytes_per_s=50e9)
 CHIPS["h200"] = Chip("NVIDIA H200 SXM", 989e12, 141e9, 4.8e12, 900e9,
                      "https://www.nvidia.com/en-us/data-center/h200/ (bf16 1979 TFLOP/s with "
-                     "sparsity, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s)")
+                     "sparsity, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; fp32 67 TFLOP/s)",
+                     ici_links=2, vector_flops=67e12, dcn_bytes_per_s=50e9)
 # What XLA's GPU compiler reads of a device (Hopper, compute capability 9.0: 132 SMs); the
 # memory size and bandwidth come from CHIPS.
 GPU_SPECS = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}

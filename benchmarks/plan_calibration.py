@@ -1,0 +1,256 @@
+"""``tjax plan``'s per-operation roofline against published training runs (its calibration).
+
+    python benchmarks/plan_calibration.py --out benchmarks/results/plan_calibration.json
+    python benchmarks/plan_calibration.py --only llama3.1-8b-v6e-8 --hlo-dir /tmp/hlo
+    python benchmarks/plan_calibration.py --table benchmarks/results/plan_calibration.json
+
+Each row is a published run (MaxText's TPU recipes: model, chips, batch per device, sequence
+length, measured TFLOP/s per device) planned here on the same model shape, batch per device,
+sequence and FSDP layout, on the largest slice of the same chip that compiles on a small host
+(``target``, with ``layers`` of the model's layers where the whole stack is too large: the
+per-chip work of a layer and its FSDP gathers do not depend on the slice size, the share of
+embedding and output head grows). MFU counts the model's FLOPs as the published figure does
+(``CONVENTION``: causal attention at full cost, ``mfu``, or at half, ``mfu_causal_half``).
+Compiles take minutes on 2 cores: run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from transformers_jax.cli import build_configs
+from transformers_jax.plan import compile_train, tpu_target
+from transformers_jax.plan.hlo import Module
+from transformers_jax.plan.ops import op_roofline
+from transformers_jax.train.flops import flops_per_token
+
+COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true",
+          "--model.attention=pallas", "--train.strategy=jit"]
+LLAMA2_70B = ["--preset", "llama-3.1-8b", "--model.d_model=8192", "--model.n_heads=64",
+              "--model.n_kv_heads=8", "--model.head_dim=128", "--model.d_ff=28672",
+              "--model.vocab_size=32000"]
+LLAMA31_70B = [*LLAMA2_70B, "--model.vocab_size=128256"]
+# MaxText's synthetic models by global_parameter_scale (base.yml: width 2048, 16 heads of 128,
+# MLP 7168, 16 layers, vocabulary 32000; a scale of 2^k doubles heads and MLP, width, layers in
+# turn): SwiGLU, RMSNorm, RoPE, no biases, as Llama with full multi-head attention
+def maxtext_scale(width: int, heads: int, mlp: int) -> list[str]:
+    return ["--preset", "llama-3.1-8b", f"--model.d_model={width}", f"--model.n_heads={heads}",
+            f"--model.n_kv_heads={heads}", "--model.head_dim=128", f"--model.d_ff={mlp}",
+            "--model.vocab_size=32000"]  # RoPE's scaling (Llama 3.1's here) costs nothing
+
+
+RECIPES = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/main/training/"
+V5E_TABLE = ("https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5e/"
+             "README.md")
+TIERING = "https://maxtext.readthedocs.io/en/latest/reference/models/tiering.html"
+
+# name -> the published run and our plan of it
+RUNS: dict[str, dict] = {
+    "llama3.1-8b-v6e-8": dict(
+        published_mfu=413.433 / 918, published_tokens_per_s=7138.89,
+        source=RECIPES + "trillium/Llama3.1-8B-MaxText/v6e-8/README.md",
+        published="Llama 3.1 8B, v6e-8, 3 x 8192 per device, FSDP 8, remat custom (layer "
+                  "input and q/k/v/out projections offloaded to host), flash attention with "
+                  "2048 blocks: 413.4 TFLOP/s per device",
+        target="v6e:2x4", per_device=3, seq_len=8192, mesh="data=1,fsdp=8,tensor=1",
+        remat="full", argv=["--preset", "llama-3.1-8b"], layers=None,
+        # the recipe's DISABLE_COLLECTIVE_MATMUL (its other flags tune what we do not model)
+        libtpu_args="--xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000",
+        differs="remat full (recomputes the forward) where MaxText offloads activations; "
+                "Pallas blocks of 128 (MaxText 2048)"),
+    "llama3.1-70b-v6e-256": dict(
+        published_mfu=456.442 / 918, published_tokens_per_s=948.086,
+        source=RECIPES + "trillium/Llama3.1-70B-MaxText/README.md",
+        published="Llama 3.1 70B, v6e-256, 5 x 8192 per device, FSDP 256: 456.4 TFLOP/s "
+                  "per device",
+        target="v6e:2x4", per_device=5, seq_len=8192, mesh="data=1,fsdp=8,tensor=1",
+        remat="full", argv=LLAMA31_70B, layers=8,
+        differs="8 of 80 layers on v6e-8 (FSDP 8, not 256); remat full"),
+    "llama2-70b-v5p-512": dict(
+        published_mfu=0.654, published_tokens_per_s=692,
+        source=TIERING,
+        published="Llama 2 70B, v5p-512 (512 chips), SL 4096: 65.4% MFU, 692 tokens/s per "
+                  "device (batch per device not on the page: 4 assumed)",
+        target="v5p:2x2x1", per_device=4, seq_len=4096, mesh="data=1,fsdp=4,tensor=1",
+        remat="full", argv=LLAMA2_70B, layers=8,
+        differs="8 of 80 layers on v5p-8 (4 chips, FSDP 4, not 512); batch per device "
+                "assumed; remat full"),
+    "maxtext-16b-v5e-256": dict(
+        published_mfu=0.611, published_tokens_per_s=None, source=V5E_TABLE,
+        published="MaxText 16B (global_parameter_scale 16), 1x v5e-256, 6 x 2048 per device "
+                  "(configs/v5e/16b.sh), remat full, flash: 120 TFLOP/s per chip, 61.1%",
+        target="v5e:2x4", per_device=6, seq_len=2048, mesh="data=1,fsdp=8,tensor=1",
+        remat="full", argv=maxtext_scale(4096, 64, 28672), layers=4,
+        differs="4 of 32 layers on v5e-8 (FSDP 8, not 256)"),
+    "maxtext-32b-v5e-256": dict(
+        published_mfu=0.6686, published_tokens_per_s=None, source=V5E_TABLE,
+        published="MaxText 32B (global_parameter_scale 32), 1x v5e-256, 4 x 2048 per device "
+                  "(configs/v5e/32b.sh), remat full, flash: 132 TFLOP/s per chip, 66.9%",
+        target="v5e:2x4", per_device=4, seq_len=2048, mesh="data=1,fsdp=8,tensor=1",
+        remat="full", argv=maxtext_scale(8192, 64, 28672), layers=4,
+        differs="4 of 32 layers on v5e-8 (FSDP 8, not 256)"),
+}
+# MaxText's TFLOP/s count causal attention at full cost before its PR #1988 (July 2025) and at
+# half after; which one a figure uses shows in TFLOP/s over tokens/s (the 8B and 70B v6e
+# recipes: full; the tiering page's Llama 2 70B: half); the v5e table predates the change
+CONVENTION = {"llama3.1-8b-v6e-8": "mfu", "llama3.1-70b-v6e-256": "mfu",
+              "llama2-70b-v5p-512": "mfu_causal_half", "maxtext-16b-v5e-256": "mfu",
+              "maxtext-32b-v5e-256": "mfu"}
+
+
+def plan_run(name: str, hlo_dir: str | None, most: int | None = None) -> dict:
+    """The published batch per device (or ``most``), else the largest smaller one that fits
+    here (our loss keeps the whole vocabulary's logits; MaxText's recipes also offload
+    activations)."""
+    for per_device in range(min(most or 10**9, RUNS[name]["per_device"]), 0, -1):
+        out = _plan_run(name, hlo_dir, per_device)
+        if out["fits"]:
+            break
+    return out
+
+
+def _plan_run(name: str, hlo_dir: str | None, per_device: int) -> dict:
+    run = RUNS[name]
+    target = tpu_target(run["target"])
+    argv = [*run["argv"], *COMMON, f"--train.batch_size={per_device * target.chips}",
+            f"--train.seq_len={run['seq_len']}", f"--train.mesh={run['mesh']}",
+            f"--model.remat={run['remat']}"]
+    argv += [f"--model.n_layers={run['layers']}"] if run["layers"] else []
+    model_cfg, cfg = build_configs(argv)
+    wall = time.perf_counter()
+    flags = os.environ.get("LIBTPU_INIT_ARGS") or None  # the compiler's flags, if any
+    hlo = os.path.join(hlo_dir, _hlo_name(name, flags)) if hlo_dir else None
+    got = compile_train(model_cfg, cfg, target, hlo_out=hlo)
+    out = {"name": name, **{k: v for k, v in run.items() if k != "argv"},
+           "command": " ".join(["tjax plan --target", run["target"], "--no-decode", *argv]),
+           "plan_s": time.perf_counter() - wall, "fits": got["memory"]["fits"],
+           "planned_per_device": per_device, "libtpu_args": flags,
+           "memory": got["memory"]}
+    if got["roofline"] is not None:
+        out.update(_estimate(name, got["roofline"]),
+                   whole_program_mfu=got["roofline"]["whole_program"][CONVENTION[name]])
+    return out
+
+
+def _hlo_name(name: str, flags: str | None) -> str:
+    return f"{name}-flags.hlo" if flags else f"{name}.hlo"
+
+
+def _estimate(name: str, line: dict) -> dict:
+    convention = CONVENTION[name]
+    return {"convention": convention, "estimate_mfu": line[convention],
+            "step_s": line["step_s"], "split": line["split"], "bound": line["bound"],
+            "top_ops": line["top_ops"][:5],
+            "error_points": 100 * (line[convention] - RUNS[name]["published_mfu"])}
+
+
+def recost(row: dict, hlo_dir: str) -> dict:
+    """A planned row costed again from its kept program (``--hlo-dir``) with the current
+    roofline, without compiling: for changes to ``plan/ops.py``."""
+    run, name = RUNS[row["name"]], row["name"]
+    target = tpu_target(run["target"])
+    model_cfg, cfg = build_configs(row["command"].split()[5:])
+    with open(os.path.join(hlo_dir, _hlo_name(name, row.get("libtpu_args")))) as f:
+        module = Module.parse(f.read())
+    tokens = cfg.batch_size * cfg.seq_len / len(target.devices)
+    line = op_roofline(module, target, flops_per_token(model_cfg, cfg.seq_len) * tokens,
+                       flops_per_token(model_cfg, cfg.seq_len, causal_half=True) * tokens,
+                       causal=model_cfg.mask.causal)
+    out = {**row, **_estimate(name, line)}
+    if "convention" not in row and out["convention"] == "mfu":  # planned before CONVENTION
+        out["whole_program_mfu"] = row["whole_program_mfu"] * line["mfu"] / line[
+            "mfu_causal_half"]  # its step time, the other FLOP count
+    return out
+
+
+def in_process_with(name: str, flags: str, hlo_dir: str | None) -> dict:
+    """Plan one run in a process of its own whose libtpu reads the recipe's compiler flags
+    (``LIBTPU_INIT_ARGS`` is read once, when libtpu loads)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        command = [sys.executable, __file__, "--only", name, "--out", out]
+        subprocess.run(command + (["--hlo-dir", hlo_dir] if hlo_dir else []), check=True,
+                       env={**os.environ, "LIBTPU_INIT_ARGS": flags}, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)["runs"][0]
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| published run | ours: target, layers, batch per device (published) | "
+           "published MFU (attention counted) | estimate | error (points) | bound | "
+           "whole-program estimate "
+           "(before) |", "|---|---|---|---|---|---|---|"]
+    errors = []
+    for r in rows:
+        if "estimate_mfu" not in r:
+            out.append(f"| [{r['name']}]({r['source']}) | `{r['target']}` | "
+                       f"{100 * r['published_mfu']:.1f}% | no plan ||||")
+            continue
+        errors.append(abs(r["error_points"]))
+        layers = f", {r['layers']} layers" if r.get("layers") else ""
+        layers += f", {r.get('planned_per_device', r['per_device'])} ({r['per_device']})"
+        flags = " (collective matmul off)" if "windowed_einsum" in (r.get("libtpu_args")
+                                                                  or "") else ""
+        count = "causal at half" if r["convention"] == "mfu_causal_half" else "full"
+        out.append(f"| [{r['name']}]({r['source']}){flags} | `{r['target']}`{layers} | "
+                   f"{100 * r['published_mfu']:.1f}% ({count}) | "
+                   f"{100 * r['estimate_mfu']:.1f}% | "
+                   f"{r['error_points']:+.1f} | {r['bound']} | "
+                   f"{100 * r['whole_program_mfu']:.1f}% |")
+    if errors:
+        out.append(f"\nmedian |error| {statistics.median(errors):.1f} points, worst "
+                   f"{max(errors):.1f} points over {len(errors)} runs")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help="comma-separated run names")
+    parser.add_argument("--out", default=None, help="write the rows (JSON) there")
+    parser.add_argument("--hlo-dir", default=None, help="also keep each compiled program")
+    parser.add_argument("--per-device", type=int, metavar="B", help="try at most B sequences "
+                        "per device (skip the compiles a known limit refuses)")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a run's JSON")
+    parser.add_argument("--recost", metavar="JSON", help="cost a run's rows again from the "
+                        "programs kept in --hlo-dir (no compile); rewrite --out")
+    args = parser.parse_args()
+    if args.recost:
+        with open(args.recost) as f:
+            rows = [recost(r, args.hlo_dir) if "step_s" in r else r for r in json.load(f)["runs"]]
+        with open(args.out or args.recost, "w") as f:
+            json.dump({"runs": rows}, f, indent=1)
+        print(table(rows))
+        return 0
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f)["runs"]))
+        return 0
+    rows = []
+    for name in args.only.split(",") if args.only else RUNS:
+        flags = RUNS[name].get("libtpu_args")
+        if flags and os.environ.get("LIBTPU_INIT_ARGS") != flags:
+            rows.append(in_process_with(name, flags, args.hlo_dir))
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        try:
+            rows.append(plan_run(name, args.hlo_dir, args.per_device))
+        except Exception as err:  # noqa: BLE001 - one failed run must not lose the others
+            rows.append({"name": name, **{k: v for k, v in RUNS[name].items() if k != "argv"},
+                         "error": f"{type(err).__name__}: {err}"[:500]})
+        print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"runs": rows}, f, indent=1)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
