@@ -16,10 +16,13 @@ steps (3e-6 with gradient accumulation).
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
+from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig, backends
 from transformers_jax.backends import Backend
@@ -125,6 +128,34 @@ def test_vmap_and_map_over_seeds_step_as_solo_steps():
             assert float(metrics["loss"][seed]) == pytest.approx(alone[seed][0], rel=LOSS_RTOL)
             jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=PARAM_ATOL),
                          jax.device_get(seeds.unstack(state, seed).params), alone[seed][1])
+
+
+LSTM_INIT = """
+import jax
+import numpy as np
+from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.models import build_model
+from transformers_jax.parallel import make_trainer, stack_seeds
+from transformers_jax.train.optim import make_optimizer
+model = build_model(ModelConfig(family="lstm", vocab_size=4096, d_model=192, n_layers=2))
+batch = {"inputs": np.zeros((4, 32), np.int32), "targets": np.zeros((4, 32), np.int32)}
+trainer = make_trainer("single", model, make_optimizer(TrainConfig()), batch)
+seeds = stack_seeds(trainer, 3)
+fresh = seeds.init([0, 1, 2])
+alone = trainer.init_state(2)
+jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+             seeds.unstack(fresh, 2).params, alone.params)
+print("initialised")
+"""
+
+
+def test_stacked_lstm_initialisation_finishes_on_cpu():
+    """A vmapped initialisation of this LSTM never finished on XLA:CPU (jax 0.10.2); the CPU
+    backend maps it seed by seed, and seed 2's slice is its own init. In a process of its
+    own, so that a hang fails the test instead of stopping the suite."""
+    done = subprocess.run([sys.executable, "-c", LSTM_INIT], capture_output=True, text=True,
+                          timeout=300, env=single_device_env())
+    assert done.returncode == 0 and "initialised" in done.stdout, done.stderr[-2000:]
 
 
 def test_seeds_over_a_seed_mesh_axis_train_as_on_one_device(tmp_path):

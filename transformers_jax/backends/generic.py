@@ -103,6 +103,11 @@ class Backend:
         self.check_row_groups(groups)
         return sums_of(batch, rng)
 
+    def map_seed_inits(self, init: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``init(seed)`` of one seed as a function of stacked seeds (``parallel.seeds``):
+        ``jax.vmap``, as the step."""
+        return jax.vmap(init)
+
     def map_seeds(self, step: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         """``step(state, batch)`` of one seed, as a function of states and batches stacked on a
         leading seed axis (``parallel.seeds``): ``jax.vmap``, every operation over all the

@@ -63,6 +63,7 @@ class SeedsTrainer:
     seeds: int
     _step: Callable
     mesh: Mesh | None = None  # the ``seed`` axis over several devices; None: the trainer's one
+    backend: backends.Backend | None = None  # maps over the seeds (default: the device's)
 
     @property
     def sharding(self) -> NamedSharding:
@@ -87,7 +88,8 @@ class SeedsTrainer:
         ``trainer.init_state(s)``."""
         if len(seeds) != self.seeds:
             raise ValueError(f"{len(seeds)} seeds for a program of {self.seeds}")
-        fresh = self._over_seeds(jax.vmap(self.trainer.init_fn))
+        backend = self.backend or backends.for_devices(self.trainer.mesh.devices.flat)
+        fresh = self._over_seeds(backend.map_seed_inits(self.trainer.init_fn))
         seeds_S = jax.device_put(np.asarray(seeds, np.int32), self.sharding)
         with self.traced():
             return jax.jit(fresh, out_shardings=self.sharding)(seeds_S)
@@ -169,7 +171,7 @@ def stack_seeds(trainer: ParallelTrainer, seeds: int, donate: bool = True,
             raise ValueError("devices: the first must be the trainer's device")
         mesh = Mesh(np.asarray(devices), (SEED_AXIS,))
     backend = backend or backends.for_devices(devices or trainer.mesh.devices.flat)
-    shell = SeedsTrainer(trainer, seeds, None, mesh)
+    shell = SeedsTrainer(trainer, seeds, None, mesh, backend)
     placed = {} if mesh is None else {"out_shardings": shell.sharding}
     step = jax.jit(shell._over_seeds(backend.map_seeds(trainer.step_fn)),
                    donate_argnums=(0,) if donate else (), **placed)
