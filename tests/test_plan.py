@@ -354,51 +354,11 @@ def test_plan_command_prints_the_plan_json(capsys):
     assert result["train"]["mesh"] == "data=2,fsdp=2,tensor=1"
 
 
-@needs_libtpu
-def test_pallas_with_segments_gqa_and_padding_compiles_sharded_for_tpu():
-    """The Pallas TPU kernel, differentiated, with packed segments, key padding and grouped
-    heads, on inputs split over data and tensor: mapped per shard, it compiles for v5e."""
-    import flax.linen as nn
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from transformers_jax.nn.attention import dot_product_attention
-    from transformers_jax.nn.masks import AttentionMask
-    from transformers_jax.parallel import LOGICAL_RULES, make_mesh
-
-    mesh = make_mesh("data=2,tensor=2", devices=planning.tpu_target(TOPOLOGY).devices)
-    b, t, h, n, d = 4, 256, 4, 2, 128
-
-    def loss(q, k, v, segments, valid):
-        pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-        mask = AttentionMask(q_positions=pos, kv_positions=pos, q_segments=segments,
-                             kv_segments=segments, kv_valid=valid, causal=True)
-        out = dot_product_attention(q, k, v, mask=mask, implementation="pallas")
-        return out.astype(jnp.float32).sum()
-
-    def spec(*axes):
-        return NamedSharding(mesh, P(*axes))
-
-    heads = spec(("data", "fsdp"), None, "tensor", None)
-    args = (jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16, sharding=heads),
-            jax.ShapeDtypeStruct((b, t, n, d), jnp.bfloat16, sharding=heads),
-            jax.ShapeDtypeStruct((b, t, n, d), jnp.bfloat16, sharding=heads),
-            jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=spec("data", None)),
-            jax.ShapeDtypeStruct((b, t), jnp.bool_, sharding=spec("data", None)))
-    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
-        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
-    hlo = compiled.as_text()
-    assert "tpu_custom_call" in hlo  # the Mosaic kernel itself, not a fallback
-    assert compiled.memory_analysis().argument_size_in_bytes > 0
-
-
-@needs_libtpu
-@pytest.mark.parametrize("topology", [TOPOLOGY, "v5p:2x2x1"])
-def test_splash_with_every_mask_part_compiles_sharded_for_tpu(topology):
-    """The splash kernel, differentiated, with a sliding window, packed segments, key padding,
-    soft-capping and grouped heads, on inputs split over data and tensor: mapped per shard, it
-    compiles for v5e and v5p."""
+def _sharded_attention_grad_hlo(topology: str, implementation: str, t: int,
+                                window: int | None = None, **options) -> str:
+    """The compiled text of the gradient of ``implementation`` with a causal mask (and
+    ``window``), packed segments, key padding and grouped heads (4 query, 2 key/value), on
+    inputs split over data and tensor, for ``topology``."""
     import flax.linen as nn
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -409,14 +369,14 @@ def test_splash_with_every_mask_part_compiles_sharded_for_tpu(topology):
     from transformers_jax.parallel import LOGICAL_RULES, make_mesh
 
     mesh = make_mesh("data=2,tensor=2", devices=planning.tpu_target(topology).devices)
-    b, t, h, n, d = 4, 512, 4, 2, 128
+    b, h, n, d = 4, 4, 2, 128
 
     def loss(q, k, v, segments, valid):
         pos = jnp.broadcast_to(jnp.arange(t), (b, t))
         mask = AttentionMask(q_positions=pos, kv_positions=pos, q_segments=segments,
-                             kv_segments=segments, kv_valid=valid, causal=True, window=200)
-        out = dot_product_attention(q, k, v, mask=mask, implementation="splash",
-                                    logit_softcap=30.0)
+                             kv_segments=segments, kv_valid=valid, causal=True, window=window)
+        out = dot_product_attention(q, k, v, mask=mask, implementation=implementation,
+                                    **options)
         return out.astype(jnp.float32).sum()
 
     def spec(*axes):
@@ -430,11 +390,28 @@ def test_splash_with_every_mask_part_compiles_sharded_for_tpu(topology):
             jax.ShapeDtypeStruct((b, t), jnp.bool_, sharding=spec("data", None)))
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
         compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
-    hlo = compiled.as_text()
+    assert compiled.memory_analysis().argument_size_in_bytes > 0
+    return compiled.as_text()
+
+
+@needs_libtpu
+def test_pallas_with_segments_gqa_and_padding_compiles_sharded_for_tpu():
+    """The Pallas TPU kernel, differentiated, with packed segments, key padding and grouped
+    heads, on inputs split over data and tensor: mapped per shard, it compiles for v5e."""
+    hlo = _sharded_attention_grad_hlo(TOPOLOGY, "pallas", 256)
+    assert "tpu_custom_call" in hlo  # the Mosaic kernel itself, not a fallback
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology", [TOPOLOGY, "v5p:2x2x1"])
+def test_splash_with_every_mask_part_compiles_sharded_for_tpu(topology):
+    """The splash kernel, differentiated, with a sliding window, packed segments, key padding,
+    soft-capping and grouped heads, on inputs split over data and tensor: mapped per shard, it
+    compiles for v5e and v5p."""
+    hlo = _sharded_attention_grad_hlo(topology, "splash", 512, window=200, logit_softcap=30.0)
     assert "tpu_custom_call" in hlo  # the Mosaic kernels themselves, not a fallback
     # each device holds one k/v head and its two query heads: the MQA kernel, k/v not repeated
     assert all(f"splash_mqa_{p}_segmented" in hlo for p in ("fwd", "dq", "dkv"))
-    assert compiled.memory_analysis().argument_size_in_bytes > 0
 
 
 @needs_libtpu

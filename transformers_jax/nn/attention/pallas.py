@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from transformers_jax.nn.attention.api import as_4d, refuse_softcap
-from transformers_jax.nn.attention.per_shard import per_shard
+from transformers_jax.nn.attention.per_shard import kernel_segments, per_shard
 from transformers_jax.nn.attention.platform import platform_compiled_for
 from transformers_jax.nn.masks import AttentionMask
 
@@ -32,16 +32,7 @@ def _pallas_mask_parts(mask, q_len: int, k_len: int, implementation: str):
             f"needs as many queries as keys (got {q_len} and {k_len}: a KV cache); decode "
             "with chunked or xla"
         )
-    q_seg, kv_seg = mask.q_segments, mask.kv_segments
-    if mask.kv_valid is not None:  # padding: give padded keys a segment no query has
-        q_seg = jnp.zeros(mask.q_positions.shape, jnp.int32) if q_seg is None else q_seg
-        kv_seg = jnp.zeros(mask.kv_positions.shape, jnp.int32) if kv_seg is None else kv_seg
-        kv_seg = jnp.where(mask.kv_valid, kv_seg, -1)
-    if q_seg is None:
-        return mask.causal, None
-    b = max(q_seg.shape[0], kv_seg.shape[0])
-    return mask.causal, (jnp.broadcast_to(q_seg, (b, q_len)).astype(jnp.int32),
-                         jnp.broadcast_to(kv_seg, (b, k_len)).astype(jnp.int32))
+    return mask.causal, kernel_segments(mask, q_len, k_len)
 
 
 def pallas_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=128):

@@ -8,6 +8,7 @@ import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from transformers_jax.nn.attention.platform import varying_axes
@@ -54,3 +55,19 @@ def per_shard(kernel, name: str, q, k, v, ab, segments):
              None if segments is None else (P(batch, None), P(batch, None)))
     return jax.shard_map(kernel, in_specs=specs, out_specs=q_spec, check_vma=False)(
         q, k, v, ab, segments)
+
+
+def kernel_segments(mask, q_len: int, k_len: int):
+    """The ``(q [B, Q], kv [B, K])`` int32 segment ids a Pallas kernel masks by, from the
+    mask's packed segments and key padding (padded keys get segment -1, which no query has);
+    None when the mask has neither."""
+    q_seg, kv_seg = mask.q_segments, mask.kv_segments
+    if mask.kv_valid is not None:
+        q_seg = jnp.zeros(mask.q_positions.shape, jnp.int32) if q_seg is None else q_seg
+        kv_seg = jnp.zeros(mask.kv_positions.shape, jnp.int32) if kv_seg is None else kv_seg
+        kv_seg = jnp.where(mask.kv_valid, kv_seg, -1)
+    if q_seg is None:
+        return None
+    b = max(q_seg.shape[0], kv_seg.shape[0])
+    return (jnp.broadcast_to(q_seg, (b, q_len)).astype(jnp.int32),
+            jnp.broadcast_to(kv_seg, (b, k_len)).astype(jnp.int32))
