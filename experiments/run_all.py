@@ -691,6 +691,7 @@ EXPERIMENTS = (
         "6 runs of 3.1M tokens: 32 min measured on 2 CPU cores (2026-12-01, load average up "
         "to 3.8: the test suite ran beside the LSTM runs); the committed results took 64 min "
         "on one core beside another experiment (2026-12-04); resumable",
+        superseded_by="context_usage",
     ),
     Experiment(
         "attention_variants", "Attention variants",
