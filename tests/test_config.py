@@ -143,7 +143,7 @@ def test_bad_values_name_field_and_fix(changes, fragments):
 @pytest.mark.parametrize(
     "field, valid",
     [
-        ("attention", "chunked, cudnn, pallas, reference, xla"),
+        ("attention", "chunked, cudnn, pallas, reference, splash, xla"),
         ("mask", "bidirectional, causal, prefix, sliding_window"),
         ("position", "alibi, fire, kerple, learned, none, randomized, rope, sinusoidal, t5, xpos"),
         ("norm", "layernorm, rmsnorm"),

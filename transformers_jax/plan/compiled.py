@@ -12,7 +12,7 @@ from transformers_jax.plan.targets import Target
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
-def _group_size(line: str, n_devices: int) -> int:
+def group_size(line: str, n_devices: int) -> int:
     """Devices per replica group of a collective (its ring length)."""
     iota = re.search(r"replica_groups=\[([\d,]+)\]<=", line)
     if iota:
@@ -50,7 +50,7 @@ def collectives(hlo_text: str | Module, n_devices: int) -> dict[str, dict[str, f
             size = max(sizes) if op == "all-gather" else sizes[0]  # (operand, result, ...)
         else:
             size = sum(sizes)
-        n = max(1, _group_size(inst.rest, n_devices))
+        n = max(1, group_size(inst.rest, n_devices))
         factor = {"all-gather": (n - 1) / n, "all-to-all": (n - 1) / n,
                   "reduce-scatter": n - 1, "all-reduce": 2 * (n - 1) / n,
                   "collective-permute": 1.0}[op]

@@ -150,10 +150,10 @@ def collective_seconds(inst: Instruction, size: float, target: Target, kind: str
                        ) -> tuple[float, float]:
     """(ring bytes per device, seconds) of one collective (``kind``, else its opcode's) whose
     result is ``size`` bytes."""
-    from transformers_jax.plan.compiled import _group_size  # the ring length, one reader
+    from transformers_jax.plan.compiled import group_size  # the ring length, one reader
 
     n_devices = len(target.devices)
-    n = max(1, _group_size(inst.rest, n_devices))
+    n = max(1, group_size(inst.rest, n_devices))
     kind = kind or inst.op.removesuffix("-start").removesuffix("-done")
     ring = RING_FACTOR[kind](n) * size
     if n == 1 or ring == 0:
