@@ -19,7 +19,7 @@ from transformers_jax.config import CONTEXT_ATTENTION, ConfigError, ModelConfig,
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel.context import method_refusal
-from transformers_jax.parallel.mesh import format_mesh, make_mesh, mesh_shape
+from transformers_jax.parallel.mesh import format_mesh, make_mesh, mesh_shape, parse_mesh
 from transformers_jax.parallel.seeds import seed_devices, stack_seeds
 from transformers_jax.parallel.strategies import make_trainer, mesh_rules
 from transformers_jax.plan.compiled import collectives, cost, memory, roofline
@@ -211,17 +211,17 @@ def candidate_meshes(n_devices: int, which: str = "all", per_host: int | None = 
             for s in unique]
 
 
-def _context_ways(mesh: str) -> int:
-    """How many ways ``mesh`` (a ``candidate_meshes`` string) splits each sequence."""
-    sizes = dict(part.split("=") for part in mesh.split(","))
-    return int(sizes.get("context", 1))
+def _context_ways(mesh: str, target: Target) -> int:
+    """How many ways ``mesh`` splits each sequence on ``target``'s devices."""
+    return parse_mesh(mesh, len(target.devices))["context"]
 
 
-def context_methods(model_cfg: ModelConfig, cfg: TrainConfig, mesh: str) -> list[str]:
+def context_methods(model_cfg: ModelConfig, cfg: TrainConfig, mesh: str, target: Target
+                    ) -> list[str]:
     """The ways of computing attention across sequence shards worth compiling on ``mesh``:
     every method the kernel allows when the mesh splits sequences, else the configured one
     (it does nothing there)."""
-    if _context_ways(mesh) == 1:
+    if _context_ways(mesh, target) == 1:
         return [cfg.context_attention]
     return [m for m in CONTEXT_ATTENTION if method_refusal(model_cfg.attention, m) is None]
 
@@ -232,7 +232,7 @@ def compare_context_methods(model_cfg: ModelConfig, cfg: TrainConfig, target: Ta
     shards (``planned`` is the configured one's): its memory, step time and collectives, and
     ``cheaper``: the faster of those that fit (the smaller if none fits)."""
     rows: dict[str, Any] = {}
-    for method in context_methods(model_cfg, cfg, planned["mesh"]):
+    for method in context_methods(model_cfg, cfg, planned["mesh"], target):
         plan = planned if method == cfg.context_attention else compile_train(
             model_cfg, dataclasses.replace(cfg, context_attention=method), target)
         fits, line = plan["memory"]["fits"], plan["roofline"]
@@ -262,12 +262,12 @@ def search(model_cfg: ModelConfig, cfg: TrainConfig, target: Target,
     meshes_tried = candidate_meshes(n, meshes, per_host=n // max(target.hosts, 1),
                                     seq_len=cfg.seq_len, min_shard=MIN_CONTEXT_SHARD)
     for mesh in meshes_tried:
-        for method in context_methods(model_cfg, cfg, mesh):
+        for method in context_methods(model_cfg, cfg, mesh, target):
             for remat in remats:
                 trial_model = dataclasses.replace(model_cfg, remat=remat)
                 trial_cfg = dataclasses.replace(cfg, mesh=mesh, context_attention=method)
                 row: dict[str, Any] = {"mesh": mesh, "remat": remat}
-                if _context_ways(mesh) > 1:
+                if _context_ways(mesh, target) > 1:
                     row["context_attention"] = method
                 try:
                     plan = compile_train(trial_model, trial_cfg, target)
