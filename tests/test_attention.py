@@ -425,6 +425,41 @@ def test_jax_nn_paths_refuse_softcap(impl):
         dot_product_attention(q, k, v, implementation=impl, logit_softcap=50.0)
 
 
+@pytest.mark.parametrize("window", [None, 1, 3, 8])
+@pytest.mark.parametrize("heads", ["MHA", "GQA"])
+def test_cudnn_masks_by_index_as_the_positions_rule(window, heads):
+    """cuDNN gets a causal (or causal sliding-window) rule as is_causal/local_window_size, not
+    as a dense mask; jax.nn's xla path takes the same arguments, so check them here."""
+    from transformers_jax.nn.attention.jax_nn import _jax_nn_attention, index_rule
+
+    q, k, v, _, _ = _random_problem(12, 8, 8, heads, "none")
+    pos = jnp.broadcast_to(jnp.arange(8), (B, 8))
+    kind = "causal" if window is None else mask_kinds.SlidingWindow(window=window)
+    mask = masks.build_mask(kind, pos, pos, aligned=True)
+    assert index_rule(mask, 8, 8) == {
+        "is_causal": True, "local_window_size": None if window is None else (window - 1, 0)}
+    got = _jax_nn_attention(q, k, v, bias=None, mask=mask, scale=None, logit_softcap=None,
+                            implementation="xla", by_index=True)
+    ref = dot_product_attention(q, k, v, mask=mask, implementation="reference")
+    np.testing.assert_allclose(got, ref, **TOL)
+
+
+def test_cudnn_keeps_a_dense_mask_where_the_rule_is_not_by_index():
+    from transformers_jax.nn.attention.jax_nn import index_rule
+
+    pos = jnp.broadcast_to(jnp.arange(6), (B, 6))
+    seg = jnp.ones((B, 6), jnp.int32).at[:, 3:].set(2)
+    packed = masks.build_mask("causal", pos, pos, q_segments=seg, kv_segments=seg, aligned=True)
+    given_positions = masks.build_mask("causal", pos, pos)
+    padded = masks.build_mask("causal", pos, pos, kv_valid=pos < 4, aligned=True)
+    prefix = masks.build_mask("prefix", pos, pos, prefix_len=jnp.full((B,), 2), aligned=True)
+    cached = masks.build_mask("causal", pos[:, :1], pos, aligned=True)
+    for mask, q_len in [(packed, 6), (given_positions, 6), (padded, 6), (prefix, 6),
+                        (masks.build_mask("bidirectional", pos, pos, aligned=True), 6),
+                        (cached, 1)]:
+        assert index_rule(mask, q_len, 6) is None
+
+
 # --------------------------------------------------------------------------------------------
 # Fully masked rows: zeros, never NaN, in the output and in every gradient
 

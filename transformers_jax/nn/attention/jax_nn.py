@@ -8,11 +8,32 @@ import jax.numpy as jnp
 
 from transformers_jax.nn.attention.api import as_4d, refuse_softcap
 from transformers_jax.nn.attention.platform import platform_compiled_for
-from transformers_jax.nn.masks import as_dense
+from transformers_jax.nn.masks import AttentionMask, as_dense
 
 
-def _jax_nn_attention(q, k, v, *, bias, mask, scale, logit_softcap, implementation):
+def index_rule(mask, q_len: int, k_len: int) -> dict | None:
+    """``jax.nn``'s own arguments for ``mask`` when it is a causal rule (a sliding window of W
+    included) over positions 0..T-1 in every row, with no padding, segments or prefix: the
+    kernel then masks by index and no ``[B, 1, Q, K]`` mask is built or read (for cuDNN, a
+    mask is an extra input the size of the scores). None for any other mask."""
+    if not isinstance(mask, AttentionMask) or not (mask.causal and mask.aligned):
+        return None
+    if q_len != k_len or mask.prefix_len is not None or mask.kv_valid is not None or (
+            mask.q_segments is not None or mask.kv_segments is not None):
+        return None
+    # sliding_window_mask keeps q - k < W: W - 1 keys back and the query's own
+    window = None if mask.window is None else (mask.window - 1, 0)
+    return {"is_causal": True, "local_window_size": window}
+
+
+def _jax_nn_attention(q, k, v, *, bias, mask, scale, logit_softcap, implementation,
+                      by_index: bool = False):
     refuse_softcap(implementation, logit_softcap)
+    rule = index_rule(mask, q.shape[1], k.shape[1]) if by_index else None
+    if rule is not None:  # every query sees itself: no row to zero
+        bias = None if bias is None else as_4d(bias)
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale,
+                                            implementation=implementation, **rule)
     mask = as_dense(mask)
     mask = None if mask is None else as_4d(mask)
     bias = None if bias is None else as_4d(bias)
@@ -61,4 +82,5 @@ def cudnn_attention(q, k, v, *, bias, mask, scale, logit_softcap, chunk_size=Non
         scale=scale,
         logit_softcap=logit_softcap,
         implementation="cudnn",
+        by_index=True,
     )
