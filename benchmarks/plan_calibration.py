@@ -5,7 +5,8 @@
     python benchmarks/plan_calibration.py --table benchmarks/results/plan_calibration.json
 
 Each row is a published run (MaxText's TPU recipes: model, chips, batch per device, sequence
-length, measured TFLOP/s per device) planned here on the same model shape, batch per device,
+length, measured TFLOP/s per device; NVIDIA's MaxText run on one host of 8 H100s, which needs
+the gpu-plan extra) planned here on the same model shape, batch per device,
 sequence and FSDP layout, on the largest slice of the same chip that compiles on a small host
 (``target``, with ``layers`` of the model's layers where the whole stack is too large: the
 per-chip work of a layer and its FSDP gathers do not depend on the slice size, the share of
@@ -26,13 +27,29 @@ import tempfile
 import time
 
 from transformers_jax.cli import build_configs
-from transformers_jax.plan import compile_train, tpu_target
+from transformers_jax.plan import compile_train, make_target
 from transformers_jax.plan.hlo import Module
 from transformers_jax.plan.ops import op_roofline
 from transformers_jax.train.flops import flops_per_token
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true",
-          "--model.attention=pallas", "--train.strategy=jit"]
+          "--train.strategy=jit"]
+LLAMA2_7B = ["--preset", "llama-3.1-8b", "--model.d_model=4096", "--model.n_heads=32",
+             "--model.n_kv_heads=32", "--model.head_dim=128", "--model.d_ff=11008",
+             "--model.vocab_size=32000"]
+# NVIDIA's recommended XLA flags for MaxText on H100 (JAX-Toolbox's MaxText page): the
+# latency-hiding scheduler, pipelined and combined collectives, no rematerialization pass
+H100_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true "
+              "--xla_gpu_all_reduce_combine_threshold_bytes=1073741824 "
+              "--xla_gpu_all_gather_combine_threshold_bytes=1073741824 "
+              "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728 "
+              "--xla_gpu_enable_pipelined_all_gather=true "
+              "--xla_gpu_enable_pipelined_reduce_scatter=true "
+              "--xla_gpu_enable_pipelined_all_reduce=true "
+              "--xla_gpu_enable_while_loop_double_buffering=true "
+              "--xla_gpu_enable_all_gather_combine_by_dim=false "
+              "--xla_gpu_enable_reduce_scatter_combine_by_dim=false "
+              "--xla_disable_hlo_passes=rematerialization")
 LLAMA2_70B = ["--preset", "llama-3.1-8b", "--model.d_model=8192", "--model.n_heads=64",
               "--model.n_kv_heads=8", "--model.head_dim=128", "--model.d_ff=28672",
               "--model.vocab_size=32000"]
@@ -50,6 +67,8 @@ RECIPES = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/main/training/"
 V5E_TABLE = ("https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5e/"
              "README.md")
 TIERING = "https://maxtext.readthedocs.io/en/latest/reference/models/tiering.html"
+JAX_TOOLBOX = ("https://github.com/NVIDIA/JAX-Toolbox/blob/main/docs/frameworks/maxtext/"
+               "README.md")
 
 # name -> the published run and our plan of it
 RUNS: dict[str, dict] = {
@@ -96,13 +115,41 @@ RUNS: dict[str, dict] = {
         target="v5e:2x4", per_device=4, seq_len=2048, mesh="data=1,fsdp=8,tensor=1",
         remat="full", argv=maxtext_scale(8192, 64, 28672), layers=4,
         differs="4 of 32 layers on v5e-8 (FSDP 8, not 256)"),
+    # step time only: the MFU is our FLOP count of the model over it (published_mfu None)
+    "llama2-7b-h100-8": dict(
+        published_mfu=None, published_tokens_per_s=22.19 * 4096 / 8, source=JAX_TOOLBOX,
+        published="Llama 2 7B, 8 x H100 80G SXM (one DGX), 2 x 4096 per GPU, FSDP 8, bf16, "
+                  "cuDNN flash attention (Transformer Engine), remat minimal_flash, no scan: "
+                  "0.721 s a step, 22.19 sequences/s",
+        target="h100:8", per_device=2, seq_len=4096, mesh="data=1,fsdp=8,tensor=1",
+        remat="dots_with_no_batch_dims_saveable", argv=LLAMA2_7B, layers=None,
+        attention="cudnn", xla_flags=H100_FLAGS,
+        differs="remat saves matmul outputs without batch dimensions (MaxText's minimal "
+                "keeps the attention output too); layers scanned"),
 }
 # MaxText's TFLOP/s count causal attention at full cost before its PR #1988 (July 2025) and at
 # half after; which one a figure uses shows in TFLOP/s over tokens/s (the 8B and 70B v6e
 # recipes: full; the tiering page's Llama 2 70B: half); the v5e table predates the change
 CONVENTION = {"llama3.1-8b-v6e-8": "mfu", "llama3.1-70b-v6e-256": "mfu",
               "llama2-70b-v5p-512": "mfu_causal_half", "maxtext-16b-v5e-256": "mfu",
-              "maxtext-32b-v5e-256": "mfu"}
+              "maxtext-32b-v5e-256": "mfu", "llama2-7b-h100-8": "mfu"}
+
+
+def flags_env(run: dict) -> tuple[str, str | None]:
+    """The environment variable a run's compiler flags go in, and the flags (or None)."""
+    if run.get("xla_flags"):
+        return "XLA_FLAGS", run["xla_flags"]
+    return "LIBTPU_INIT_ARGS", run.get("libtpu_args")
+
+
+def published_mfu(name: str, model_cfg) -> float:
+    """The published MFU, or (a step time only) the model's FLOPs over it in our count."""
+    run = RUNS[name]
+    if run["published_mfu"] is not None:
+        return run["published_mfu"]
+    per_token = flops_per_token(model_cfg, run["seq_len"],
+                                causal_half=CONVENTION[name] == "mfu_causal_half")
+    return per_token * run["published_tokens_per_s"] / make_target(run["target"]).chip.peak_flops
 
 
 def plan_run(name: str, hlo_dir: str | None, most: int | None = None) -> dict:
@@ -118,23 +165,27 @@ def plan_run(name: str, hlo_dir: str | None, most: int | None = None) -> dict:
 
 def _plan_run(name: str, hlo_dir: str | None, per_device: int) -> dict:
     run = RUNS[name]
-    target = tpu_target(run["target"])
-    argv = [*run["argv"], *COMMON, f"--train.batch_size={per_device * target.chips}",
+    target = make_target(run["target"])
+    argv = [*run["argv"], *COMMON, f"--model.attention={run.get('attention', 'pallas')}",
+            f"--train.batch_size={per_device * target.chips}",
             f"--train.seq_len={run['seq_len']}", f"--train.mesh={run['mesh']}",
             f"--model.remat={run['remat']}"]
     argv += [f"--model.n_layers={run['layers']}"] if run["layers"] else []
     model_cfg, cfg = build_configs(argv)
     wall = time.perf_counter()
-    flags = os.environ.get("LIBTPU_INIT_ARGS") or None  # the compiler's flags, if any
+    env_name, _ = flags_env(run)
+    flags = os.environ.get(env_name) or None  # the compiler's flags, if any
     hlo = os.path.join(hlo_dir, _hlo_name(name, flags)) if hlo_dir else None
     got = compile_train(model_cfg, cfg, target, hlo_out=hlo)
     out = {"name": name, **{k: v for k, v in run.items() if k != "argv"},
            "command": " ".join(["tjax plan --target", run["target"], "--no-decode", *argv]),
            "plan_s": time.perf_counter() - wall, "fits": got["memory"]["fits"],
-           "planned_per_device": per_device, "libtpu_args": flags,
-           "memory": got["memory"]}
+           "planned_per_device": per_device,
+           "libtpu_args": flags if env_name == "LIBTPU_INIT_ARGS" else None,
+           "xla_flags": flags if env_name == "XLA_FLAGS" else None,
+           "published_mfu": published_mfu(name, model_cfg), "memory": got["memory"]}
     if got["roofline"] is not None:
-        out.update(_estimate(name, got["roofline"]),
+        out.update(_estimate(name, got["roofline"], out["published_mfu"]),
                    whole_program_mfu=got["roofline"]["whole_program"][CONVENTION[name]])
     return out
 
@@ -143,41 +194,42 @@ def _hlo_name(name: str, flags: str | None) -> str:
     return f"{name}-flags.hlo" if flags else f"{name}.hlo"
 
 
-def _estimate(name: str, line: dict) -> dict:
+def _estimate(name: str, line: dict, published: float) -> dict:
     convention = CONVENTION[name]
     return {"convention": convention, "estimate_mfu": line[convention],
             "step_s": line["step_s"], "split": line["split"], "bound": line["bound"],
             "top_ops": line["top_ops"][:5],
-            "error_points": 100 * (line[convention] - RUNS[name]["published_mfu"])}
+            "error_points": 100 * (line[convention] - published)}
 
 
 def recost(row: dict, hlo_dir: str) -> dict:
     """A planned row costed again from its kept program (``--hlo-dir``) with the current
     roofline, without compiling: for changes to ``plan/ops.py``."""
     run, name = RUNS[row["name"]], row["name"]
-    target = tpu_target(run["target"])
+    target = make_target(run["target"])
     model_cfg, cfg = build_configs(row["command"].split()[5:])
-    with open(os.path.join(hlo_dir, _hlo_name(name, row.get("libtpu_args")))) as f:
+    flags = row.get("libtpu_args") or row.get("xla_flags")
+    with open(os.path.join(hlo_dir, _hlo_name(name, flags))) as f:
         module = Module.parse(f.read())
     tokens = cfg.batch_size * cfg.seq_len / len(target.devices)
     line = op_roofline(module, target, flops_per_token(model_cfg, cfg.seq_len) * tokens,
                        flops_per_token(model_cfg, cfg.seq_len, causal_half=True) * tokens,
                        causal=model_cfg.mask.causal)
-    out = {**row, **_estimate(name, line)}
+    out = {**row, **_estimate(name, line, published_mfu(name, model_cfg))}
     if "convention" not in row and out["convention"] == "mfu":  # planned before CONVENTION
         out["whole_program_mfu"] = row["whole_program_mfu"] * line["mfu"] / line[
             "mfu_causal_half"]  # its step time, the other FLOP count
     return out
 
 
-def in_process_with(name: str, flags: str, hlo_dir: str | None) -> dict:
-    """Plan one run in a process of its own whose libtpu reads the recipe's compiler flags
-    (``LIBTPU_INIT_ARGS`` is read once, when libtpu loads)."""
+def in_process_with(name: str, env_name: str, flags: str, hlo_dir: str | None) -> dict:
+    """Plan one run in a process of its own whose compiler reads the recipe's flags
+    (``LIBTPU_INIT_ARGS`` and ``XLA_FLAGS`` are read once, when the backend loads)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         command = [sys.executable, __file__, "--only", name, "--out", out]
         subprocess.run(command + (["--hlo-dir", hlo_dir] if hlo_dir else []), check=True,
-                       env={**os.environ, "LIBTPU_INIT_ARGS": flags}, stdout=subprocess.DEVNULL)
+                       env={**os.environ, env_name: flags}, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)["runs"][0]
 
@@ -199,6 +251,8 @@ def table(rows: list[dict]) -> str:
         flags = " (collective matmul off)" if "windowed_einsum" in (r.get("libtpu_args")
                                                                   or "") else ""
         count = "causal at half" if r["convention"] == "mfu_causal_half" else "full"
+        if RUNS.get(r["name"], {}).get("published_mfu", 0) is None:
+            count += "; our FLOPs over its step time"
         out.append(f"| [{r['name']}]({r['source']}){flags} | `{r['target']}`{layers} | "
                    f"{100 * r['published_mfu']:.1f}% ({count}) | "
                    f"{100 * r['estimate_mfu']:.1f}% | "
@@ -234,9 +288,9 @@ def main() -> int:
         return 0
     rows = []
     for name in args.only.split(",") if args.only else RUNS:
-        flags = RUNS[name].get("libtpu_args")
-        if flags and os.environ.get("LIBTPU_INIT_ARGS") != flags:
-            rows.append(in_process_with(name, flags, args.hlo_dir))
+        env_name, flags = flags_env(RUNS[name])
+        if flags and os.environ.get(env_name) != flags:
+            rows.append(in_process_with(name, env_name, flags, args.hlo_dir))
             print(json.dumps(rows[-1]), flush=True)
             continue
         try:

@@ -23,7 +23,7 @@ import sys
 import time
 
 from transformers_jax.cli import build_configs
-from transformers_jax.plan import DEFAULT_REMATS, plan, tpu_target
+from transformers_jax.plan import DEFAULT_REMATS, GPU_SPECS, plan, tpu_target
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true"]
 
@@ -100,12 +100,14 @@ def _gib(n: float) -> str:
 CALIBRATION = "benchmarks/results/plan_calibration.json"
 
 
-def expected_error(path: str = CALIBRATION) -> float | None:
+def expected_error(path: str = CALIBRATION, gpu: bool = False) -> float | None:
     """The median |error| (MFU points) of the calibration's plans of published runs
-    (``benchmarks/plan_calibration.py``); None without its file."""
+    (``benchmarks/plan_calibration.py``) on TPUs (or, ``gpu``, on GPUs); None without its
+    file."""
     try:
         with open(path) as f:
-            runs = [r for r in json.load(f)["runs"] if "error_points" in r]
+            runs = [r for r in json.load(f)["runs"] if "error_points" in r
+                    and r["target"].startswith(tuple(GPU_SPECS)) == gpu]
     except FileNotFoundError:
         return None
     return statistics.median(abs(r["error_points"]) for r in runs) if runs else None

@@ -118,6 +118,21 @@ def test_a_synchronous_collective_is_exposed_and_rings_over_the_torus():
     assert line["top_collectives"][0]["kind"] == "all-reduce"
 
 
+def test_an_async_start_moves_its_results_not_its_operands():
+    """XLA's GPU compiler writes an async start's shape as (operands, results); a combined
+    all-gather delivers every whole array, a reduce-scatter only its shard."""
+    scatter = ("  %rss = ((f32[4096,1024]{1,0}), f32[1024,1024]{1,0}) reduce-scatter-start(%w), "
+               "channel_id=4, replica_groups=[1,4]<=[4], dimensions={0}, to_apply=%sum\n"
+               "  %rsd = f32[1024,1024]{1,0} reduce-scatter-done(%rss)")
+    line = op_roofline(Module.parse(entry(scatter)), TARGET, 0.0)
+    assert line["collective_bytes"] == 3 * 4 * 2**20  # (n-1) shards of 4 MiB
+    gathers = ("  %ags = ((f32[256]{0}, f32[1024]{0}), (f32[1024]{0}, f32[4096]{0})) "
+               "all-gather-start(%a, %b), channel_id=5, replica_groups=[1,4]<=[4], "
+               "dimensions={0}\n  %agd = (f32[1024]{0}, f32[4096]{0}) all-gather-done(%ags)")
+    line = op_roofline(Module.parse(entry(gathers)), TARGET, 0.0)
+    assert line["collective_bytes"] == 3 / 4 * 4 * (1024 + 4096)  # both whole arrays
+
+
 FLASH = ("  %q = bf16[2,4,1024,128]{3,2,1,0} parameter(5)\n"
          "  %k = bf16[2,4,1024,128]{3,2,1,0} parameter(6)\n"
          "  %flash_attention.1 = bf16[2,4,1024,128]{3,2,1,0} custom-call(%q, %k, %k), "
@@ -133,6 +148,23 @@ def test_a_flash_attention_kernel_costs_its_matmuls_from_its_shapes():
     assert causal["step_s"] == pytest.approx(flops / (197e12 * KERNEL_EFFICIENCY), rel=1e-9)
     full = op_roofline(Module.parse(entry(FLASH)), TARGET, 0.0, causal=False)
     assert full["mxu_flops"] == 2 * flops
+
+
+# cuDNN's fused attention as XLA's GPU compiler writes it: q, k, v [B, T, H, D]
+CUDNN = ("  %q = bf16[2,1024,4,128]{3,2,1,0} parameter(5)\n"
+         "  %k = bf16[2,1024,4,128]{3,2,1,0} parameter(6)\n"
+         "  %dot_product_attention_fwd.1 = (bf16[2,4,1024,128]{3,1,2,0}, f32[2,4,1024]{2,1,0}, "
+         "u8[0]{0}) custom-call(%q, %k, %k), custom_call_target=\"__cudnn$fmhaSoftmax\"\n"
+         "  %dot_product_attention_bwd.1 = (bf16[2,4,1024,128]{3,1,2,0}, bf16[2,4,1024,128]"
+         "{3,1,2,0}, bf16[2,4,1024,128]{3,1,2,0}, u8[0]{0}) custom-call(%q, %k, %k), "
+         "custom_call_target=\"__cudnn$fmhaSoftmaxBackward\"")
+
+
+def test_cudnn_attention_costs_its_matmuls_from_its_shapes():
+    line = op_roofline(Module.parse(entry(CUDNN)), TARGET, 0.0, causal=True)
+    one = 2 * 2 * 4 * 1024 * 1024 * 128 / 2  # one causal (T x S x D) matmul over b and h
+    assert line["mxu_flops"] == (2 + 5) * one  # forward QK, PV; backward five
+    assert line["opaque_custom_calls"] == []
 
 
 def test_a_mesh_axis_collective_rings_over_that_axis_only():

@@ -57,10 +57,16 @@ _MOVES = {"parameter", "constant", "bitcast", "broadcast", "reshape", "transpose
           "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "copy", "iota", "tuple",
           "get-tuple-element", "gather", "reverse", "custom-call", "dot", "convolution",
           "bitcast-convert", "scatter", "sort", *COLLECTIVES}
-# Pallas kernels by a fragment of their instruction name: how many (T x S x D) matmuls per
-# head they run (flash attention: forward QK and PV; dq: QK, dO V and dS K; dkv: QK, PV, dO V
-# and dS Q), read from q [B, H, T, D] and k [B, H, S, D]; a causal kernel skips about half
-KERNELS = {"bwd_dkv": 4, "bwd_dq": 3, "flash_attention": 2}
+# Attention kernels by a fragment of their instruction name or custom-call target: how many
+# (T x S x D) matmuls per head they run, and the layout of q and k. Pallas flash attention
+# (TPU): forward QK and PV; dq: QK, dO V and dS K; dkv: QK, PV, dO V and dS Q; q [B, H, T, D]
+# and k [B, H, S, D]. cuDNN's fused attention (GPU): forward QK and PV; backward QK, dO V,
+# P dO, dS K and dS Q; q [B, T, H, D] and k [B, S, N, D]. First match wins; a causal kernel
+# skips about half
+KERNELS = {"bwd_dkv": (4, "BHTD"), "bwd_dq": (3, "BHTD"), "flash_attention": (2, "BHTD"),
+           "SoftmaxBackward": (5, "BTHD"),
+           "__cudnn$fmha": (2, "BTHD")}
+_KERNEL_CALLS = ('"tpu_custom_call"', "__gpu$xla.gpu.triton", "__cudnn$fmha")
 # The fraction of the MXU peak those kernels reach: fitted to two published runs (Llama 2 70B at
 # 4K on v5p, Llama 3.1 8B at 8K on v6e; docs/performance.md), an estimate; their softmax runs on
 # the vector unit between the matmuls of each 128-wide block
@@ -113,15 +119,21 @@ def _mxu_seconds(inst: Instruction, flops: float, shapes: dict[str, str], target
 
 
 def _kernel_flops(inst: Instruction, shapes: dict[str, str], causal: bool) -> float | None:
-    matmuls = next((n for key, n in KERNELS.items() if key in inst.name), None)
+    target = re.search(r'custom_call_target="([^"]*)"', inst.rest)
+    label = f"{inst.name} {target.group(1) if target else ''}"
+    kernel = next((v for key, v in KERNELS.items() if key in label), None)
     operands = inst.operands()
-    if matmuls is None or len(operands) < 2:
+    if kernel is None or len(operands) < 2:
         return None
+    matmuls, layout = kernel
     q, k = (array_dims(shapes.get(o, "")) for o in operands[:2])
     if not q or not k or len(q[0][1]) != 4 or len(k[0][1]) != 4:
         return None
-    b, h, t, d = q[0][1]
-    return 2.0 * matmuls * b * h * t * k[0][1][2] * d * (0.5 if causal else 1.0)
+    if layout == "BHTD":
+        (b, h, t, d), s = q[0][1], k[0][1][2]
+    else:
+        (b, t, h, d), s = q[0][1], k[0][1][1]
+    return 2.0 * matmuls * b * h * t * s * d * (0.5 if causal else 1.0)
 
 
 def _group_devices(rest: str) -> list[list[int]] | None:
@@ -197,12 +209,12 @@ def op_cost(module: Module, inst: Instruction, target: Target, causal: bool = Tr
         cost.collective = (f"channel {channel.group(1)}" if channel and inner is not inst
                            else inst.name)
         cost.collective_kind = inner.op.removesuffix("-start")
-        sizes = array_bytes(inner.shape)
-        if inner.op.endswith("-start") and cost.collective_kind in ("all-gather",
-                                                                    "collective-permute"):
-            size = max(sizes) if cost.collective_kind == "all-gather" else sizes[0]
-        else:
-            size = sum(sizes)
+        sizes, k = array_bytes(inner.shape), len(inner.operands())
+        # an async start's shape holds its k operands, then its k results (then a permute's
+        # context scalars): the results are what the collective delivers (an all-gather's
+        # whole arrays, a reduce-scatter's shards); an all-reduce-start shows only results
+        size = sum(sizes[k:2 * k]) if inner.op.endswith("-start") and len(sizes) >= 2 * k \
+            else sum(sizes)
         if cost.collective_kind == "all-reduce" and 0 < sum(array_bytes(inst.shape)) < size:
             # XLA's all-reduce-scatter fusion keeps only its shard: a reduce-scatter of the
             # whole (ring bytes (n-1)/n of it, as the shard's n-1 times)
@@ -211,7 +223,7 @@ def op_cost(module: Module, inst: Instruction, target: Target, causal: bool = Tr
         cost.collective_bytes, cost.collective_s = collective_seconds(
             inner, size, target, cost.collective_kind)
     if inst.op == "custom-call":
-        if '"tpu_custom_call"' not in inst.rest and "__gpu$xla.gpu.triton" not in inst.rest:
+        if not any(call in inst.rest for call in _KERNEL_CALLS):
             return None  # buffer allocation and other bookkeeping
         flops = _kernel_flops(inst, shapes, causal)
         cost.opaque = flops is None
