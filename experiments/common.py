@@ -22,11 +22,10 @@ import numpy as np
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.config import SHUFFLE_ROWS
-from transformers_jax.data.sources import open_documents
 from transformers_jax.loop import train
 from transformers_jax.registry import POSITIONS
 from transformers_jax.runs import load_run
-from transformers_jax.sweep.plan import token_stream as stream  # noqa: F401  (experiments' name)
+from transformers_jax.sweep.plan import token_stream
 from transformers_jax.sweep.workers import (
     own_cores,
     parse_shard,
@@ -144,12 +143,12 @@ def add_worker_options(parser, help_workers: str) -> None:
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # set by --workers
 
 
-def worker_shard(parser, args, module: str, argv: Sequence[str] | None,
-                 before_workers: Callable[[], None] | None = None) -> tuple[int, int] | None:
+def worker_shard(parser, args, module: str,
+                 argv: Sequence[str] | None) -> tuple[int, int] | None:
     """Act on ``add_worker_options``' flags: ``--fresh`` recomputes; with ``--workers N`` (and
-    no ``--shard``, so not in a worker) ``before_workers()`` (work to do once, not per worker),
-    then N workers of ``module`` with the same arguments less ``--workers``, after which the
-    caller's own pass only reads the cache. Returns this process's shard (None: every run)."""
+    no ``--shard``, so not in a worker) N workers of ``module`` with the same arguments less
+    ``--workers``, after which the caller's own pass only reads the cache. Returns this
+    process's shard (None: every run)."""
     global FRESH
     if args.fresh:
         FRESH = True
@@ -160,8 +159,6 @@ def worker_shard(parser, args, module: str, argv: Sequence[str] | None,
     except ValueError as e:
         parser.error(str(e))
     if args.workers > 1 and shard is None:
-        if before_workers is not None:
-            before_workers()
         run_workers(module, without_option(sys.argv[1:] if argv is None else argv, "--workers"),
                     args.workers)
         FRESH = False  # what the workers just computed is what the report reads
@@ -217,20 +214,6 @@ def trained(experiment: str, model_cfg: ModelConfig, train_cfg: TrainConfig):
     return model, params, tokenizer, keep
 
 
-def text_tokens(tokenizer, data: str | None, max_tokens: int, role: str = "eval",
-                val_fraction: float = 0.05) -> np.ndarray:
-    """One split ("eval": held out; "train") as a token stream (documents joined by eos)."""
-    docs = open_documents(data, role, val_fraction=val_fraction)
-    parts, total = [], 0
-    for i in range(len(docs)):
-        ids = tokenizer.encode(docs[i].text)
-        parts += [ids, np.array([tokenizer.eos_id], np.int32)]
-        total += len(ids) + 1
-        if total >= max_tokens:
-            break
-    return np.concatenate(parts)[:max_tokens].astype(np.int32)
-
-
 @functools.lru_cache(maxsize=64)
 def window_losses(model):
     """A jitted ``(params, inputs, targets) -> per-token loss [B, T]``, one per model (modules
@@ -245,28 +228,18 @@ def window_losses(model):
     return losses
 
 
-def eval_loss(model, params, tokens: np.ndarray, length: int, stride: int | None = None,
-              batch_size: int = 8) -> float:
-    """Mean next-token loss (nats) over the stream with windows of ``length`` tokens.
-
-    ``stride=None``: non-overlapping windows, every token scored (early tokens of each window
-    have little context). ``stride=S``: windows start every S tokens and only their last S
-    tokens are scored, so each scored token has at least ``length - S`` tokens of context
-    (sliding-window evaluation, as in the ALiBi paper with S > 1).
-    """
-    return float(np.nanmean(position_losses(model, params, tokens, length, stride, batch_size)))
+def eval_loss(model, params, tokens: np.ndarray, length: int, batch_size: int = 8) -> float:
+    """Mean next-token loss (nats) over the stream in non-overlapping windows of ``length``
+    tokens: every token scored, the early tokens of each window with little context."""
+    return float(np.nanmean(position_losses(model, params, tokens, length, batch_size)))
 
 
-def position_losses(model, params, tokens: np.ndarray, length: int, stride: int | None = None,
-                    batch_size: int = 8, bos_id: int | None = None) -> np.ndarray:
+def position_losses(model, params, tokens: np.ndarray, length: int,
+                    batch_size: int = 8) -> np.ndarray:
     """Per-position losses ``[N]`` of the stream (``[i]``: the loss of predicting
     ``tokens[i]``; NaN where no window scores it), with the windows of ``eval_loss``: the
-    same positions of every model and length can then be paired (``stats.block_means``).
-    ``bos_id``: each window's first input is bos instead of the token before its first target
-    (as a model trained with ``TrainConfig.bos_per_row`` saw every window); the same
-    positions are scored."""
-    step = stride or length
-    starts = list(range(0, len(tokens) - length - 1, step))
+    same positions of every model can then be paired (``stats.block_means``)."""
+    starts = list(range(0, len(tokens) - length - 1, length))
     if not starts:
         raise ValueError(f"held-out stream of {len(tokens)} tokens is too short for {length}")
     losses_fn = window_losses(model)
@@ -275,16 +248,9 @@ def position_losses(model, params, tokens: np.ndarray, length: int, stride: int 
         chunk = starts[i : i + batch_size]
         chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # fixed shape: one compile
         windows = np.stack([tokens[s : s + length + 1] for s in chunk])
-        if bos_id is not None:
-            windows[:, 0] = bos_id
         loss_BT = np.asarray(losses_fn(params, windows[:, :-1], windows[:, 1:]))
-        real = min(batch_size, len(starts) - i)
-        for row in range(real):
-            s = chunk[row]
-            if stride is None or s == 0:
-                out[s + 1 : s + length + 1] = loss_BT[row]
-            else:
-                out[s + length + 1 - stride : s + length + 1] = loss_BT[row, -stride:]
+        for row in range(min(batch_size, len(starts) - i)):
+            out[chunk[row] + 1 : chunk[row] + length + 1] = loss_BT[row]
     return out
 
 
@@ -402,7 +368,7 @@ def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, floa
                     eval=[len(eval_tokens), int(eval_tokens.sum())])
 
     def compute():
-        train_tokens = stream(tokenizer, split.train_texts(max_bytes=20_000_000))
+        train_tokens = token_stream(tokenizer, split.train_texts(max_bytes=20_000_000))
         out = {"unigram": unigram_loss(train_tokens, eval_tokens, vocab),
                "train_tokens": int(train_tokens.size)}
         for k in (2, 3, 4, 5):
@@ -421,7 +387,7 @@ def heldout_split(data: str | None, n_eval: int, split_seed: int = 0):
 
     split = make_split(data, seed=split_seed, heldout_bytes=n_eval)
     tokenizer = ByteTokenizer()
-    tokens = stream(tokenizer, split.heldout, n_eval)
+    tokens = token_stream(tokenizer, split.heldout, n_eval)
     return split, tokens, ngram_baselines(split, tokenizer, tokens)
 
 

@@ -96,40 +96,6 @@ def _listing(items: list[str]) -> str:
 # ------------------------------------------------------------------------------ findings
 
 
-def finding_length_extrapolation(out: dict) -> str:
-    if "train_lens" not in out:  # one training length, no intervals: nothing to read safely
-        return ("These results predate the training-length sweep and its paired intervals: "
-                "re-run python -m experiments.length_extrapolation.")
-    base = out["baselines"]
-    far_m = out["multiples"][-1]
-    parts = []
-    for L_str, by_scheme in out["results"].items():
-        L, far = int(L_str), far_m * int(L_str)
-        at_L = {s: _mean(r["flat"][str(L)] for r in runs) for s, runs in by_scheme.items()}
-        beat = {k: [s for s, v in at_L.items() if v < base[k]] for k in ("3-gram", "4-gram")}
-        deg = {c["a"]: c["interval"] for c in out["comparisons"]
-               if c["kind"] == "degradation" and c["L"] == L and c["n"] == far}
-        text = (f"Trained at {L}: at {far} tokens ({far_m}x) the loss changes by "
-                + _listing([f"{s} {iv['mean']:+.3f} [{iv['low']:+.3f}, {iv['high']:+.3f}]"
-                            for s, iv in sorted(deg.items(), key=lambda kv: kv[1]["mean"])])
-                + " nats (paired 95% intervals).")
-        claims = [c for c in out["comparisons"]
-                  if c["kind"] == "claim" and c["L"] == L and c["n"] == far]
-        if claims:
-            text += " Against Press et al. 2022: " + "; ".join(
-                f"{c['a']} degrades less than {c['b']}: {c['verdict']}" for c in claims) + "."
-        missing = [s for s in at_L if s not in beat["3-gram"]]
-        if missing:
-            text += (f" Warning: {_listing(missing)} do not beat the 3-gram ({base['3-gram']:.3f})"
-                     " at the training length, so their extrapolation says little.")
-        else:
-            text += (f" Every scheme beats the 3-gram at L ({base['3-gram']:.3f}); "
-                     + (f"{_listing(beat['4-gram'])} also the 4-gram ({base['4-gram']:.3f})."
-                        if beat["4-gram"] else f"none beats the 4-gram ({base['4-gram']:.3f})."))
-        parts.append(text)
-    return " ".join(parts)
-
-
 def finding_rope_extension(out: dict) -> str:
     res = out["results"]
     zs = {k: _mean(r["zero_shot"] for r in v) for k, v in res.items()}
@@ -213,90 +179,6 @@ def _passkey_finding(out: dict) -> str:
             for k, a in acc.items()]
     return (f"Passkey retrieval (control: {100 * at_L:.0f}% at L={L}) at {E} tokens: "
             + _listing(said) + "; paired intervals by length in the table.")
-
-
-def finding_context_usage(out: dict) -> str:
-    unit = "bytes" if out.get("units") == "bytes" else "tokens"  # 1 word is about 6 bytes
-    bounds = [int(b) for b in out["boundaries"]]
-    parts = []
-    reach: dict[str, int] = {}  # per family: the farthest boundary whose truncation costs > 1%
-    for family, runs in out["results"].items():
-        effect = {k: {b: _mean(r.get(f"{k}/{b}", float("nan")) for r in runs) for b in bounds}
-                  for k in ("truncate", "shuffle", "shuffle_spans", "random")}
-        trunc = effect["truncate"]
-        valid = [b for b in bounds if not math.isnan(trunc[b])]
-        if not valid:
-            continue
-        base = _mean(r["base"] for r in runs) if all("base" in r for r in runs) else None
-        largest = max(abs(v) for e in effect.values() for v in e.values() if not math.isnan(v))
-        if largest < 0.01:
-            parts.append(f"{family}: no perturbation changes its loss by 1% or more at any "
-                         f"boundary, not even random tokens at b={valid[0]}: it uses almost no "
-                         "context" + (f" (its unperturbed loss is {base:.3f} nats; likely "
-                                      "undertrained at this budget)." if base else "."))
-            continue
-        used = [b for b in valid if trunc[b] > 0.01]
-        reach[family] = max(used, default=0)
-        if not used:
-            uses = f"truncating beyond b={valid[0]} changes its loss by less than 1%"
-        elif max(used) == valid[-1]:
-            uses = (f"it still uses context beyond b={valid[-1]} (truncating there costs "
-                    f"{_pct(trunc[valid[-1]])})")
-        else:
-            after = min(b for b in valid if b > max(used))
-            uses = (f"truncating beyond b={max(used)} costs {_pct(trunc[max(used)])}, beyond "
-                    f"b={after} less than 1% ({_pct(trunc[after])}): it uses about the last "
-                    f"{max(used)}-{after} {unit}")
-        intervals = out.get("comparisons", {})
-        if intervals:  # the paired 95% intervals over seeds x windows decide
-            def excluded(kind, b, family=family, intervals=intervals):
-                iv = intervals.get(f"{family}/{kind}/{b}")
-                return iv is not None and iv["low"] > 0
-
-            def shown(kind, b, family=family, intervals=intervals):
-                iv = intervals[f"{family}/{kind}/{b}"]
-                return (f"{100 * iv['mean']:+.1f}% [{100 * iv['low']:+.1f}, "
-                        f"{100 * iv['high']:+.1f}]")
-
-            ordered = [b for b in valid if excluded("shuffle", b)]
-            order_txt = (f"shuffling the context beyond b={max(ordered)} still costs "
-                         f"{shown('shuffle', max(ordered))} (word order used that far)"
-                         if ordered else "shuffling's effect is inconclusive at every "
-                         "boundary (its interval includes zero): no evidence that order is used")
-            far = [b for b in valid if f"{family}/corpus_span/{b}" in intervals]
-            if far:
-                order_txt += (f"; replacing the context beyond b={far[-1]} by another span of "
-                              f"the corpus costs {shown('corpus_span', far[-1])}")
-        else:  # no paired intervals: order is not judged from means
-            order_txt = ("these results have no paired intervals for shuffling, so word order "
-                         "is not judged: re-run python -m experiments.context_usage")
-        parts.append(f"{family}: {uses}; {order_txt}; at the smallest boundary b={valid[0]} "
-                     f"truncation costs {_pct(trunc[valid[0]])}.")
-    recurrent = [f for f in reach if _family(f).recurrent]
-    attending = [f for f in reach if not _family(f).recurrent]
-    if recurrent and attending:
-        tf, rnn = attending[0], recurrent[0]
-
-        def farthest(family):
-            return (f"beyond b={reach[family]}" if reach[family]
-                    else f"not even beyond b={bounds[0]}")
-
-        more = reach[tf] > reach[rnn]
-        parts.append(
-            f"The transformer uses {'more' if more else 'no more'} distant context than the "
-            f"LSTM (truncation costs over 1%: transformer {farthest(tf)}, LSTM "
-            f"{farthest(rnn)}){', as expected' if more else ', unlike the expectation'}.")
-        if reach[rnn] < 150:
-            nxt = min((b for b in bounds if b > reach[rnn]), default=bounds[-1])
-            span = (f"stops using context within {reach[rnn]}-{nxt} {unit}" if reach[rnn]
-                    else f"changes by under 1% even when everything beyond b={bounds[0]} is cut")
-            parts.append(
-                f"Unlike Khandelwal et al.'s LSTM (about 1% change only beyond 150-250 tokens), "
-                f"this one {span}: a small model trained briefly has not learned long-range "
-                "dependencies; --scale large trains a larger one for longer.")
-    parts.append("Published (Khandelwal et al. 2018, LSTM): about 1% loss change beyond "
-                 "150-250 tokens, word order mattering only within about 20-50 tokens.")
-    return " ".join(parts)
 
 
 def _exact_match_interval(out: dict, a: str, b: str, L: int, hi: int):
@@ -616,30 +498,6 @@ class Experiment:
 
 EXPERIMENTS = (
     Experiment(
-        "length_extrapolation", "Length extrapolation on text",
-        "Press et al.'s protocol: a GPT is trained at each length L of a sweep (32, 64, 128) "
-        "with ALiBi, RoPE, sinusoidal (the original form: tokens x sqrt(d) plus the table) and "
-        "no positions (xPos, KERPLE, randomized, T5 bias with max_distance L, FIRE with its "
-        "threshold at L, learned on request), 3 seeds, and scored on the same seed-drawn "
-        "held-out text at 1x-16x L with non-overlapping windows (sliding windows with "
-        "--sliding). The packed training rows are shuffled (the library's default), so each "
-        "batch mixes documents. Kneser-Ney 2-5-gram baselines are fitted on the same training "
-        "split; each claim gets a paired 95% interval over seeds and held-out chunks.",
-        "Press et al. 2022 (ALiBi, WikiText-103, perplexity trained at 512 and tested at 512 / "
-        "1012 / 3512 / 15512 tokens): sinusoidal 20.05 / 43.54 / 178.97 / 406.01, rotary 20.07 "
-        "/ 21.37 / 35.54 / 79.25, T5 bias 19.65 / 18.79 / 22.91 / OOM, ALiBi 19.73 / 18.73 / "
-        "18.40 / 18.31. ALiBi stays flat, T5 close, rotary and sinusoidal degrade.",
-        (Section("length_extrapolation", None, finding_length_extrapolation),),
-        "36 runs of 3.1M tokens: about 2 h on 2 CPU cores with `--workers 2` (2026-12-03, the "
-        "committed results: 6.5-7.5 min per pair of runs, workers not yet pinned), over the "
-        "60-min budget, and no token budget fits it here: pinned to one core, a run trains in "
-        "366 s and scores in 30-96 s, so 60 min would leave 1.2M tokens per run, and NoPE at "
-        "L=128 is still above the 3-gram after 2.0M (the module's docstring has the sums); "
-        "resumable; --train-lens 64 takes about 40 min",
-        workers=True,
-        superseded_by="length_extrapolation_cpu",
-    ),
-    Experiment(
         "rope_extension", "RoPE context extension",
         "A RoPE model trained at L tokens is evaluated from L to 16L with no scaling, linear "
         "position interpolation (PI), NTK-aware, dynamic NTK (as it decodes), YaRN and Llama "
@@ -674,24 +532,6 @@ EXPERIMENTS = (
         "(2026-12-04, in two passes: 24 runs in 24.0 min and 24 in 25.4 min, the other 12 read "
         "from the cache of earlier runs of the same config; resumable)",
         workers=True,
-    ),
-    Experiment(
-        "context_usage", "How much context a transformer and an LSTM use",
-        "Both models are trained on the same text (3 seeds, 3.1M tokens each, 512 tokens of "
-        "context; bytes at the default scale, SentencePiece pieces at --scale large); at test "
-        "time the context farther than b tokens from the scored tokens is truncated, shuffled, "
-        "shuffled within 20-token spans, replaced by random tokens or by a span of other text "
-        "(the control), and the relative loss increase is read against b with paired 95% "
-        "intervals over seeds x windows.",
-        "Khandelwal et al. 2018 (Sharp Nearby, Fuzzy Far Away): an LSTM's loss changes by "
-        "about 1% beyond 150-250 tokens, and word order matters only within about 20 (local) "
-        "to 50 (global) tokens; a transformer should keep using context, and its order, "
-        "further back.",
-        (Section("context_usage", None, finding_context_usage),),
-        "6 runs of 3.1M tokens: 32 min measured on 2 CPU cores (2026-12-01, load average up "
-        "to 3.8: the test suite ran beside the LSTM runs); the committed results took 64 min "
-        "on one core beside another experiment (2026-12-04); resumable",
-        superseded_by="context_usage",
     ),
     Experiment(
         "attention_variants", "Attention variants",
@@ -827,7 +667,9 @@ def _sweep_reports(results: str, rel: str) -> list[str]:
     if not reports:
         return []
     lines = ["Sweeps on the research corpus (`tjax sweep`, docs/experiments.md): each report "
-             "lists every cell against the n-gram baselines and every declared comparison.", ""]
+             "lists every cell against the n-gram baselines and every declared comparison, "
+             "under the one command that regenerates it. An experiment rewritten as a spec "
+             "lives only here: its spec in `experiments/specs/`, its report below.", ""]
     for name in reports:
         with open(os.path.join(root, name, "report.md")) as f:
             text = f.read()
@@ -848,8 +690,7 @@ def _anchor(title: str) -> str:
 
 # the experiment modules an experiment imports besides the shared ones
 DEPENDS_ON = {"rope_extension": ("passkey.py",),
-              "attention_variants": ("synthetic_generalisation.py",),
-              "length_extrapolation": ("attention_maps.py",)}
+              "attention_variants": ("synthetic_generalisation.py",)}
 
 
 def _done_key(name: str, scale: str) -> str:

@@ -1,7 +1,7 @@
-"""Each experiment runs end to end at a tiny scale and writes its JSON, table and plot."""
+"""The experiments' shared pieces (the run cache, worker processes, held-out scoring, the split)
+and run_all, which runs each experiment and rebuilds experiments/README.md from the results."""
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -10,56 +10,7 @@ import numpy as np
 import pytest
 
 import experiments.common as common
-from transformers_jax.config import SHUFFLE_ROWS
 from transformers_jax.sweep import workers
-
-
-@pytest.mark.slow
-def test_length_extrapolation_tiny(results_dir, split_cache, monkeypatch, assert_replots):
-    from experiments import length_extrapolation
-
-    argv = ["--scale", "tiny", "--seeds", "2", "--schemes", "alibi,learned,fire", "--sliding"]
-    length_extrapolation.main(argv)
-    out = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
-    assert out["train_lens"] == [16] and out["multiples"] == [1, 2]
-    assert out["python"].count(".") == 2 and out["data"]["corpus"] == "default"
-    assert out["cores"] == len(os.sched_getaffinity(0))  # the thread count moves the rounding
-    assert len(out["data"]["sha256"]) == 64 and out["heldout_tokens"] == 2000
-    base = out["baselines"]
-    assert base["unigram"] > base["2-gram"] > base["3-gram"] > base["4-gram"]
-    runs = out["results"]["16"]
-    learned, alibi = runs["learned"][0], runs["alibi"][0]
-    assert math.isnan(learned["flat"]["32"]) and not math.isnan(alibi["flat"]["32"])
-    assert 0 < alibi["sliding"]["16"] < 10 and len(alibi["flat_blocks"]["16"]) == 2000 // 32
-    assert runs["fire"][0]["position"] == {"name": "fire", "init_threshold": 16.0}
-    assert [k.rsplit("/", 1)[-1] for k in runs["fire"][0]["learned"]] == ["c", "threshold"]
-    claims = [c for c in out["comparisons"] if c["kind"] == "degradation"]
-    assert {c["a"] for c in claims} == {"alibi", "fire"}  # learned has no 2x
-    table = (results_dir / "length_extrapolation_tiny.md").read_text()
-    assert table.startswith("Command: `python -m") and "n/a (beyond table)" in table
-    assert "3-gram" in table and "init_threshold" in table
-    assert out["shuffle_rows"] == SHUFFLE_ROWS  # the library's default: batches mix documents
-    assert f"training rows shuffled in windows of {SHUFFLE_ROWS}" in table
-    assert (results_dir / "length_extrapolation_tiny.png").stat().st_size > 10_000
-    # where each run attends, at L and at the longest length (the learned table stops at L)
-    stats = alibi["attention"]["32"]
-    assert stats["length"] == 32 and np.shape(stats["distance"]) == (1, 2)  # layers x heads
-    assert 0 < np.min(stats["distance"]) and np.max(stats["distance"]) < 31 / 2 + 1e-6
-    assert set(learned["attention"]) == {"16"}
-    assert (results_dir / "length_extrapolation_tiny_attention.png").stat().st_size > 10_000
-    assert "length_extrapolation_tiny_attention.png" in table
-    # a second invocation resumes from the cache: nothing trains again, not even when the
-    # evaluation changes (no sliding windows: the kept runs are scored again)
-    monkeypatch.setattr(common, "train_and_load",
-                        lambda *a, **k: pytest.fail("a cached run was trained again"))
-    length_extrapolation.main(argv)
-    again = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
-    assert again["results"]["16"]["alibi"][0]["flat"] == alibi["flat"]
-    length_extrapolation.main(argv[:-1])
-    rescored = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
-    assert rescored["results"]["16"]["alibi"][0]["flat"] == pytest.approx(alibi["flat"])
-    assert rescored["results"]["16"]["alibi"][0]["sliding"] == {}
-    assert_replots(length_extrapolation, "length_extrapolation_tiny", ["--scale", "tiny"])
 
 
 def test_cached_run_resumes_by_key(results_dir, monkeypatch):
@@ -73,44 +24,22 @@ def test_cached_run_resumes_by_key(results_dir, monkeypatch):
     assert common.cached_run("x", key, lambda: {"loss": 2.0}) == {"loss": 2.0}
 
 
-def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
-    from experiments import length_extrapolation
-
-    class Split:
-        seed, sha256 = 0, "x"
-
-        def meta(self):
-            return {}
-
-    done = []
-    monkeypatch.setattr(length_extrapolation, "heldout_split",
-                        lambda *a: (Split(), np.zeros(8, np.int32), {}))
-    monkeypatch.setattr(length_extrapolation, "one_run", lambda scheme, L, seed, *a: done.append(
-        (L, scheme, seed)) or {})
-    sweep = ("default", 3, ["alibi", "rope"], None)
-    assert length_extrapolation.run(*sweep, shard=(0, 4)) is None  # a shard only caches
-    shards = [list(done)]
-    for i in (1, 2, 3):
-        done.clear()
-        length_extrapolation.run(*sweep, shard=(i, 4))
-        shards.append(list(done))
-    done.clear()
-    assert length_extrapolation.run(*sweep)["results"]  # no shard: every run, and the report
-    every = sorted(done)
-    assert len(every) == 18 and sorted(sum(shards, [])) == every  # each run in one shard
-    assert [len(s) for s in shards] == [5, 5, 4, 4]
+def test_run_workers_starts_one_process_per_shard_then_only_reads(results_dir, monkeypatch):
+    """``run_workers``: one process per shard with the same arguments; a failed worker stops
+    the experiment naming it; after the workers the cache is read only, so a run missing from
+    it is an error, not a silent retrain."""
     assert common.parse_shard("1/2") == (1, 2) and common.parse_shard(None) is None
     for bad in ("2/2", "1", "a/b", "-1/2"):
         with pytest.raises(ValueError, match="expected i/n"):
             common.parse_shard(bad)
     argv = ["--seeds", "2", "--workers", "2", "--workers=3", "--scale", "tiny"]
     assert common.without_option(argv, "--workers") == ["--seeds", "2", "--scale", "tiny"]
-    started = []
+    started, failing = [], {"--shard=1/2"}
 
     class Proc:
         def __init__(self, command):
             started.append(command[command.index("-m") + 1:])
-            self.code = 3 if command[-1] == "--shard=1/2" else 0
+            self.code = 3 if command[-1] in failing else 0
 
         def wait(self):
             return self.code
@@ -119,10 +48,18 @@ def test_shards_split_the_runs_and_workers_start_one_process_each(monkeypatch):
             return self.code
 
     monkeypatch.setattr(workers.subprocess, "Popen", Proc)
+    monkeypatch.setattr(common, "READ_ONLY", False)  # restored after the test
+    monkeypatch.setattr(common, "WORKER_CORES", None)
+    module = "experiments.synthetic_generalisation"
     with pytest.raises(SystemExit, match="worker 1/2 \\(exit 3\\) failed"):
-        common.run_workers("experiments.length_extrapolation", ["--seeds", "2"], 2)
-    assert started == [["experiments.length_extrapolation", "--seeds", "2", f"--shard={s}"]
-                       for s in ("0/2", "1/2")]
+        common.run_workers(module, ["--seeds", "2"], 2)
+    assert started == [[module, "--seeds", "2", f"--shard={s}"] for s in ("0/2", "1/2")]
+    assert not common.READ_ONLY
+    failing.clear()
+    common.run_workers(module, ["--seeds", "2"], 2)
+    assert common.READ_ONLY and len(common.WORKER_CORES) == 2
+    with pytest.raises(RuntimeError, match="not in .* after the workers finished"):
+        common.cached_run("x", "missing", lambda: pytest.fail("computed a missing run"))
 
 
 def test_workers_get_disjoint_cores(monkeypatch):
@@ -144,88 +81,16 @@ def test_workers_get_disjoint_cores(monkeypatch):
     assert shown.strip() == f"{ {core} } ['--shard', '0/2']"
 
 
-def test_workers_then_one_reading_pass(results_dir, monkeypatch):
-    """``--workers 2``: the split once, the workers with the same arguments (less --workers),
-    then a pass that reads the cache (FRESH off) and reports once; a run missing from the cache
-    after the workers is an error, not a silent retrain."""
-    from experiments import length_extrapolation
-
-    calls = []
-    monkeypatch.setattr(length_extrapolation, "heldout_split",
-                        lambda *a: calls.append(("split", a)))
-    monkeypatch.setattr(common, "run_workers", lambda module, argv, n: calls.append(
-        ("workers", module, argv, n)) or monkeypatch.setattr(common, "READ_ONLY", True))
-    monkeypatch.setattr(length_extrapolation, "run", lambda *a, **k: calls.append(
-        ("run", common.FRESH, a[-1])) or {"scale": "tiny"})
-    monkeypatch.setattr(length_extrapolation, "report", lambda out: calls.append(("report",)))
-    length_extrapolation.main(["--scale", "tiny", "--workers", "2", "--fresh", "--seeds", "2"])
-    assert calls == [("split", (None, 2_000, 0)),
-                     ("workers", "experiments.length_extrapolation",
-                      ["--scale", "tiny", "--fresh", "--seeds", "2"], 2),
-                     ("run", False, None), ("report",)]
-    assert common.READ_ONLY
-    with pytest.raises(RuntimeError, match="not in .* after the workers finished"):
-        common.cached_run("x", "missing", lambda: pytest.fail("computed a missing run"))
-    with pytest.raises(SystemExit):  # a worker's own pass never starts workers
-        length_extrapolation.main(["--scale", "tiny", "--shard", "2/2"])
-
-
 def test_position_losses_pair_the_same_positions(monkeypatch):
-    import numpy as np
-
     # a "model" whose loss for each target is the target's id: [i] must hold tokens[i]
     monkeypatch.setattr(common, "window_losses",
                         lambda model: lambda params, inputs, targets: targets.astype(float))
     tokens = np.arange(40)
-    flat = common.position_losses(None, None, tokens, 8)
-    sliding = common.position_losses(None, None, tokens, 8, stride=2)
-    for losses in (flat, sliding):
-        scored = ~np.isnan(losses)
-        assert np.array_equal(losses[scored], tokens[scored]) and not scored[0]
-    assert (~np.isnan(flat))[1:33].all() and np.isnan(flat[33:]).all()  # 4 whole windows
-    assert (~np.isnan(sliding))[1:39].all()  # windows every 2 tokens score up to the end
-
-
-def test_position_losses_lead_each_window_with_bos_when_asked(monkeypatch):
-    """bos_id replaces each window's first input (the token before its first target) and
-    nothing else: the same positions are scored, with the same targets."""
-    import numpy as np
-
-    def losses_of(model):
-        def losses(params, inputs, targets):
-            np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])  # context untouched
-            return targets + 1000.0 * (inputs[:, :1] == 99)
-
-        return losses
-
-    monkeypatch.setattr(common, "window_losses", losses_of)
-    tokens = np.arange(40)
-    for stride in (None, 2):
-        plain = common.position_losses(None, None, tokens, 8, stride=stride)
-        led = common.position_losses(None, None, tokens, 8, stride=stride, bos_id=99)
-        scored = ~np.isnan(plain)
-        assert np.array_equal(scored, ~np.isnan(led))
-        np.testing.assert_array_equal(led[scored], plain[scored] + 1000.0)
-
-
-@pytest.mark.slow
-def test_length_extrapolation_bos_per_row_and_shuffled_rows(results_dir, split_cache):
-    """--bos-per-row trains with TrainConfig.bos_per_row and scores windows led by bos,
-    --shuffle-rows shuffles the training rows; the result and its table say so."""
-    from experiments import length_extrapolation
-
-    length_extrapolation.main(["--scale", "tiny", "--seeds", "1", "--schemes", "none",
-                               "--bos-per-row", "--shuffle-rows", "64"])
-    out = json.loads((results_dir / "length_extrapolation_tiny.json").read_text())
-    assert out["bos_per_row"] is True and out["shuffle_rows"] == 64
-    assert 0 < out["results"]["16"]["none"][0]["flat"]["16"] < 10
-    table = (results_dir / "length_extrapolation_tiny.md").read_text()
-    assert "every training and held-out window starts with bos" in table
-    assert "training rows shuffled in windows of 64" in table
-    runs = os.path.join(str(results_dir), ".cache", "length_extrapolation", "runs")
-    [run] = os.listdir(runs)
-    train = json.load(open(os.path.join(runs, run, "tjax_config.json")))["train"]
-    assert train["bos_per_row"] and train["shuffle_rows"] == 64
+    flat = common.position_losses(None, None, tokens, 8, batch_size=3)  # a ragged last batch
+    scored = ~np.isnan(flat)
+    assert np.array_equal(flat[scored], tokens[scored]) and not scored[0]
+    assert scored[1:33].all() and not scored[33:].any()  # 4 whole windows
+    assert common.eval_loss(None, None, tokens, 8) == pytest.approx(np.mean(np.arange(1, 33)))
 
 
 def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
@@ -258,37 +123,15 @@ def _fake_results(folder):
     result, like every tiny result, must not be shown)."""
     nan = float("nan")
     payloads = {
-        "length_extrapolation_default": {
-            "train_lens": [4], "multiples": [1, 2], "baselines": {
-                "unigram": 3.0, "2-gram": 2.5, "3-gram": 2.2, "4-gram": 2.05, "5-gram": 2.0},
-            "results": {"4": {s: [{"flat": {"4": at_l, "8": at_l + 0.1}}] for s, at_l in (
-                ("alibi", 2.0), ("rope", 2.1), ("none", 2.3))}},
-            "comparisons": [
-                {"kind": "degradation", "L": 4, "n": 8, "a": s, "b": None, "verdict": None,
-                 "interval": {"mean": m, "low": m - 0.01, "high": m + 0.01}}
-                for s, m in (("alibi", 0.01), ("rope", 0.5), ("none", 0.2))] + [
-                {"kind": "claim", "L": 4, "n": 8, "a": "alibi", "b": "rope",
-                 "verdict": "as published", "interval": {"mean": -0.49, "low": -0.6,
-                                                         "high": -0.4}}]},
-        "rope_extension_default": {
-            "train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
+        "rope_extension_default": {  # trained on unshuffled rows: the README says so
+            "shuffle_rows": 0, "train_len": 16, "eval_len": 64, "fine_tune_steps": 4,
+            "loss_at_train_len": [2.0],
             "references": {"zero_shot": "none", "fine_tuned": "linear"},
             "results": {k: [{"zero_shot": z, "fine_tuned": f}] for k, z, f in (
                 ("none", 4.0, 2.5), ("linear", 3.0, 2.2), ("yarn", 2.4, 2.1))},
             "comparisons": {  # paired intervals: one excludes zero, one does not
                 "zero_shot: yarn - none": {"mean": -1.6, "low": -1.7, "high": -1.5},
                 "fine_tuned: yarn - linear": {"mean": -0.1, "low": -0.3, "high": 0.1}}},
-        "context_usage_default": {  # trained on unshuffled rows: the README says so
-            "shuffle_rows": 0, "boundaries": [4, 16], "results": {family: [{
-                "base": 2.0, "truncate/4": 0.2, "truncate/16": t16, "shuffle/4": 0.2,
-                "shuffle/16": s16, "shuffle_spans/4": 0.1, "shuffle_spans/16": 0.0,
-                "random/4": 0.3, "random/16": 0.01}] for family, t16, s16 in (
-                    ("gpt", 0.05, 0.05), ("lstm", 0.005, 0.0))},
-            "comparisons": {  # gpt: order used to b=16 (excludes 0); lstm: inconclusive
-                "gpt/shuffle/4": {"mean": 0.2, "low": 0.1, "high": 0.3},
-                "gpt/shuffle/16": {"mean": 0.05, "low": 0.01, "high": 0.09},
-                "lstm/shuffle/4": {"mean": 0.01, "low": -0.01, "high": 0.03},
-                "lstm/shuffle/16": {"mean": 0.0, "low": -0.02, "high": 0.02}}},
         "synthetic_generalisation_default": {
             "train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
                 "none": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.5, "4": 0.0},
@@ -338,27 +181,14 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
         in text
     # the findings are computed from the JSON
     assert "none 0.25" in text  # mean exact match over lengths 3-4
-    assert ("Trained at 4: at 8 tokens (2x) the loss changes by alibi +0.010 [+0.000, +0.020]"
-            ", none +0.200") in text
-    assert "alibi degrades less than rope: as published" in text
-    assert "Warning: none do not beat the 3-gram (2.200)" in text
     assert "yarn zero-shot better than no scaling: as published (-1.600 [-1.700, -1.500]" in text
     assert "yarn better than linear after the fine-tune: inconclusive (-0.100 [-0.300, +0.100]" \
         in text
-    assert "lstm: truncating beyond b=4 costs +20%, beyond b=16 less than 1% (+0.5%)" in text
-    assert "gpt: it still uses context beyond b=16" in text
-    assert "shuffling the context beyond b=16 still costs +5.0% [+1.0, +9.0]" in text
-    assert "lstm: truncating beyond b=4 costs +20%" in text and (
-        "shuffling's effect is inconclusive at every boundary" in text)
-    assert "The transformer uses more distant context than the LSTM (truncation costs over " \
-        "1%: transformer beyond b=16, LSTM beyond b=4), as expected" in text
-    assert "this one stops using context within 4-16 tokens" in text
     assert "GQA-2 is within 2% of MHA's loss" in text
     assert "The prefix LM beats the causal LM" in text
     assert "The seeds disagree (prefix LM exact match per seed 0.800, 0.600)" in text
     assert "QK-norm lowers the high-rate loss" in text and "baseline at lr 0.1" in text
-    for name in ("length_extrapolation", "rope_extension", "context_usage",
-                 "attention_variants_heads"):
+    for name in ("rope_extension", "attention_variants_heads"):
         assert f"| FAKE {name}_default |" in text
     # missing results say how to produce them; tiny results are never shown
     assert "Not run yet: `python -m experiments.attention_variants --part window`" in text
@@ -366,7 +196,35 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     assert text.count("Not run yet") == 1
     # a caveat under the one section trained on unshuffled rows, and only there
     assert text.count(run_all.UNSHUFFLED_CAVEAT) == 1
-    assert run_all.UNSHUFFLED_CAVEAT in text[text.index("## 4."):text.index("## 5.")]
+    assert run_all.UNSHUFFLED_CAVEAT in text[text.index("## 1."):text.index("## 2.")]
+    # no sweep report, no experiment superseded: neither is mentioned
+    assert "Sweeps on the research corpus" not in text and "Superseded" not in text
+
+
+def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_path,
+                                                                           monkeypatch):
+    """Each committed sweep report is listed with its title and the command heading it; an
+    experiment replaced by a sweep says so above its own (older) results."""
+    import dataclasses
+
+    from experiments import run_all
+
+    results = tmp_path / "results"
+    (results / "sweeps" / "demo").mkdir(parents=True)
+    (results / "sweeps" / "demo" / "report.md").write_text(
+        "# A demo sweep\n\nCommand: `tjax sweep experiments/specs/demo.toml --out sweeps/demo`"
+        "\n\nbody\n")
+    (results / "sweeps" / "unfinished").mkdir()  # no report yet: not listed
+    first, *rest = run_all.EXPERIMENTS
+    monkeypatch.setattr(run_all, "EXPERIMENTS",
+                        (dataclasses.replace(first, superseded_by="demo"), *rest))
+    text = run_all.build_readme(str(results), str(tmp_path / "README.md"))
+    assert ("- [A demo sweep](results/sweeps/demo/report.md): "
+            "`tjax sweep experiments/specs/demo.toml --out sweeps/demo`") in text
+    assert "unfinished" not in text
+    section = text[text.index("## 1."):text.index("## 2.")]
+    assert "**Superseded** by the sweep [`demo`](results/sweeps/demo/report.md)" in section
+    assert text.count("**Superseded**") == 1
 
 
 def test_findings_read_the_paired_intervals_and_the_passkey_control():
@@ -445,29 +303,11 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
     assert "Passkey retrieval (control: 100% at L=16) at 64 tokens: none 100% zero-shot" in text
 
 
-def test_length_finding_refuses_results_without_the_sweep():
-    """Results of one training length without intervals are not read by threshold rules: the
-    finding asks for a re-run."""
-    from experiments import run_all
-
-    old = {"train_len": 64, "lengths": [64, 512], "unigram_loss": 3.2,
-           "results": {"alibi": [{"flat": {"64": 2.0, "512": 2.0}, "sliding": {}}]}}
-    assert "re-run python -m experiments.length_extrapolation" in \
-        run_all.finding_length_extrapolation(old)
-
-
 def test_findings_give_no_verdict_without_paired_intervals():
-    """Context usage without shuffle intervals and synthetic results whose seeds do not pair
-    get no threshold verdict on means: the finding asks for a re-run (with intervals they are
-    read, above)."""
+    """Synthetic results whose seeds do not pair get no threshold verdict on means: the
+    finding asks for a re-run (with intervals they are read, above)."""
     from experiments import run_all
 
-    effects = {f"{kind}/{b}": 0.05 for kind in ("truncate", "shuffle") for b in (5, 10)}
-    usage = {"units": "bytes", "boundaries": [5, 10],
-             "results": {"gpt": [{"base": 1.5, **effects}]}}
-    text = run_all.finding_context_usage(usage)
-    assert "word order is not judged: re-run python -m experiments.context_usage" in text
-    assert "order used" not in text
     synthetic = {"train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
         "t5": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.9, "4": 0.5}}] * 2,
         "rope": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.1, "4": 0.0}}]}}}}  # unpaired seeds
@@ -483,19 +323,19 @@ def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env: calls.append((cmd[1:], env)) or 0)
     readme = tmp_path / "README.md"
-    assert run_all.main(["--only", "attention_variants,context_usage", "--scale", "tiny",
+    assert run_all.main(["--only", "attention_variants,rope_extension", "--scale", "tiny",
                          "--results", str(tmp_path), "--readme", str(readme)]) == 0
     assert [c[0] for c in calls] == [
-        ["-m", "experiments.context_usage", "--scale", "tiny"],
+        ["-m", "experiments.rope_extension", "--scale", "tiny"],
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_RESULTS_DIR"] == str(tmp_path) for _, env in calls)
     assert readme.exists()
     calls.clear()  # --workers reaches only the experiments that train in parallel processes
-    assert run_all.main(["--only", "length_extrapolation,context_usage", "--scale", "tiny",
-                         "--results", str(tmp_path), "--readme", str(readme),
+    assert run_all.main(["--only", "synthetic_generalisation,rope_extension", "--scale",
+                         "tiny", "--results", str(tmp_path), "--readme", str(readme),
                          "--workers", "2"]) == 0
-    assert [c[0] for c in calls] == [  # (context_usage finished above: skipped)
-        ["-m", "experiments.length_extrapolation", "--scale", "tiny", "--workers", "2"]]
+    assert [c[0] for c in calls] == [  # (rope_extension finished above: skipped)
+        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--workers", "2"]]
 
 
 def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypatch, capsys):
@@ -504,14 +344,14 @@ def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypa
     calls = []
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env, stdout: calls.append(cmd[1:]) or 0)
-    for name in ("length_extrapolation_tiny", "attention_variants_window_tiny",
-                 "attention_variants_heads_tiny", "context_usage_default"):
+    for name in ("synthetic_generalisation_tiny", "attention_variants_window_tiny",
+                 "attention_variants_heads_tiny", "rope_extension_default"):
         (tmp_path / f"{name}.json").write_text("{}")
     readme = tmp_path / "README.md"
     assert run_all.main(["--replot", "--scale", "tiny", "--results", str(tmp_path),
                          "--readme", str(readme)]) == 0
     assert calls == [  # only what has tiny results, attention_variants only its parts found
-        ["-m", "experiments.length_extrapolation", "--scale", "tiny", "--replot"],
+        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--replot"],
         ["-m", "experiments.attention_variants", "--scale", "tiny", "--replot",
          "--part", "heads,window"]]
     assert readme.exists() and "nothing to replot" in capsys.readouterr().out
@@ -522,46 +362,15 @@ def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypa
 def test_run_all_skips_experiments_it_finished(tmp_path, monkeypatch):
     from experiments import run_all
 
-    calls, rcs = [], {"experiments.context_usage": 0, "experiments.attention_variants": 1}
+    calls, rcs = [], {"experiments.rope_extension": 0, "experiments.attention_variants": 1}
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env: calls.append(cmd[2]) or rcs[cmd[2]])
-    argv = ["--only", "attention_variants,context_usage", "--scale", "tiny",
+    argv = ["--only", "attention_variants,rope_extension", "--scale", "tiny",
             "--results", str(tmp_path), "--readme", str(tmp_path / "README.md")]
     assert run_all.main(argv) == 1  # attention_variants failed
     assert run_all.main(argv) == 1  # an interrupted/failed run_all continues where it stopped
-    assert calls == ["experiments.context_usage", "experiments.attention_variants",
+    assert calls == ["experiments.rope_extension", "experiments.attention_variants",
                      "experiments.attention_variants"]
     calls.clear()
     run_all.main([*argv, "--fresh"])
-    assert calls == ["experiments.context_usage", "experiments.attention_variants"]
-
-
-def test_attention_statistics_of_uniform_attention():
-    """With zero query and key projections every causal query spreads its weight evenly over
-    its prefix: entropy log(q + 1) and mean distance q / 2 at query q (0-based), averaged over
-    the T queries; a layer and a head each, as the model has."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from experiments.attention_maps import attention_statistics
-    from transformers_jax import ModelConfig
-    from transformers_jax.models import build_model
-
-    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, max_len=8,
-                      position="rope", attention="chunked", dropout=0.0)
-    model = build_model(cfg)
-    tokens = np.arange(16).reshape(2, 8) % 32
-    params = model.init(jax.random.key(0), tokens)["params"]
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, x: jnp.zeros_like(x) if any(getattr(k, "key", None) in ("query", "key")
-                                                  for k in path) else x, params)
-    got = attention_statistics(model, params, tokens)
-    assert got["length"] == 8 and np.shape(got["entropy"]) == np.shape(got["distance"]) == (2, 2)
-    entropy = np.mean([math.log(q + 1) for q in range(8)])
-    np.testing.assert_allclose(got["entropy"], entropy, rtol=1e-5)
-    np.testing.assert_allclose(got["distance"], np.mean([q / 2 for q in range(8)]), rtol=1e-5)
-    # ALiBi's slopes pull the weight toward the query: shorter distance, lower entropy
-    alibi = build_model(cfg.replace(position="alibi"))
-    near = attention_statistics(alibi, params, tokens)
-    assert np.all(np.array(near["distance"]) < np.mean([q / 2 for q in range(8)]))
+    assert calls == ["experiments.rope_extension", "experiments.attention_variants"]

@@ -1,11 +1,10 @@
-"""The context experiments (RoPE context extension, context usage, synthetic length
-generalisation) run end to end at a tiny scale and write their JSON, table and plot; and the
-pieces they rest on. (A file of their own: pytest-xdist hands out whole files.)"""
+"""The context experiments (RoPE context extension, synthetic length generalisation) run end
+to end at a tiny scale and write their JSON, table and plot; and the pieces they rest on. (A
+file of their own: pytest-xdist hands out whole files.)"""
 
 import json
 import math
 
-import numpy as np
 import pytest
 
 from transformers_jax.config import SHUFFLE_ROWS
@@ -34,51 +33,6 @@ def test_rope_extension_tiny(results_dir, assert_replots):
     assert dyn["zero_shot_by_length"]["1"] == pytest.approx(plain["zero_shot_by_length"]["1"])
     assert (results_dir / "rope_extension_tiny.png").exists()
     assert_replots(rope_extension, "rope_extension_tiny", ["--scale", "tiny"])
-
-
-@pytest.mark.slow
-def test_context_usage_tiny(results_dir, assert_replots):
-    from experiments import context_usage
-
-    context_usage.main(["--scale", "tiny", "--seeds", "1", "--shuffle-rows", "0"])
-    out = json.loads((results_dir / "context_usage_tiny.json").read_text())
-    assert out["shuffle_rows"] == 0 and "training rows unshuffled" in (
-        results_dir / "context_usage_tiny.md").read_text()
-    assert set(out["results"]) == {"gpt", "lstm"}
-    assert out["units"] == "sentencepiece" and out["tokenizer_vocab"] == 512  # both families
-    assert out["baselines"]["unigram"] > out["baselines"]["3-gram"]  # in pieces, not bytes
-    row = out["results"]["lstm"][0]
-    assert {"truncate/4", "shuffle/16", "shuffle_spans/4", "random/16",
-            "corpus_span/16"} <= set(row)
-    assert row["targets"] == len(row["truncate/4/windows"]) * out["target"]
-    assert row["truncate/4"] == pytest.approx(np.mean(row["truncate/4/windows"]))
-    iv = out["comparisons"]["lstm/corpus_span/4"]
-    assert iv["low"] <= iv["mean"] <= iv["high"]
-    assert (results_dir / "context_usage_tiny.png").exists()
-    assert_replots(context_usage, "context_usage_tiny", ["--scale", "tiny"])
-
-
-def test_perturbations_touch_only_the_far_context():
-    import numpy as np
-
-    from experiments.context_usage import perturb
-
-    rng = np.random.default_rng(0)
-    window = np.arange(100)
-    for kind in ("shuffle", "shuffle_spans", "random"):
-        out = perturb(window, 60, kind, rng, vocab=1000)
-        assert len(out) == 100 and np.array_equal(out[60:], window[60:])
-        assert not np.array_equal(out[:60], window[:60])
-    spans = perturb(window, 60, "shuffle_spans", rng, vocab=1000)
-    for start in range(0, 60, 20):  # each span keeps its own tokens
-        assert sorted(spans[start : start + 20]) == list(range(start, start + 20))
-    assert np.array_equal(perturb(window, 60, "truncate", rng, 1000), window[60:])
-    corpus = np.arange(1000, 2000)  # the control: a run of 60 corpus tokens, then the window's
-    span = perturb(window, 60, "corpus_span", rng, 1000, corpus)
-    assert np.array_equal(span[60:], window[60:]) and np.all(np.diff(span[:60]) == 1)
-    assert span[0] >= 1000
-    with pytest.raises(ValueError, match="unknown perturbation 'reverse'; valid: truncate"):
-        perturb(window, 60, "reverse", rng, 1000)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ def test_lstm_is_causal():
 
 @pytest.mark.parametrize("family", FAMILIES.names())
 def test_recurrent_families_are_the_ones_without_attention(family):
-    """``Family.recurrent`` (how experiments tell the recurrent baseline from the transformers)
+    """``Family.recurrent`` (how a caller tells the recurrent baseline from the transformers)
     holds exactly for the families whose parameters hold no attention."""
     cfg = ModelConfig(family=family, vocab_size=64, d_model=32, n_layers=1, n_heads=2)
     entry = FAMILIES.get(family)

@@ -34,9 +34,12 @@ def test_notebook_is_committed_with_the_outputs_of_a_real_run():
                    for o in outputs)
     assert "backend:" in text and "The for statement" in text
     assert "'steps': 600" in text  # the full-size training cell, not TINY's 20 steps
-    assert "python -m experiments.length_extrapolation --scale default" in text
+    # the full spec's report, headed by the command that regenerates it
+    assert "Command: `tjax sweep" in text
+    assert "readme_positions.toml --out sweeps/quickstart" in text
+    assert "| position=alibi | 147 | 301,056 |" in text  # 300k tokens a cell, not TINY's 4096
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) >= 2  # the training curves and the ablation's plot
+    assert len(images) >= 2  # the training curves and the sweep's plot
 
 
 @pytest.mark.slow
@@ -53,15 +56,22 @@ def test_quickstart_notebook_runs_tiny(tmp_path, monkeypatch):
     client.execute()
 
     assert (tmp_path / "runs" / "quickstart" / "metrics.jsonl").exists()
-    for ext in ("json", "md", "png"):
-        assert (tmp_path / "results" / f"length_extrapolation_tiny.{ext}").exists()
-    table = (tmp_path / "results" / "length_extrapolation_tiny.md").read_text()
-    assert table.startswith("Command: `python -m experiments.length_extrapolation --scale tiny")
-    text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+    # the notebook writes only its run and its sweep into the folder it runs in (in a checkout,
+    # experiments/): never a committed result
+    assert sorted(os.listdir(tmp_path)) == ["runs", "sweeps"]
+    assert os.listdir(tmp_path / "sweeps") == ["quickstart"]
+    report = (tmp_path / "sweeps" / "quickstart" / "report.md").read_text()
+    spec = os.path.join(ROOT, "experiments", "specs", "quickstart_tiny.toml")
+    assert report.splitlines()[2] == (
+        f"Command: `tjax sweep {spec} --out sweeps/quickstart --allow-code-change`")
+    assert "2 of 2 cells finished" in report and "ALiBi degrades less than RoPE" in report
+    text = "".join(out.get("text", "") + out.get("data", {}).get("text/markdown", "")
+                   for cell in nb.cells for out in cell.get("outputs", []))
     assert "The for statement" in text  # the sample
     assert "'steps': 20" in text
+    assert report.strip() in text  # the report is displayed as it is
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) >= 2  # the training curves and the ablation's plot are displayed
+    assert len(images) >= 2  # the training curves and the sweep's plot are displayed
 
 
 def install_cell_namespace(tmp_path, monkeypatch, calls):

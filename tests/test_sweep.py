@@ -253,6 +253,19 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert "trained with another config" in err and "batch_size" in err
 
 
+def test_the_report_command_reruns_from_any_checkout(tmp_path):
+    """Absolute paths under the folder the sweep ran in are recorded relative to it; others,
+    and every other argument, as given."""
+    from transformers_jax.sweep.command import typed_command
+
+    root = str(tmp_path / "repo")
+    argv = [f"{root}/experiments/specs/x.toml", "--out", f"{root}/sweeps/x", "--workers", "2",
+            f"--out={root}/sweeps/y", "/elsewhere/z.toml", f"{root}-other/a", "--seeds-apart"]
+    assert typed_command(argv, root) == (
+        "tjax sweep experiments/specs/x.toml --out sweeps/x --workers 2 --out=sweeps/y "
+        f"/elsewhere/z.toml {root}-other/a --seeds-apart")
+
+
 def test_a_dirty_checkout_is_refused(sweep_env, monkeypatch, capsys):
     tmp_path, spec, _ = sweep_env
     monkeypatch.setattr(provenance, "code_state",

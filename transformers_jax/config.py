@@ -50,8 +50,9 @@ STRATEGIES = ("single", "pmap", "shard_map", "jit")
 CONTEXT_ATTENTION = ("all_gather", "ring", "ring_zigzag")
 # Packed text rows shuffled within windows of this many by default: packing cuts a document
 # into consecutive rows, so unshuffled batches are mostly one document's neighbouring windows
-# (measured in experiments/length_extrapolation.py: NoPE at L=128 2.25 -> 1.757 nats held-out,
-# RoPE 1.309 -> 1.205). The buffer holds SHUFFLE_ROWS x seq_len tokens per host.
+# (measured 2026-12-03 by the length-extrapolation script on the built-in corpus, since
+# replaced by experiments/specs/length_extrapolation_cpu.toml: NoPE at L=128 2.25 -> 1.757
+# nats held-out, RoPE 1.309 -> 1.205). The buffer holds SHUFFLE_ROWS x seq_len tokens per host.
 SHUFFLE_ROWS = 4096
 
 

@@ -209,6 +209,20 @@ def _other_code(plan: SweepPlan, out: str, code: dict) -> list[dict]:
     return seen
 
 
+def typed_command(argv: list[str], cwd: str) -> str:
+    """The command heading the report, as it would be typed in ``cwd``: a path argument under
+    ``cwd`` given absolute is written relative to it, so the command reruns from any checkout
+    of the repository, not only from the machine that ran it."""
+
+    def typed(arg: str) -> str:
+        option, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if os.path.isabs(value) and os.path.commonpath([value, cwd]) == cwd:
+            value = os.path.relpath(value, cwd)
+        return option + eq + value
+
+    return shlex.join(["tjax", "sweep", *map(typed, argv)])
+
+
 def main(argv: list[str]) -> int:
     args, _, _ = sweep_parser().parse(argv)
     if args.workers < 1:
@@ -227,7 +241,7 @@ def main(argv: list[str]) -> int:
                         "code; commit them, or pass --allow-code-change (recorded)")
     plan = make_plan(spec, os.path.join(args.out, "data"))
     os.makedirs(args.out, exist_ok=True)
-    command = shlex.join(["tjax", "sweep", *argv])
+    command = typed_command(argv, os.getcwd())
     record = {"code": code, "allow_code_change": args.allow_code_change,
               "versions": provenance.versions(), "host": provenance.host(),
               "data": plan.data_record(), "spec_file": spec.path, "spec": spec.text,
