@@ -67,6 +67,8 @@ RECIPES = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/main/training/"
 V5E_TABLE = ("https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5e/"
              "README.md")
 TIERING = "https://maxtext.readthedocs.io/en/latest/reference/models/tiering.html"
+LEVANTER = ("https://github.com/stanford-crfm/levanter/blob/main/docs/"
+            "Levanter-1.0-Release.md")
 JAX_TOOLBOX = ("https://github.com/NVIDIA/JAX-Toolbox/blob/main/docs/frameworks/maxtext/"
                "README.md")
 
@@ -115,6 +117,21 @@ RUNS: dict[str, dict] = {
         target="v5e:2x4", per_device=4, seq_len=2048, mesh="data=1,fsdp=8,tensor=1",
         remat="full", argv=maxtext_scale(8192, 64, 28672), layers=4,
         differs="4 of 32 layers on v5e-8 (FSDP 8, not 256)"),
+    # Levanter's GPT-2 runs on v3-256 (128 chips, 256 TensorCores), FSDP, per-layer remat,
+    # no flash kernel (2023); shapes from its config/gpt2_*.yaml
+    **{f"levanter-gpt2-{size}-v3-256": dict(
+        published_mfu=mfu, published_tokens_per_s=None, source=LEVANTER,
+        published=f"Levanter GPT-2 {size} ({width} wide, {layers} layers, {heads} heads), "
+                  f"TPU v3-256, 1024 tokens, FSDP, gradient checkpointing: {100 * mfu:.1f}% MFU",
+        target="v3:2x2", per_device=2, seq_len=1024, mesh="data=1,fsdp=8,tensor=1",
+        remat="full", attention="xla", layers=None,
+        argv=["--preset", "gpt2-xl", f"--model.d_model={width}", f"--model.n_heads={heads}",
+              f"--model.n_layers={layers}"],
+        differs="v3-8 (4 chips) for v3-256; batch per device assumed 2 (Levanter's default "
+                "512 sequences over 256 cores; not in the post)")
+      for size, width, layers, heads, mfu in (("345M", 1024, 24, 16, 0.351),
+                                               ("750M", 1280, 36, 20, 0.389),
+                                               ("1.4B", 1536, 48, 24, 0.417))},
     # step time only: the MFU is our FLOP count of the model over it (published_mfu None)
     "llama2-7b-h100-8": dict(
         published_mfu=None, published_tokens_per_s=22.19 * 4096 / 8, source=JAX_TOOLBOX,
@@ -132,7 +149,8 @@ RUNS: dict[str, dict] = {
 # recipes: full; the tiering page's Llama 2 70B: half); the v5e table predates the change
 CONVENTION = {"llama3.1-8b-v6e-8": "mfu", "llama3.1-70b-v6e-256": "mfu",
               "llama2-70b-v5p-512": "mfu_causal_half", "maxtext-16b-v5e-256": "mfu",
-              "maxtext-32b-v5e-256": "mfu", "llama2-7b-h100-8": "mfu"}
+              "maxtext-32b-v5e-256": "mfu", "llama2-7b-h100-8": "mfu",
+              **{f"levanter-gpt2-{size}-v3-256": "mfu" for size in ("345M", "750M", "1.4B")}}
 
 
 def flags_env(run: dict) -> tuple[str, str | None]:

@@ -422,6 +422,9 @@ def test_single_strategy_plan_decodes_on_one_chip():
                            target)
     assert result["train"]["devices"] == 1 and result["train"]["mesh"] == "data=1,fsdp=1,tensor=1"
     assert result["decode"]["memory"]["fits"] and result["decode"]["collectives"] == {}
+    line = result["decode"]["roofline"]  # per operation, as the training step's
+    assert line["step_s"] == pytest.approx(sum(line["split"].values()), rel=1e-9)
+    assert line["bound"] == "memory_bound" and "whole_program" in line
 
 
 @needs_libtpu

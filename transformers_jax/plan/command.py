@@ -40,7 +40,7 @@ def plan_parser() -> CommandParser:
         "time and MFU (estimates, not runs). Every --model./--train. option of `tjax train "
         "--help` applies; the strategy defaults to jit.", overrides=True)
     parser.add_argument("--target", required=True, metavar="GEN:SHAPE",
-                        help="v4, v5e, v5p or v6e and chips per axis, e.g. v5e:2x4, v5p:4x4x4; "
+                        help="v3, v4, v5e, v5p or v6e and chips per axis, e.g. v5e:2x4, v5p:4x4x4; "
                         "or h100/h200 and GPUs (per host), e.g. h100:8, h200:2x8 (gpu-plan "
                         "extra)")
     parser.add_argument("--slices", type=int, default=1, metavar="N",

@@ -39,6 +39,10 @@ class Chip:
 
 # Google Cloud TPU documentation, system architecture pages (retrieved 2026-11).
 CHIPS: dict[str, Chip] = {
+    "v3": Chip("TPU v3", 123e12, 32 * GIB, 900e9, 328e9,
+               "https://cloud.google.com/tpu/docs/v3 (123 TFLOP/s bf16, 32 GiB HBM at 900 GB/s, "
+               "two TensorCores a chip); ICI: 4 links x 656 Gb/s from Norrie et al., IEEE Micro "
+               "2021, not on that page: unverified"),
     "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, 300e9,
                "https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at "
                "1200 GB/s); ICI: 6 links x 50 GB/s from the TPU v4 paper (Jouppi et al., "
