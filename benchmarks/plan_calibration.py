@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from transformers_jax.cli import build_configs
-from transformers_jax.plan import compile_train, make_target
+from transformers_jax.plan import GPU_SPECS, compile_train, make_target
 from transformers_jax.plan.hlo import Module
 from transformers_jax.plan.ops import op_roofline
 from transformers_jax.train.flops import flops_per_token
@@ -279,6 +279,11 @@ def table(rows: list[dict]) -> str:
     if errors:
         out.append(f"\nmedian |error| {statistics.median(errors):.1f} points, worst "
                    f"{max(errors):.1f} points over {len(errors)} runs")
+        tpu = [abs(r["error_points"]) for r in rows
+               if "estimate_mfu" in r and not r["target"].startswith(tuple(GPU_SPECS))]
+        if 0 < len(tpu) < len(errors):
+            out.append(f"(TPU runs only: median {statistics.median(tpu):.1f}, worst "
+                       f"{max(tpu):.1f} over {len(tpu)}; what the preset table quotes)")
     return "\n".join(out)
 
 
