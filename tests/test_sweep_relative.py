@@ -189,3 +189,58 @@ def test_a_task_sweep_scores_a_prefix_lm_and_an_encoder_decoder(tmp_path, monkey
     mean = {c: np.mean([x for e in stored[c].values() for x in e["chunks"]])
             for c in ("prefix", "causal")}
     assert row["mean"] == pytest.approx(mean["prefix"] - mean["causal"])
+
+
+@pytest.mark.slow
+def test_a_sweep_of_variant_stages_reports_each_cost_against_its_own_rate(tmp_path,
+                                                                         monkeypatch):
+    """Variants as [[stage]] tables trained from scratch, a learning-rate axis, and
+    comparisons relative_to the low rate: the report's numbers are the stored chunks'."""
+    import json
+
+    from sweep_runs import clean_checkout
+
+    from transformers_jax.cli import main
+    from transformers_jax.sweep import runner
+
+    clean_checkout(monkeypatch, tmp_path)
+    text = ("title = \"stages\"\nseeds = 2\n\n" + TINY_BASE + """
+[axes]
+"train.learning_rate" = [1e-3, 3e-1]
+[[stage]]
+name = "baseline"
+[[stage]]
+name = "qk_norm"
+"model.qk_norm" = true
+[heldout]
+bytes = 4000
+[eval]
+lengths = ["1x"]
+chunk_tokens = 250
+[baselines]
+ngram = [2]
+[[compare]]
+a = {stage = "qk_norm"}
+b = {stage = "baseline"}
+metric = "loss@1x"
+relative_to = {learning_rate = "0.001"}
+""")
+    spec = tmp_path / "stages.toml"
+    spec.write_text(text)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+
+    def chunks(stage, lr, seed):
+        path = out / "cells" / f"stage={stage},learning_rate={lr}" / f"seed{seed}"
+        scores = json.loads((path / runner.SCORES_FILE).read_text())
+        return np.array(scores["loss"]["1x"]["chunks"])
+
+    d = [(chunks("qk_norm", 0.3, s) - chunks("qk_norm", 0.001, s))
+         - (chunks("baseline", 0.3, s) - chunks("baseline", 0.001, s)) for s in (0, 1)]
+    (row,) = json.loads((out / "results.json").read_text())["comparisons"]
+    assert row["mean"] == pytest.approx(np.mean(d)) and row["mean"] != 0
+    assert row["per_seed"] == pytest.approx([x.mean() for x in d])
+    report = (out / "report.md").read_text()
+    assert ("| stage=qk_norm,learning_rate=0.3 - stage=qk_norm,learning_rate=0.001 | "
+            "stage=baseline,learning_rate=0.3 - stage=baseline,learning_rate=0.001 |") in report
+    assert "(relative_to): cell X's values minus its reference" in report

@@ -267,7 +267,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
               "reported, each a paired difference a - b over seeds x held-out chunks of "
               f"{spec.chunk_tokens} tokens (context metrics: over seeds x windows; b = 0: a's "
-              "own values, themselves differences, against zero). " + HOLM_NOTE, ""]
+              "own values, themselves differences, against zero). " + RELATIVE_NOTE * any(
+                  p.a_ref is not None for p in plan.pairs) + HOLM_NOTE, ""]
     lines += comparison_rows(results)
     for name in ("loss_by_length.png", "loss_by_position.png", "context_usage.png"):
         if name in results.get("plots", []):
@@ -275,6 +276,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+RELATIVE_NOTE = ("\"X - Y\" as a or b (relative_to): cell X's values minus its reference "
+                 "Y's, chunk by chunk, so a - b compares the two changes. ")
 HOLM_NOTE = ("The interval is drawn at the level Holm's procedure tests it at (family-wise 95% "
              "over the scored ones); \"inconclusive\" when it holds zero.")
 
