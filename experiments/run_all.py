@@ -494,6 +494,9 @@ class Experiment:
     runtime: str
     workers: bool = False  # takes --workers N: its runs train in N processes at once (CPU)
     superseded_by: str | None = None  # the sweep under results/sweeps/ that replaces it
+    # (spec file in experiments/specs/, the parts it declares): specs not yet run, which will
+    # replace it
+    specs: tuple[tuple[str, str], ...] = ()
 
 
 EXPERIMENTS = (
@@ -556,6 +559,10 @@ EXPERIMENTS = (
         "cores (2026-11-30, load average about 2); the committed text parts were re-run "
         "(2026-12-04) on one core each beside another experiment: stability 64 min, window "
         "29, heads 15 (its decoding then re-timed on 2 quiet cores); resumable",
+        specs=(("attention_variants.toml", "heads and window"),
+               ("attention_stability.toml", "stability, each rate against the variant's own "
+                "converged loss"),
+               ("attention_prefix.toml", "prefix")),
     ),
 )
 
@@ -629,6 +636,10 @@ def build_readme(results: str, readme: str = README) -> str:
             f"[`{exp.module}.py`]({exp.module}.py).",
             "",
         ]
+        if exp.specs:  # its tjax sweep form, declared before any run
+            lines += ["**Declared as sweeps** (not yet run; docs/experiments.md): " + "; ".join(
+                f"{part}: `tjax sweep experiments/specs/{spec} --out sweeps/"
+                f"{spec.removesuffix('.toml')}`" for spec, part in exp.specs) + ".", ""]
         for section in exp.sections:
             if section.title:
                 lines += [f"### {section.title}", ""]

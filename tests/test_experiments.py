@@ -225,6 +225,13 @@ def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_p
     section = text[text.index("## 1."):text.index("## 2.")]
     assert "**Superseded** by the sweep [`demo`](results/sweeps/demo/report.md)" in section
     assert text.count("**Superseded**") == 1
+    # specs declared, not yet run: named with their commands under their experiment only
+    attention = text[text.index("## 3. Attention variants"):]
+    assert ("stability, each rate against the variant's own converged loss: `tjax sweep "
+            "experiments/specs/attention_stability.toml --out sweeps/attention_stability`"
+            ) in attention
+    assert "prefix: `tjax sweep experiments/specs/attention_prefix.toml" in attention
+    assert text.count("**Declared as sweeps**") == 1
 
 
 def test_findings_read_the_paired_intervals_and_the_passkey_control():

@@ -147,22 +147,24 @@ def training_batch(model_cfg: ModelConfig, cfg: TrainConfig, seed: int = 0,
     return {"inputs": inputs, "targets": np.roll(inputs, -1, axis=1), **extra}
 
 
-def training_setup(model_cfg: ModelConfig, cfg: TrainConfig, packed: bool = False):
+def training_setup(model_cfg: ModelConfig, cfg: TrainConfig, packed: bool = False,
+                   batch: dict | None = None):
     """``(jitted train step donating its state, initial state, a random batch)``: what
-    ``bench_training`` times (and ``benchmarks/profile_step.py`` traces)."""
+    ``bench_training`` times (and ``benchmarks/profile_step.py`` traces). ``batch``: a
+    batch of the caller's instead (a task's rows, for a family that trains on them)."""
     from transformers_jax.train.objectives import objective_for
 
     if cfg.grad_accum != 1:  # make_train_step has no accumulation: refuse, not ignore
         raise ConfigError(f"train.grad_accum={cfg.grad_accum}: tjax bench times one step over "
                           "the whole batch; drop --train.grad_accum (--train.concurrent_groups "
                           "splits the batch without scanning over it)")
-    if family_of(model_cfg).needs_task:
+    if batch is None and family_of(model_cfg).needs_task:
         raise ConfigError(f"tjax bench times families that train on text (next-token or "
                           f"masked LM), not {model_cfg.family!r}, which trains on task pairs")
     model = build_model(model_cfg)
     objective = objective_for(model_cfg.family)
     optimizer = make_optimizer(cfg)
-    batch = training_batch(model_cfg, cfg, packed=packed)
+    batch = training_batch(model_cfg, cfg, packed=packed) if batch is None else batch
     state = init_state(model, optimizer, 0, batch, objective)
     step_fn = jax.jit(make_train_step(model, optimizer, learning_rate_schedule(cfg), objective,
                                       groups=cfg.concurrent_groups),

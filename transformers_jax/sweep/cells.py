@@ -165,12 +165,24 @@ class Pair:
     metric: Any  # spec.Metric
     better: str
     claim: str
+    a_ref: Cell | None = None  # relative_to: the metric of a minus this cell's (and of b
+    b_ref: Cell | None = None  # minus b_ref's), chunk by chunk
+
+    @property
+    def a_text(self) -> str:
+        return self.a.name if self.a_ref is None else f"{self.a.name} - {self.a_ref.name}"
+
+    @property
+    def b_text(self) -> str | None:
+        if self.b is None:
+            return None
+        return self.b.name if self.b_ref is None else f"{self.b.name} - {self.b_ref.name}"
 
     @property
     def title(self) -> str:
         if self.b is None:
-            return f"{self.a.name}: {self.metric.text} against zero"
-        return f"{self.a.name} vs {self.b.name}: {self.metric.text}"
+            return f"{self.a_text}: {self.metric.text} against zero"
+        return f"{self.a_text} vs {self.b_text}: {self.metric.text}"
 
 
 def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
@@ -199,8 +211,34 @@ def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
             if b is not None and a.name == b.name:
                 raise SpecError(f"{where}: compares cell {a.name!r} with itself; a and b must "
                                 "select different cells")
-            out.append(Pair(c.index, a, b, c.metric, c.better, c.claim))
+            refs = [None, None]
+            if c.relative_to is not None:
+                (key, value), = c.relative_to.items()
+                if a.values.get(key) == value and (b is None or b.values.get(key) == value):
+                    continue  # the reference cells themselves: zero against themselves
+                refs = [_reference(x, cells, c.relative_to, where, axes) for x in (a, b)]
+            out.append(Pair(c.index, a, b, c.metric, c.better, c.claim, *refs))
+        if not any(p.index == c.index for p in out):
+            raise SpecError(f"{where}: selects only the cells relative_to names, each zero "
+                            "against itself; select cells with another value of that axis")
     return out
+
+
+def _reference(cell: Cell | None, cells: list[Cell], relative_to: dict[str, str], where: str,
+               axes: tuple[Axis, ...]) -> Cell | None:
+    """The cell that ``cell``'s metric is taken relative to: equal to it on every axis but
+    the one ``relative_to`` names, which has the named value."""
+    if cell is None:
+        return None
+    (key, value), = relative_to.items()
+    if not cell.values:
+        raise SpecError(f"{where}: relative_to finds a cell's sibling by its axis values, and "
+                        f"{cell.name!r} is a [[cell]] listed by hand; select cells of the axes")
+    if cell.values.get(key) == value:
+        raise SpecError(f"{where}: cell {cell.name!r} already has {key} = {value!r}, so relative "
+                        "to itself its metric is zero; select cells with another value")
+    refs = select(cells, relative_to, f"{where} relative_to", axes)
+    return _partner(cell, refs, {key}, f"{where} relative_to")
 
 
 def _partner(cell: Cell, candidates: list[Cell], named: set[str] | None, where: str) -> Cell:

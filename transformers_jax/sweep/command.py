@@ -64,7 +64,12 @@ def _step_seconds(planned: PlannedCell, tokenizer) -> float:
     model = planned.model
     if planned.auto_vocab:
         model = model.replace(vocab_size=tokenizer.vocab_size)
-    step, state, batch = training_setup(model, planned.train)
+    batch = None
+    if planned.train.task:  # the task's own rows (prefix lengths, encoder rows)
+        from transformers_jax.sweep.tasks import train_batch
+
+        batch = train_batch(model, planned.train, tokenizer)
+    step, state, batch = training_setup(model, planned.train, batch=batch)
     state, _ = step(state, batch)  # compile
     times = []
     for _ in range(3):
@@ -84,10 +89,7 @@ def _eval_seconds(planned: PlannedCell, plan: SweepPlan, cache: dict) -> float:
     if planned.auto_vocab:
         model = model.replace(vocab_size=plan.tokenizer.vocab_size)
     if spec.task is not None:  # a batch of test examples per task length, the longest rows
-        from transformers_jax.sweep.tasks import row_tokens
-
-        rows = row_tokens(planned.train.task, model.family, max(spec.task.lengths))
-        return _batch_seconds(model, rows, spec.task.examples, cache) * len(spec.task.lengths)
+        return _task_seconds(planned, model, plan, cache) * len(spec.task.lengths)
     slid = {x.text for x in spec.sliding_lengths}
     total = 0.0
     for x, length in zip(spec.lengths, planned.lengths(spec), strict=True):
@@ -103,6 +105,32 @@ def _eval_seconds(planned: PlannedCell, plan: SweepPlan, cache: dict) -> float:
         total += _batch_seconds(model, plan.context.window, spec.eval_batch_size,
                                 cache) * batches
     return total
+
+
+def _task_seconds(planned: PlannedCell, model, plan: SweepPlan, cache: dict) -> float:
+    """Seconds scoring one task length takes: the test batch of the longest length through
+    the forward pass exact match reads (compiled), kept in ``cache`` by the model's shape."""
+    import jax
+
+    from transformers_jax.models import build_model
+    from transformers_jax.sweep.tasks import exact_logits, row_tokens, test_batch
+    from transformers_jax.train.objectives import objective_for
+
+    task, settings = planned.train.task, plan.spec.task
+    key = (_shape_key(model), task)
+    if key not in cache:
+        longest = max(settings.lengths)
+        batch = test_batch(task, model.family, plan.tokenizer, longest,
+                           row_tokens(task, model.family, longest), settings.examples,
+                           settings.seed, model.mask.needs_prefix_len)
+        module = build_model(model)
+        params = objective_for(model.family).init_params(module, jax.random.key(0), batch)
+        forward = jax.jit(lambda p, b: exact_logits(module, p, b))
+        jax.block_until_ready(forward(params, batch))  # compile
+        start = time.perf_counter()
+        jax.block_until_ready(forward(params, batch))
+        cache[key] = time.perf_counter() - start
+    return cache[key]
 
 
 def _batch_seconds(model, length: int, batch_size: int, cache: dict) -> float:

@@ -160,7 +160,8 @@ def resolve_cell(spec: Spec, cell: Cell, parent: PlannedCell | None = None) -> P
         raise SpecError(f"{where}: trains on --task {cfg.task}; a sweep without [eval.task] "
                         "scores held-out text: add an [eval.task] table (lengths, examples) to "
                         "score exact match by task length")
-    if family.objective != "lm" or cfg.objective is not None or not model.mask.decodes:
+    if spec.task is None and (family.objective != "lm" or cfg.objective is not None
+                              or not model.mask.decodes):
         raise SpecError(f"{where}: family={model.family} mask={model.mask.name} does not "
                         "predict each next token from the ones before it, which the sweep's "
                         "held-out losses (loss@L) score; sweep a causal LM (family gpt or "
@@ -196,9 +197,17 @@ def _check_task_cell(spec: Spec, cell: Cell, model: ModelConfig, cfg: TrainConfi
     if not cfg.task:
         raise SpecError(f"{where}: [eval.task] scores runs trained on a synthetic task; give "
                         "--task NAME in [base] args (or a train.task axis)")
-    if FAMILIES.get(model.family).tasks != "decoder":
-        raise SpecError(f"{where}: family={model.family} is not a decoder-only model; a task "
-                        "sweep scores GPT-style decoders (family gpt)")
+    # exact match reads the argmax of each answer token given the ones before it: a family
+    # with a task format (decoder rows, or encoder prompt and decoder answer) and a mask that
+    # keeps the answer causal (causal, or prefix-LM: the prompt seen both ways)
+    if FAMILIES.get(model.family).tasks is None or cfg.objective is not None:
+        raise SpecError(f"{where}: family={model.family} has no task format (rows of prompt "
+                        "and answer); a task sweep trains decoders (family gpt) or "
+                        "encoder-decoders (family encdec)")
+    if not model.mask.decodes:
+        raise SpecError(f"{where}: mask={model.mask.name} lets a position see the answer "
+                        "tokens after it, so exact match would read them; use mask causal or "
+                        "prefix (a bidirectional prompt, a causal answer)")
     longest = max(spec.task.lengths)
     cap = get_task(cfg.task).max_length
     if cap is not None and longest > cap:

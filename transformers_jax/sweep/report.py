@@ -65,24 +65,32 @@ def verdict(low: float, high: float, a: str, b: str | None, metric: Metric,
     return stats.verdict(low, high, a, b, better)
 
 
+def side_chunks(scored: dict, cell, ref, seed: int, metric: Metric):
+    """One side of a comparison for one seed, chunk by chunk: its cell's values of
+    ``metric``, minus its reference cell's (``relative_to``); 0 for no cell (``a`` alone:
+    its own values, themselves differences, against zero)."""
+    if cell is None:
+        return 0.0
+    out = metric_chunks(scored[cell.name][seed], metric)
+    return out if ref is None else out - metric_chunks(scored[ref.name][seed], metric)
+
+
 def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
     """Every declared comparison: its paired differences over seeds x chunks, Holm-corrected
     over the family of those that could be scored (pending ones wait for their cells)."""
     seeds = plan.spec.seeds
     rows, tests = [], []
     for pair in plan.pairs:
-        b_name = pair.b.name if pair.b is not None else None
-        row = {"compare": pair.index, "claim": pair.claim, "a": pair.a.name, "b": b_name,
+        row = {"compare": pair.index, "claim": pair.claim, "a": pair.a_text, "b": pair.b_text,
                "metric": pair.metric.text, "better": pair.better}
-        a = scored.get(pair.a.name, {})
-        b = scored.get(b_name, {}) if b_name else {s: None for s in seeds}
-        if not all(s in a and s in b for s in seeds):
+        # a side: its cell's scores by seed, minus its reference cell's (relative_to); None: 0
+        sides = [(pair.a, pair.a_ref), (pair.b, pair.b_ref)]
+        needed = [c.name for side in sides for c in side if c is not None]
+        if not all(s in scored.get(name, {}) for name in needed for s in seeds):
             rows.append({**row, "verdict": "pending"})
             continue
-        # against zero (b None): a's own values, themselves differences
-        d_SC = np.stack([metric_chunks(a[s], pair.metric)
-                         - (metric_chunks(b[s], pair.metric) if b[s] is not None else 0.0)
-                         for s in seeds])
+        d_SC = np.stack([side_chunks(scored, *sides[0], s, pair.metric)
+                         - side_chunks(scored, *sides[1], s, pair.metric) for s in seeds])
         result = stats.paired(d_SC)
         row.update(mean=result.mean, per_seed=result.per_seed.tolist(),
                    p=result.p_value(), chunks=int(result.d_SC.shape[1]))
@@ -259,7 +267,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
               "reported, each a paired difference a - b over seeds x held-out chunks of "
               f"{spec.chunk_tokens} tokens (context metrics: over seeds x windows; b = 0: a's "
-              "own values, themselves differences, against zero). " + HOLM_NOTE, ""]
+              "own values, themselves differences, against zero). " + RELATIVE_NOTE * any(
+                  p.a_ref is not None for p in plan.pairs) + HOLM_NOTE, ""]
     lines += comparison_rows(results)
     for name in ("loss_by_length.png", "loss_by_position.png", "context_usage.png"):
         if name in results.get("plots", []):
@@ -267,6 +276,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+RELATIVE_NOTE = ("\"X - Y\" as a or b (relative_to): cell X's values minus its reference "
+                 "Y's, chunk by chunk, so a - b compares the two changes. ")
 HOLM_NOTE = ("The interval is drawn at the level Holm's procedure tests it at (family-wise 95% "
              "over the scored ones); \"inconclusive\" when it holds zero.")
 

@@ -44,6 +44,12 @@ fix for a bad one; nothing here imports JAX.
     metric = "context:shuffle@200"              # loss increase when the context beyond 200
     claim = "RoPE uses the order of tokens 200 back"  # tokens is shuffled (nats per token)
 
+    [[compare]]                                 # each side minus its sibling's at 2e-3
+    a = {qk_norm = "true"}
+    b = {qk_norm = "false"}
+    metric = "loss@1x"
+    relative_to = {learning_rate = "0.002"}     # what a higher rate costs each, compared
+
 ``[[cell]]`` tables list cells by hand (each ``name`` and its options) instead of, or beside,
 the product. A cell may start from another cell's runs, seed by seed (``from = "base"``): a
 fine-tune trains from the parent's run of the same seed with a budget of its own (``tokens``
@@ -59,6 +65,10 @@ cells that differ in other axes are paired value by value, each pair one compari
 family. ``against = {position = "rope"}`` compares every other value of that axis with it.
 ``a`` alone tests a metric that is itself a difference (``loss@4x - loss@1x``, or a context
 metric: perturbed minus intact) against zero, paired over seeds x held-out units.
+``relative_to = {axis = value}`` takes each selected cell's metric minus that of its sibling
+with that axis value (equal on every other axis), unit by unit: a change against the cell's
+own reference (its loss at a sane learning rate, say); the reference cells themselves are left
+out of the pairs.
 """
 
 from __future__ import annotations
@@ -88,7 +98,7 @@ EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "pas
 TASK_KEYS = {"lengths", "examples", "seed"}
 TEXT_EVAL_KEYS = EVAL_KEYS - {"task"}  # what a task sweep does not use (its batch: examples)
 BASELINE_KEYS = {"ngram"}
-COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better"}
+COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better", "relative_to"}
 PASSKEY_KEYS = {"lengths", "trials", "depths", "digits"}
 CONTEXT_KEYS = {"window", "target", "distances", "perturbations", "windows", "span", "seed"}
 METRIC = re.compile(r"^(loss|sliding|passkey)@(\d+(?:\.\d+)?x|\d+)$")
@@ -230,6 +240,10 @@ class Compare:
     claim: str
     better: str
     index: int  # its place in the spec, from 1
+    # each cell's metric minus its sibling's with this one axis value (same on every other
+    # axis), chunk by chunk: a change against the cell's own reference, such as its loss at a
+    # sane learning rate
+    relative_to: dict[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -673,10 +687,20 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         if "b" in c and "a" not in c:
             raise SpecError(f"{where}: give both a and b (or a alone, to test a difference "
                             "against zero)")
-        if "a" in c and "b" not in c and not metric.against_zero:
+        relative_to = _selector(c.get("relative_to"), f"{where} relative_to")
+        if relative_to is not None and (not isinstance(relative_to, dict)
+                                        or len(relative_to) != 1):
+            raise SpecError(f"{where} relative_to: one axis and its value ({{learning_rate = "
+                            "\"0.002\"}}): each cell's metric is taken minus its sibling's "
+                            "with that value")
+        if relative_to is not None and "against" in c:
+            raise SpecError(f"{where}: relative_to goes with a and b (or a alone), not with "
+                            "against; list the pairs with a and b")
+        if "a" in c and "b" not in c and not metric.against_zero and relative_to is None:
             raise SpecError(f"{where}: a alone tests its metric against zero, and "
-                            f"{metric.text!r} is no difference; give b, or a metric that is "
-                            "one (\"loss@4x - loss@1x\", \"context:shuffle@50\")")
+                            f"{metric.text!r} is no difference; give b, a metric that is "
+                            "one (\"loss@4x - loss@1x\", \"context:shuffle@50\"), or "
+                            "relative_to (the metric minus a sibling cell's)")
         against = _selector(c.get("against"), f"{where} against")
         if against is not None and (not isinstance(against, dict) or len(against) != 1):
             raise SpecError(f"{where} against: one axis and its value ({{position = \"rope\"}})")
@@ -717,7 +741,7 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
                                 "there")
         compares.append(Compare(_selector(c.get("a"), f"{where} a"),
                                 _selector(c.get("b"), f"{where} b"), against, metric,
-                                str(c.get("claim", "")), better, i))
+                                str(c.get("claim", "")), better, i, relative_to))
 
     title = raw.get("title", "")
     if not isinstance(title, str):

@@ -56,6 +56,19 @@ def test_batch(
     return next(batches)
 
 
+def train_batch(model_cfg, train_cfg, tokenizer) -> dict:
+    """One training batch of the cell's task, as its run draws them (the dry run times a
+    step on it: a prefix-LM needs ``prefix_len``, an encoder-decoder its encoder rows)."""
+    from transformers_jax.data.pipeline import make_task_iterator
+
+    fmt = FAMILIES.get(model_cfg.family).tasks
+    return next(make_task_iterator(
+        train_cfg.task, tokenizer, train_cfg.seq_len, train_cfg.batch_size, train_cfg.seed,
+        train_lengths=train_cfg.train_lengths, test_lengths=train_cfg.test_lengths, fmt=fmt,
+        prefix=model_cfg.mask.needs_prefix_len and FORMATS[fmt].takes_prefix,
+        num_threads=1))
+
+
 def task_scores(model, params, tokenizer, model_cfg, task: str, settings: TaskEval) -> dict:
     """``{str(length): {"mean", "chunks"}}``: exact match (1.0 / 0.0) of each test example at
     each task length of ``settings``, in the order they are drawn."""
