@@ -86,8 +86,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from transformers_jax.config import CONTEXT_ATTENTION, ConfigError
+from transformers_jax.models import family_of
 from transformers_jax.nn.attention.api import AttentionHook, as_4d, group_heads
 from transformers_jax.nn.masks import AttentionMask
+from transformers_jax.parallel.mesh import CONTEXT_AXIS
 from transformers_jax.parallel.rules import (
     LOGICAL_RULES,
     LogicalRules,
@@ -95,7 +97,8 @@ from transformers_jax.parallel.rules import (
     length_axes,
 )
 
-__all__ = ["CONTEXT_ATTENTION", "METHODS", "attention_hook", "check_context", "method_refusal"]
+__all__ = ["CONTEXT_ATTENTION", "METHODS", "attend_shards", "attention_hook", "check_context",
+           "local_attention_hook", "method_refusal", "shard_batch", "shard_refusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,21 +117,22 @@ assert tuple(METHODS) == CONTEXT_ATTENTION, "config.CONTEXT_ATTENTION lists METH
 
 
 def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch: Mapping,
-                  attention: Any, method: str) -> None:
+                  config: Any, method: str) -> None:
     """Refuse, with the reason and the fix, what context parallelism cannot run: a strategy
-    other than ``jit``, a sequence that does not split evenly, a kernel the gathered keys
-    would misuse. Nothing to check on a mesh without a context axis."""
+    other than ``jit`` or ``shard_map``, a sequence that does not split evenly, a kernel the
+    gathered keys would misuse, a model (``config``) that ``shard_map`` cannot run on a shard
+    of its sequence. Nothing to check on a mesh without a context axis."""
     if method not in CONTEXT_ATTENTION:
         raise ConfigError(f"train.context_attention={method!r}: valid choices: "
                           f"{', '.join(CONTEXT_ATTENTION)}")
     ways = context_parallel_size(mesh, rules)
     if ways == 1:
         return
-    if strategy != "jit":
+    if strategy not in ("jit", "shard_map"):
         raise ConfigError(
             f"train.strategy={strategy!r} cannot split sequences: context parallelism "
-            f"(context={ways} in the mesh) runs under train.strategy=jit; use it, or a mesh "
-            "with context=1")
+            f"(context={ways} in the mesh) runs under train.strategy=jit or shard_map; use "
+            "one of them, or a mesh with context=1")
     for key, value in example_batch.items():
         shape = jnp.shape(value)
         if len(shape) >= 2 and shape[1] % ways:
@@ -142,9 +146,29 @@ def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch:
                 f"has length {shape[1]}, which does not split into {2 * ways} zigzag chunks; "
                 f"use a sequence length that is a multiple of {2 * ways} (train.seq_len), or "
                 "train.context_attention=ring")
-    refusal = method_refusal(attention, method)
+    refusal = method_refusal(config.attention, method)
+    if strategy == "shard_map":
+        refusal = refusal or shard_refusal(config)
     if refusal:
-        raise ConfigError(refusal)
+        raise ConfigError(refusal if strategy != "shard_map" else
+                          f"train.strategy='shard_map' with context={ways}: {refusal}; use "
+                          "train.strategy=jit (global arrays: it computes this as one device "
+                          "does), or a mesh with context=1")
+
+
+def shard_refusal(config: Any) -> str | None:
+    """Why the ``shard_map`` strategy cannot run the model of ``config`` on one device's shard
+    of each sequence (None when it can): the model sees only its shard, so a family that
+    reads the sequence otherwise than by attention, or a position scheme that needs the whole
+    sequence (``PositionScheme.shard_refusal``), is refused."""
+    family = family_of(config)
+    if family.recurrent:
+        return (f"family={config.family} reads the sequence through a recurrent state, which "
+                "one shard cannot start from")
+    if family.cross_attention:
+        return (f"family={config.family} attends across two sequences (source and target), "
+                "and this splits one")
+    return config.position.shard_refusal(config)
 
 
 def method_refusal(attention: Any, method: str) -> str | None:
@@ -174,6 +198,37 @@ def attention_hook(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES,
                           scale=scale, logit_softcap=logit_softcap)
 
     return hook
+
+
+def local_attention_hook(method: str, ways: int, axis: str = CONTEXT_AXIS) -> AttentionHook:
+    """The ``nn.attention.across_shards`` hook of a step already mapped over ``axis`` (the
+    ``shard_map`` strategy): q, k, v, the mask and its positions are this device's shard of
+    the sequence, and ``attend_shards`` computes its queries against every device's keys."""
+
+    def hook(impl, q, k, v, *, bias, mask, scale, logit_softcap):
+        if bias is not None or (mask is not None and not isinstance(mask, AttentionMask)):
+            # the model made them from this shard's keys only (check_context refuses the
+            # schemes that do); the ring needs every key's
+            raise ValueError("attention across sequence shards under shard_map takes no bias "
+                             "or dense mask; use train.strategy=jit")
+        return attend_shards(impl, method, q, k, v, None, mask, axis=axis, ways=ways,
+                             scale=scale, logit_softcap=logit_softcap)
+
+    return hook
+
+
+def shard_batch(batch: Mapping, ways: int, axis: str = CONTEXT_AXIS) -> dict:
+    """Inside a map over ``axis``: this device's shard ``[b, T/c]`` of a batch, with the
+    global positions of its tokens. A batch that carries positions (packed rows restarting
+    them) keeps them; otherwise the shard's tokens are numbered from where it starts,
+    ``axis_index * T/c``, so that position schemes and masks see what one device sees (the
+    model numbers from 0 only when given no positions)."""
+    if ways == 1 or "positions" in batch:
+        return dict(batch)
+    b, t = jnp.shape(batch["inputs"])[:2]
+    start = lax.axis_index(axis) * t
+    positions_bt = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+    return {**batch, "positions": positions_bt}
 
 
 def _split(logical: str, size: int, mesh: Mesh, rules: LogicalRules):
@@ -224,26 +279,35 @@ def _attention(impl, method, mesh, rules, axis, ways, q, k, v, *, bias, mask, sc
     else:
         mask_spec = None
 
-    how = METHODS[method]
-    # zigzag needs 2c query chunks and 2 key tiles per block; another length (an evaluation
-    # at a length that splits c ways only) takes the contiguous ring: the same numbers
-    zigzag = how.zigzag and q_len % (2 * ways) == 0 and k_len % (2 * ways) == 0
-
     def local(q, k, v, bias, mask):
-        if how.ring:
-            return ring_attention(q, k, v, bias, mask, axis=axis, ways=ways, zigzag=zigzag,
-                                  scale=scale, logit_softcap=logit_softcap)[0]
-        k, v = (lax.all_gather(x, axis, axis=1, tiled=True) for x in (k, v))
-        if isinstance(mask, AttentionMask):
-            mask = _with_keys(mask, *(None if x is None else
-                                      lax.all_gather(x, axis, axis=1, tiled=True)
-                                      for x in _key_side(mask)))
-        return impl.attend(q, k, v, bias=bias, mask=mask, scale=scale,
-                           logit_softcap=logit_softcap)
+        return attend_shards(impl, method, q, k, v, bias, mask, axis=axis, ways=ways,
+                             scale=scale, logit_softcap=logit_softcap)
 
     return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, bias_spec, mask_spec),
                          out_specs=q_spec, check_vma=impl.typed_under_shard_map)(
         q, k, v, bias, mask)
+
+
+def attend_shards(impl, method: str, q, k, v, bias, mask, *, axis, ways: int, scale: float,
+                  logit_softcap=None):
+    """Inside a map over ``axis`` (c = ``ways`` devices): one device's queries ``[b, q, h, D]``
+    against the keys/values of every device ``[b, k, n, D]`` by ``method``, the body both
+    strategies run (``jit``: in the ``shard_map`` of ``attention_hook``; ``shard_map``: in
+    the step itself, ``local_attention_hook``). A bias or dense mask has this device's query
+    rows and every key ``[.., q, K]``; an ``AttentionMask`` this device's positions."""
+    how = METHODS[method]
+    if how.ring:
+        # zigzag needs 2 query chunks and 2 key tiles per shard; another length (an evaluation
+        # at a length that splits c ways only) takes the contiguous ring: the same numbers
+        zigzag = how.zigzag and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0
+        return ring_attention(q, k, v, bias, mask, axis=axis, ways=ways, zigzag=zigzag,
+                              scale=scale, logit_softcap=logit_softcap)[0]
+    k, v = (lax.all_gather(x, axis, axis=1, tiled=True) for x in (k, v))
+    if isinstance(mask, AttentionMask):
+        mask = _with_keys(mask, *(None if x is None else
+                                  lax.all_gather(x, axis, axis=1, tiled=True)
+                                  for x in _key_side(mask)))
+    return impl.attend(q, k, v, bias=bias, mask=mask, scale=scale, logit_softcap=logit_softcap)
 
 
 def ring_attention(q, k, v, bias, mask, *, axis, ways: int, zigzag: bool, scale: float,

@@ -60,8 +60,13 @@ from transformers_jax import backends
 from transformers_jax.config import ConfigError
 from transformers_jax.nn.attention import across_shards
 from transformers_jax.parallel import multihost
-from transformers_jax.parallel.context import attention_hook, check_context
-from transformers_jax.parallel.mesh import make_mesh, mesh_shape
+from transformers_jax.parallel.context import (
+    attention_hook,
+    check_context,
+    local_attention_hook,
+    shard_batch,
+)
+from transformers_jax.parallel.mesh import CONTEXT_AXIS, make_mesh, mesh_shape
 from transformers_jax.parallel.rules import (
     LOGICAL_RULES,
     LogicalRules,
@@ -249,15 +254,26 @@ def _is_host_batch(batch: dict) -> bool:
     return any(isinstance(v, np.ndarray) for v in batch.values())
 
 
+# The mesh axes a strategy that maps the step itself splits: batches, and for shard_map
+# sequences (the trainer hands each device its shard); parameters and heads need GSPMD (jit)
+_MAPPED_AXES = {"pmap": (DATA_AXIS,), "shard_map": (DATA_AXIS, CONTEXT_AXIS)}
+_WHAT_AXIS_SHARDS = {"fsdp": "parameters (fsdp)",
+                     "context": "sequences (context; train.strategy=shard_map splits them too)",
+                     "tensor": "heads/MLP (tensor)"}
+
+
 def _check_strategy_mesh(strategy: str, mesh: Mesh) -> None:
-    shape = mesh_shape(mesh)
-    others = {a: shape[a] for a in ("fsdp", "context", "tensor") if shape[a] != 1}
-    if strategy in ("pmap", "shard_map") and others:
+    allowed = _MAPPED_AXES.get(strategy)
+    if allowed is None:
+        return
+    others = {a: size for a, size in mesh_shape(mesh).items() if a not in allowed and size != 1}
+    if others:
         got = ", ".join(f"{a}={size}" for a, size in others.items())
+        form = ",".join(f"{a}={a[0].upper()}" for a in allowed)
         raise ConfigError(
-            f"train.strategy={strategy!r} is data parallel only, so the mesh must be "
-            f"'data=N' (got {got}); use train.strategy=jit to shard parameters (fsdp), "
-            "sequences (context) or heads/MLP (tensor)"
+            f"train.strategy={strategy!r} splits only {' and '.join(allowed)}, so the mesh "
+            f"must be '{form}' (got {got}); use train.strategy=jit to shard "
+            f"{', '.join(_WHAT_AXIS_SHARDS[a] for a in others)}"
         )
 
 
@@ -307,7 +323,7 @@ def make_trainer(
     elif not isinstance(mesh, Mesh):
         mesh = make_mesh(mesh)
     _check_strategy_mesh(strategy, mesh)
-    check_context(strategy, mesh, rules, example_batch, model.config.attention, context_attention)
+    check_context(strategy, mesh, rules, example_batch, model.config, context_attention)
     backends.for_devices(mesh.devices.flat).check_row_groups(groups)  # XLA:CPU's only
     check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules, groups)
     build = _pmap_trainer if strategy == "pmap" else (
@@ -492,27 +508,41 @@ def _replicate(tree: Any, devices: list) -> Any:
 
 def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
     mesh = c.mesh
-    replicated, data = NamedSharding(mesh, P()), P(DATA_AXIS)
+    replicated = NamedSharding(mesh, P())
+    ways = mesh_shape(mesh)[CONTEXT_AXIS]
+    # every value that differs between devices differs over these; sums add over them
+    axes = (DATA_AXIS, CONTEXT_AXIS) if ways > 1 else DATA_AXIS
+    hook = local_attention_hook(c.context_attention, ways) if ways > 1 else None
+
+    def spec(x) -> P:
+        """Rows over data; with a context axis, a sequence ``[B, T, ...]`` also over it."""
+        return P(DATA_AXIS, CONTEXT_AXIS) if ways > 1 and np.ndim(x) >= 2 else P(DATA_AXIS)
 
     # A kernel whose outputs carry no varying-axis types (Pallas) cannot run under
     # check_vma=True; without the check nothing is summed implicitly, so the step sums its
     # local gradients itself (the accumulation path below), as pmap does.
     checked = c.model.config.attention.typed_under_shard_map
 
-    def vary(x):  # mark a value as differing across 'data'
-        return lax.pcast(x, DATA_AXIS, to="varying") if checked else x
+    def vary(x):  # mark a value as differing across devices
+        return lax.pcast(x, axes, to="varying") if checked else x
+
+    def device_key(key):
+        """A dropout key of this device's own: its rows and, split, its part of a sequence."""
+        key = jax.random.fold_in(key, lax.axis_index(DATA_AXIS))
+        return jax.random.fold_in(key, lax.axis_index(CONTEXT_AXIS)) if ways > 1 else key
 
     def train_step(state, batch):
         rng, dropout_rng = split_rng(state.rng)
-        dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(DATA_AXIS))
+        dropout_rng = device_key(dropout_rng)
+        batch = shard_batch(batch, ways)
         if c.grad_accum == 1 and c.groups == 1 and checked:
             # Differentiate the *global* loss sum. The parameters are replicated (P()), so with
             # check_vma=True the transpose of their implicit broadcast already sums the
-            # gradient over 'data': no pmean/psum of gradients (that would count N times).
+            # gradient over the mesh: no pmean/psum of gradients (that would count N times).
             def global_sum(p):
                 local = weighted_sums(c.model, p, batch, deterministic=False, rng=dropout_rng,
                                       objective=c.objective)
-                sums, weight = lax.psum(local, DATA_AXIS)
+                sums, weight = lax.psum(local, axes)
                 return sums["loss"], (sums, weight)
 
             (_, (sums, weight)), grads = jax.value_and_grad(global_sum, has_aux=True)(
@@ -526,31 +556,40 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
                 c.model, local_params, batch, dropout_rng, c.grad_accum, objective=c.objective,
                 vary=vary, groups=c.groups,
             )
-            sums, weight, grads = lax.psum((sums, weight, grads), DATA_AXIS)
+            sums, weight, grads = lax.psum((sums, weight, grads), axes)
         return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
 
     def eval_step(params, batch):
-        sums = weighted_sums(c.model, params, batch, deterministic=True, objective=c.objective)
-        return finish_metrics(*lax.psum(sums, DATA_AXIS))
+        sums = weighted_sums(c.model, params, shard_batch(batch, ways), deterministic=True,
+                             objective=c.objective)
+        return finish_metrics(*lax.psum(sums, axes))
 
-    sm_step = jax.shard_map(train_step, mesh=mesh, in_specs=(P(), data), out_specs=(P(), P()),
-                            check_vma=checked)
-    sm_eval = jax.shard_map(eval_step, mesh=mesh, in_specs=(P(), data), out_specs=P(),
-                            check_vma=checked)
+    def mapped(fn, out_specs):
+        """``fn(state or params, batch)`` mapped over the mesh, attention crossing the
+        sequence shards (when split) through ``hook``; the batch's specs follow its arrays'
+        ranks, so any batch keys map."""
+        def run(first, batch):
+            with across_shards(hook):
+                return jax.shard_map(fn, mesh=mesh, in_specs=(P(), jax.tree.map(spec, batch)),
+                                     out_specs=out_specs, check_vma=checked)(first, batch)
+        return run
+
+    def shardings(batch: dict) -> dict:
+        return {k: NamedSharding(mesh, spec(v)) for k, v in batch.items()}
 
     def place_batch(batch: dict, local: bool = False) -> dict:
-        return multihost.global_batch(batch, {k: NamedSharding(mesh, data) for k in batch},
-                                      local=local)
+        return multihost.global_batch(batch, shardings(batch), local=local)
 
     def local_rows(batch_size: int) -> slice:
-        return multihost.local_rows(NamedSharding(mesh, data), (batch_size,))
+        return multihost.local_rows(NamedSharding(mesh, P(DATA_AXIS)), (batch_size,))
 
     return ParallelTrainer(
         strategy=c.strategy, mesh=mesh, grad_accum=c.grad_accum, rules=c.rules,
         init_state=lambda seed: jax.device_put(c.init(seed), replicated),
         place_state=lambda state: jax.device_put(state, replicated),
         place_batch=place_batch, local_rows=local_rows, unreplicate=lambda state: state,
-        _train_step=jax.jit(sm_step, donate_argnums=c.donate), _eval_step=jax.jit(sm_eval),
+        _train_step=jax.jit(mapped(train_step, (P(), P())), donate_argnums=c.donate),
+        _eval_step=jax.jit(mapped(eval_step, P())),
         abstract_state=lambda: _with_shardings(_abstract_init(c, mesh), replicated),
-        batch_shardings=lambda batch: {k: NamedSharding(mesh, data) for k in batch},
+        batch_shardings=shardings,
     )
