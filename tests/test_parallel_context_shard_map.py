@@ -143,3 +143,28 @@ def test_refusals_name_what_works():
     with pytest.raises(ConfigError, match="family=lstm reads the sequence through a recurrent "
                        "state.*use train.strategy=jit"):
         make_trainer("shard_map", lstm, optax.sgd(0.1), batch, mesh="data=2,context=4")
+
+
+def _cli_losses(run_dir, *flags) -> list[float]:
+    """``tjax train`` in this process (8 fake devices): the train and eval losses it logs."""
+    import json
+
+    from transformers_jax import cli
+
+    assert cli.main(["train", "--model.d_model=32", "--model.n_layers=1", "--model.n_heads=4",
+                     "--model.max_len=32", "--steps", "2", "--train.batch_size=4",
+                     "--train.seq_len=32", "--train.log_every=1", "--train.eval_every=2",
+                     "--train.eval_batches=1", "--no-progress", "--run-dir", str(run_dir),
+                     *flags]) == 0
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    return [r[k] for r in rows for k in ("loss", "eval_loss") if k in r]
+
+
+def test_cli_trains_as_single(tmp_path):
+    """``tjax train --train.strategy=shard_map --train.mesh=data=2,context=4``: its training
+    and evaluation losses are the single device's."""
+    got = _cli_losses(tmp_path / "sharded", "--train.strategy=shard_map",
+                      "--train.mesh=data=2,context=4", "--train.context_attention=ring")
+    want = _cli_losses(tmp_path / "single", "--train.strategy=single")
+    assert len(got) == len(want) >= 3
+    np.testing.assert_allclose(got, want, rtol=1e-5)
