@@ -2,7 +2,8 @@
 ``[b, T/c]`` shard of every batch array, with its tokens' global positions, and attention
 crosses the shards by the ring or an all-gather inside the mapped step. One training step
 gives the loss and parameters of the ``single`` strategy for every position scheme the
-registry allows there (the others are refused, naming ``train.strategy=jit``) and for
+registry allows there (the bias schemes' biases built against every key's positions; the
+others are refused, naming ``train.strategy=jit``) and for
 causal, window, prefix and packed-segment masks; a few steps give its losses.
 
 Tolerances (float32, 8 fake CPU devices): the loss to 1e-6 relative; the change of every
@@ -78,10 +79,16 @@ def _assert_same(got, want) -> None:
                                    err_msg=jax.tree_util.keystr(path))
 
 
+# one scheme of each kind runs in the fast suite (each cell is two tiny compiles); the rest
+# are marked slow
+FAST = ("none", "rope", "learned", "t5", "randomized")
+
+
 def _schemes():
     for i, name in enumerate(POSITIONS.names()):
         method, mesh = RUNS[i % len(RUNS)]
-        yield pytest.param(name, method, mesh, id=f"{name}-{method}")
+        marks = () if name in FAST else (pytest.mark.slow,)
+        yield pytest.param(name, method, mesh, id=f"{name}-{method}", marks=marks)
 
 
 @pytest.mark.parametrize("position, method, mesh", list(_schemes()))
@@ -97,10 +104,11 @@ def test_one_step_equals_single_or_is_refused(position, method, mesh):
     _assert_same(_train(cfg, "shard_map", mesh, method), _train(cfg, "single"))
 
 
-# the refused schemes are those that need more than a shard: a bias, a draw over the sequence
 def test_refused_schemes_are_the_whole_sequence_ones():
+    """Refused: what one shard cannot compute, a draw over the whole sequence or a rule of
+    the window's length; the bias schemes run (built against every key's positions)."""
     refused = {n for n in POSITIONS.names() if shard_refusal(GPT.replace(position=n))}
-    assert refused == {"alibi", "t5", "fire", "kerple", "randomized"}
+    assert refused == {"randomized"}
     dynamic = GPT.replace(position={"name": "rope", "scaling": {
         "name": "dynamic_ntk", "factor": 2.0, "original_max_len": 16}})
     assert "takes its length from the whole window" in shard_refusal(dynamic)
@@ -109,15 +117,16 @@ def test_refused_schemes_are_the_whole_sequence_ones():
     assert shard_refusal(per_position) is None
 
 
-@pytest.mark.parametrize("mask, extra, method", [
-    ({"name": "sliding_window", "window": 6}, "packed", "ring_zigzag"),
-    ("prefix", "prefix", "ring"),
-    ("causal", "packed", "all_gather"),
+@pytest.mark.parametrize("mask, extra, method, position", [
+    ({"name": "sliding_window", "window": 6}, "packed", "ring_zigzag", "alibi"),
+    ("prefix", "prefix", "ring", "t5"),
+    pytest.param("causal", "packed", "all_gather", "rope", marks=pytest.mark.slow),
 ])
-def test_masks_one_step_equals_single(mask, extra, method):
+def test_masks_one_step_equals_single(mask, extra, method, position):
     """Masks by positions through the shards: a window reaching over shard boundaries on
-    packed documents, prefixes ending in different shards, causal packed documents."""
-    cfg = GPT.replace(position="rope", mask=mask)
+    packed documents (positions restarting: the bias too), prefixes ending in different
+    shards (a bidirectional bias), causal packed documents."""
+    cfg = GPT.replace(position=position, mask=mask)
     _assert_same(_train(cfg, "shard_map", "data=2,context=4", method, extra),
                  _train(cfg, "single", extra=extra))
 

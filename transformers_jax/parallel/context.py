@@ -85,9 +85,10 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from transformers_jax.backends.generic import varying_axes
 from transformers_jax.config import CONTEXT_ATTENTION, ConfigError
 from transformers_jax.models import family_of
-from transformers_jax.nn.attention.api import AttentionHook, as_4d, group_heads
+from transformers_jax.nn.attention.api import AttentionHook, KeyShards, as_4d, group_heads
 from transformers_jax.nn.masks import AttentionMask
 from transformers_jax.parallel.mesh import CONTEXT_AXIS
 from transformers_jax.parallel.rules import (
@@ -98,7 +99,7 @@ from transformers_jax.parallel.rules import (
 )
 
 __all__ = ["CONTEXT_ATTENTION", "METHODS", "attend_shards", "attention_hook", "check_context",
-           "local_attention_hook", "method_refusal", "shard_batch", "shard_refusal"]
+           "gather_keys", "local_attention_hook", "method_refusal", "shard_batch", "shard_refusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,18 +204,30 @@ def attention_hook(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES,
 def local_attention_hook(method: str, ways: int, axis: str = CONTEXT_AXIS) -> AttentionHook:
     """The ``nn.attention.across_shards`` hook of a step already mapped over ``axis`` (the
     ``shard_map`` strategy): q, k, v, the mask and its positions are this device's shard of
-    the sequence, and ``attend_shards`` computes its queries against every device's keys."""
+    the sequence, a bias this shard's queries against every key (the model builds it from
+    ``every_key`` positions, which ``gather_keys`` gathers), and ``attend_shards`` computes
+    the queries against every device's keys."""
 
     def hook(impl, q, k, v, *, bias, mask, scale, logit_softcap):
-        if bias is not None or (mask is not None and not isinstance(mask, AttentionMask)):
-            # the model made them from this shard's keys only (check_context refuses the
-            # schemes that do); the ring needs every key's
-            raise ValueError("attention across sequence shards under shard_map takes no bias "
-                             "or dense mask; use train.strategy=jit")
-        return attend_shards(impl, method, q, k, v, None, mask, axis=axis, ways=ways,
-                             scale=scale, logit_softcap=logit_softcap)
+        k_len = k.shape[1] * ways
+        if bias is not None and as_4d(bias).shape[3] not in (1, k_len):
+            raise ValueError(f"a bias of {as_4d(bias).shape[3]} keys across {ways} sequence "
+                             f"shards of {k.shape[1]}: build it against every key's positions "
+                             "(nn.attention.every_key)")
+        if mask is not None and not isinstance(mask, AttentionMask):
+            raise ValueError("a dense mask across sequence shards under shard_map: build an "
+                             "AttentionMask from positions (nn.masks.build_mask), or use "
+                             "train.strategy=jit")
+        return attend_shards(impl, method, q, k, v, None if bias is None else as_4d(bias), mask,
+                             axis=axis, ways=ways, scale=scale, logit_softcap=logit_softcap)
 
     return hook
+
+
+def gather_keys(ways: int, axis: str = CONTEXT_AXIS) -> KeyShards:
+    """How ``every_key`` answers in a step mapped over ``axis``: a per-key array ``[b, k]`` of
+    every shard, ``[b, K]`` in sequence order."""
+    return KeyShards(lambda x_bk: lax.all_gather(x_bk, axis, axis=1, tiled=True), ways)
 
 
 def shard_batch(batch: Mapping, ways: int, axis: str = CONTEXT_AXIS) -> dict:
@@ -367,6 +380,17 @@ def _from_zigzag(x, dim: int, *, axis, ways: int):
     return jnp.concatenate([lo, hi], dim)
 
 
+def _vary_like(x, like):
+    """``x`` marked as varying over every mesh axis ``like`` varies over. A bias the same on
+    several devices (made from positions alone) meets the scores inside ``lax.cond``, where
+    the transpose of the implicit cast, a psum, would run only on the devices whose tile is
+    visible, and the others would never join it; cast here, the psum runs on all."""
+    if x is None:
+        return x
+    missing = tuple(sorted(varying_axes(like) - varying_axes(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
 def _key_side(mask: AttentionMask) -> tuple:
     """The parts of a mask that follow the keys: positions, padding, segment ids."""
     return mask.kv_positions, mask.kv_valid, mask.kv_segments
@@ -395,6 +419,7 @@ def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap,
     b, q_len, h, d = q.shape
     k_len, n = k.shape[1], k.shape[2]
     parts = 2 if zigzag else 1
+    bias = _vary_like(bias, q)
     qp, kp = q_len // parts, k_len // parts
     me = lax.axis_index(axis)
     hop = [(i, (i + 1) % ways) for i in range(ways)]

@@ -63,6 +63,7 @@ from transformers_jax.parallel import multihost
 from transformers_jax.parallel.context import (
     attention_hook,
     check_context,
+    gather_keys,
     local_attention_hook,
     shard_batch,
 )
@@ -569,7 +570,7 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
         sequence shards (when split) through ``hook``; the batch's specs follow its arrays'
         ranks, so any batch keys map."""
         def run(first, batch):
-            with across_shards(hook):
+            with across_shards(hook, gather_keys(ways) if ways > 1 else None):
                 return jax.shard_map(fn, mesh=mesh, in_specs=(P(), jax.tree.map(spec, batch)),
                                      out_specs=out_specs, check_vma=checked)(first, batch)
         return run
