@@ -7,8 +7,9 @@ on 8 fake CPU devices (nothing is run), one JSON line per figure.
 - ``memory``: temporary bytes per device of the gradient of ring attention alone (B 1, T 8192,
   8 heads of 64, context 8), each step's scores kept (``recompute=False``) or recomputed.
 - ``collectives``: the collective-permutes of a whole training step (1-layer GPT, width 32,
-  4 x 64 tokens, data=2,context=4) by ``ring`` and ``ring_zigzag``: the zigzag order's extra
-  hops and bytes.
+  4 x 64 tokens, data=2,context=4) by ``ring`` and ``ring_zigzag``, under the ``jit`` and
+  ``shard_map`` strategies: the zigzag order's extra hops and bytes, and what each strategy
+  adds around them (every kind's count).
 - ``time`` (with ``--time``): seconds of that gradient at 1 x 4096 tokens, 4 heads of 32,
   on 4 fake CPU devices (all sharing this host's cores: no picture of the balance on real
   chips), median and range of 5 after a warm-up.
@@ -86,16 +87,19 @@ def ring_seconds(zigzag: bool, batch=1, length=4096, heads=4, dim=32, ways=4, ru
             "load_average": os.getloadavg()[0]}
 
 
-def step_collectives(method: str, mesh_spec="data=2,context=4", batch=4, length=64):
+def step_collectives(method: str, strategy: str = "jit", mesh_spec="data=2,context=4", batch=4,
+                     length=64):
+    """The step's collective-permutes, and how many collectives of every kind it has."""
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
                       max_len=length)
     tokens = np.zeros((batch, length), np.int32)
     data = {"inputs": tokens, "targets": tokens, "weights": np.ones((batch, length), np.float32)}
-    trainer = make_trainer("jit", build_model(cfg), optax.sgd(0.1), data, mesh=mesh_spec,
+    trainer = make_trainer(strategy, build_model(cfg), optax.sgd(0.1), data, mesh=mesh_spec,
                            context_attention=method)
     lowered = trainer.lower(trainer.abstract_state(), trainer.abstract_batch(data))
     found = collectives(lowered.compile().as_text(), 8)
-    return found.get("collective-permute", {"count": 0, "ici_bytes": 0.0})
+    return {**found.get("collective-permute", {"count": 0, "ici_bytes": 0.0}),
+            "all_kinds": {kind: figure["count"] for kind, figure in sorted(found.items())}}
 
 
 def main() -> None:
@@ -103,9 +107,10 @@ def main() -> None:
         for recompute in (False, True):
             print(json.dumps({"figure": "memory", "zigzag": zigzag, "recompute": recompute,
                               **ring_memory(recompute, zigzag)}), flush=True)
-    for method in ("ring", "ring_zigzag"):
-        print(json.dumps({"figure": "collectives", "method": method,
-                          **step_collectives(method)}), flush=True)
+    for strategy in ("jit", "shard_map"):
+        for method in ("ring", "ring_zigzag"):
+            print(json.dumps({"figure": "collectives", "strategy": strategy, "method": method,
+                              **step_collectives(method, strategy)}), flush=True)
     if "--time" in sys.argv[1:]:
         for zigzag in (False, True):
             print(json.dumps({"figure": "time", "zigzag": zigzag, **ring_seconds(zigzag)}),

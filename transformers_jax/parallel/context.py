@@ -22,6 +22,17 @@ gives each device its queries ``[b, q, h, D]`` and keys/values ``[b, k, n, D]``,
   time; the block maths is this module's (the configured kernel is not used); or
 - ``ring_zigzag``: the ring, with the queries in zigzag order (below).
 
+Under the ``shard_map`` strategy the step itself is mapped over the mesh, and the model is
+traced on each device's shard ``[b, T/c]`` of the batch. The trainer gives the shard its
+global positions (``shard_batch``), so every position hook and the mask see what one device
+sees; ``local_attention_hook`` runs the same body as the jit hook's ``shard_map``
+(``attend_shards``: ring or all-gather) directly on the local q, k, v; and a bias scheme
+builds its bias against every key's positions, gathered by ``gather_keys`` when the model asks
+``nn.attention.every_key``, so a device's bias is ``[.., q, K]`` as under jit. What a shard
+cannot compute is refused by ``check_context`` (``shard_refusal``): a scheme whose positions
+depend on the whole sequence (``PositionScheme.shard_refusal``: randomized draws, a RoPE
+scaling of the window's length), a recurrent or an encoder-decoder family.
+
 The mask is rebuilt on each device from positions (an ``AttentionMask``'s causal, window and
 prefix rules, padding, segments), never from array indices, so what a query sees does not
 depend on where its keys live. A dense boolean mask and the bias, ``[.., q, K]`` per device,

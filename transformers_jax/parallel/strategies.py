@@ -11,11 +11,18 @@ optimizer update. What differs is who holds what:
 - ``pmap``: state replicated on every local device, the batch split ``[devices, b, T]``; each
   device differentiates its weighted loss *sum*, and one ``lax.psum`` adds sums and gradients.
 - ``shard_map``: the same data parallelism written over a mesh axis. With ``check_vma=True``
-  (the default) a replicated (``P()``) input's gradient is already summed over the mapped axis,
+  (the default) a replicated (``P()``) input's gradient is already summed over the mapped axes,
   so the pmap idiom ``pmean(grads)`` would give N times the gradient. We differentiate the
   global loss ``psum(local sum)`` instead and let JAX insert the one all-reduce. An attention
   implementation whose kernel has no varying-axis types (``typed_under_shard_map=False``:
   Pallas) runs with ``check_vma=False`` and the pmap idiom (local gradient sums, one psum).
+  A ``context`` axis (``data=D,context=C``) also splits the sequence: every batch array
+  ``[B, T, ...]`` maps as ``P(data, context)``, so each device holds ``[b, T/C]``; the step
+  gives the shard its tokens' global positions (``context.shard_batch``) and, while it is
+  traced, routes the model's attention to ``context.local_attention_hook`` (the ring or
+  all-gather body on the local q, k, v) and its bias's key positions to an all-gather
+  (``nn.attention.every_key``). The sums, and so the gradient, go over ``data`` and
+  ``context`` together: the same global loss, the same single all-reduce.
 - ``jit``: global arrays on a ``data x fsdp x context x tensor`` mesh. Parameters and optimizer
   state are placed by the logical-axis rules (``rules.LOGICAL_RULES``): FSDP shards them over
   ``fsdp``, tensor parallelism splits heads, MLP width and vocabulary over ``tensor``;
@@ -35,9 +42,9 @@ pieces that XLA:CPU runs side by side on its threads (no memory saved). They are
 backend's (``backends/cpu.py``): a mesh of other devices refuses g > 1.
 
 Dropout: the key is split from ``state.rng`` as ``train.step`` does; pmap and shard_map fold in
-the device index, micro-batches and row groups their index, so masks (and the draws of
-randomised position schemes) differ from a one-device run (same distribution). The "same
-numbers as one device" guarantee is for ``dropout=0``.
+the device index (shard_map: its data and context indices), micro-batches and row groups their
+index, so masks (and the draws of randomised position schemes) differ from a one-device run
+(same distribution). The "same numbers as one device" guarantee is for ``dropout=0``.
 """
 
 from __future__ import annotations
