@@ -23,6 +23,7 @@ from transformers_jax import ConfigError, ModelConfig, build_model
 from transformers_jax.parallel import make_trainer
 from transformers_jax.parallel.context import shard_refusal
 from transformers_jax.registry import POSITIONS
+from transformers_jax.train.objectives import objective_for
 
 B, T = 4, 32
 GPT = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, max_len=T)
@@ -51,12 +52,12 @@ def _batch(extra: str | None = None) -> dict:
 
 @functools.cache
 def _train(cfg: ModelConfig, strategy: str, mesh: str | None = None, method: str = "ring",
-           extra: str | None = None, steps: int = 1, grad_accum: int = 1):
+           extra: str | None = None, steps: int = 1, grad_accum: int = 1, objective=None):
     """(losses, the change of the params) of ``steps`` SGD steps (one), else AdamW steps."""
     batch = _batch(extra)
     optimizer = optax.sgd(0.5) if steps == 1 else optax.adamw(1e-2)
     trainer = make_trainer(strategy, build_model(cfg), optimizer, batch, mesh=mesh,
-                           context_attention=method, grad_accum=grad_accum)
+                           context_attention=method, grad_accum=grad_accum, objective=objective)
     state, losses = trainer.init_state(0), []
     start = jax.tree.map(np.asarray, trainer.unreplicate(state).params)
     for _ in range(steps):
@@ -129,6 +130,15 @@ def test_masks_one_step_equals_single(mask, extra, method, position):
     cfg = GPT.replace(position=position, mask=mask)
     _assert_same(_train(cfg, "shard_map", "data=2,context=4", method, extra),
                  _train(cfg, "single", extra=extra))
+
+
+@pytest.mark.slow
+def test_bert_masked_lm_one_step_equals_single():
+    """An encoder (bidirectional, T5's bidirectional bias) on its masked-LM objective."""
+    cfg = GPT.replace(family="bert", mask="bidirectional", position="t5")
+    objective = objective_for("bert")
+    _assert_same(_train(cfg, "shard_map", "data=2,context=4", "ring", objective=objective),
+                 _train(cfg, "single", objective=objective))
 
 
 def test_three_steps_equal_single():
