@@ -12,7 +12,9 @@ on 8 fake CPU devices (nothing is run), one JSON line per figure.
   adds around them (every kind's count).
 - ``time`` (with ``--time``): seconds of that gradient at 1 x 4096 tokens, 4 heads of 32,
   on 4 fake CPU devices (all sharing this host's cores: no picture of the balance on real
-  chips), median and range of 5 after a warm-up.
+  chips), median and range of 5 after a warm-up; and ``step_time``: seconds of a training
+  step (2-layer GPT, width 64, 8 x 512 tokens, data=2,context=4) under ``jit`` and
+  ``shard_map`` by each method.
 """
 
 from __future__ import annotations
@@ -102,6 +104,29 @@ def step_collectives(method: str, strategy: str = "jit", mesh_spec="data=2,conte
             "all_kinds": {kind: figure["count"] for kind, figure in sorted(found.items())}}
 
 
+def step_seconds(strategy: str, method: str, batch=8, length=512, runs=5):
+    """Wall-clock seconds of a training step (2-layer GPT, width 64, rope) on data=2,context=4
+    of fake CPU devices: median and range of ``runs`` after a warm-up."""
+    cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      max_len=length, position="rope")
+    tokens = np.random.default_rng(0).integers(0, 256, (batch, length + 1)).astype(np.int32)
+    data = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+            "weights": np.ones((batch, length), np.float32)}
+    trainer = make_trainer(strategy, build_model(cfg), optax.sgd(0.1), data,
+                           mesh="data=2,context=4", context_attention=method)
+    state, placed = trainer.init_state(0), trainer.place_batch(data)
+    state, metrics = trainer.step(state, placed)
+    jax.block_until_ready(metrics)
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        state, metrics = trainer.step(state, placed)
+        jax.block_until_ready(metrics)
+        seconds.append(time.perf_counter() - start)
+    return {"median_s": float(np.median(seconds)), "min_s": min(seconds),
+            "max_s": max(seconds), "load_average": os.getloadavg()[0]}
+
+
 def main() -> None:
     for zigzag in (False, True):
         for recompute in (False, True):
@@ -115,6 +140,11 @@ def main() -> None:
         for zigzag in (False, True):
             print(json.dumps({"figure": "time", "zigzag": zigzag, **ring_seconds(zigzag)}),
                   flush=True)
+        for strategy in ("jit", "shard_map"):
+            for method in ("ring", "ring_zigzag", "all_gather"):
+                print(json.dumps({"figure": "step_time", "strategy": strategy,
+                                  "method": method, **step_seconds(strategy, method)}),
+                      flush=True)
 
 
 if __name__ == "__main__":
