@@ -158,6 +158,11 @@ def test_refusals_name_what_works():
     with pytest.raises(ConfigError, match="'pmap' splits only data.*got context=4.*jit to "
                        "shard sequences \\(context; train.strategy=shard_map splits them too"):
         make_trainer("pmap", model, optax.sgd(0.1), batch, mesh="data=2,context=4")
+    pallas = build_model(GPT.replace(attention="pallas"))  # the kernel's refusal, as under jit
+    with pytest.raises(ConfigError, match="^attention='pallas' with context parallelism: the "
+                       "all_gather method.*use train.context_attention=ring"):
+        make_trainer("shard_map", pallas, optax.sgd(0.1), batch, mesh="data=2,context=4",
+                     context_attention="all_gather")
     lstm = build_model(GPT.replace(family="lstm"))
     with pytest.raises(ConfigError, match="family=lstm reads the sequence through a recurrent "
                        "state.*use train.strategy=jit"):

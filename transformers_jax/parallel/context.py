@@ -159,11 +159,11 @@ def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch:
                 f"use a sequence length that is a multiple of {2 * ways} (train.seq_len), or "
                 "train.context_attention=ring")
     refusal = method_refusal(config.attention, method)
-    if strategy == "shard_map":
-        refusal = refusal or shard_refusal(config)
     if refusal:
-        raise ConfigError(refusal if strategy != "shard_map" else
-                          f"train.strategy='shard_map' with context={ways}: {refusal}; use "
+        raise ConfigError(refusal)
+    refusal = shard_refusal(config) if strategy == "shard_map" else None
+    if refusal:
+        raise ConfigError(f"train.strategy='shard_map' with context={ways}: {refusal}; use "
                           "train.strategy=jit (global arrays: it computes this as one device "
                           "does), or a mesh with context=1")
 
