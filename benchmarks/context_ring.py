@@ -7,11 +7,14 @@ on 8 fake CPU devices (nothing is run), one JSON line per figure.
 - ``memory``: temporary bytes per device of the gradient of ring attention alone (B 1, T 8192,
   8 heads of 64, context 8), each step's scores kept (``recompute=False``) or recomputed.
 - ``collectives``: the collective-permutes of a whole training step (1-layer GPT, width 32,
-  4 x 64 tokens, data=2,context=4) by ``ring`` and ``ring_zigzag``: the zigzag order's extra
-  hops and bytes.
+  4 x 64 tokens, data=2,context=4) by ``ring`` and ``ring_zigzag``, under the ``jit`` and
+  ``shard_map`` strategies: the zigzag order's extra hops and bytes, and what each strategy
+  adds around them (every kind's count).
 - ``time`` (with ``--time``): seconds of that gradient at 1 x 4096 tokens, 4 heads of 32,
   on 4 fake CPU devices (all sharing this host's cores: no picture of the balance on real
-  chips), median and range of 5 after a warm-up.
+  chips), median and range of 5 after a warm-up; and ``step_time``: seconds of a training
+  step (2-layer GPT, width 64, 8 x 512 tokens, data=2,context=4) under ``jit`` and
+  ``shard_map`` by each method.
 """
 
 from __future__ import annotations
@@ -86,16 +89,42 @@ def ring_seconds(zigzag: bool, batch=1, length=4096, heads=4, dim=32, ways=4, ru
             "load_average": os.getloadavg()[0]}
 
 
-def step_collectives(method: str, mesh_spec="data=2,context=4", batch=4, length=64):
+def step_collectives(method: str, strategy: str = "jit", mesh_spec="data=2,context=4", batch=4,
+                     length=64):
+    """The step's collective-permutes, and how many collectives of every kind it has."""
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
                       max_len=length)
     tokens = np.zeros((batch, length), np.int32)
     data = {"inputs": tokens, "targets": tokens, "weights": np.ones((batch, length), np.float32)}
-    trainer = make_trainer("jit", build_model(cfg), optax.sgd(0.1), data, mesh=mesh_spec,
+    trainer = make_trainer(strategy, build_model(cfg), optax.sgd(0.1), data, mesh=mesh_spec,
                            context_attention=method)
     lowered = trainer.lower(trainer.abstract_state(), trainer.abstract_batch(data))
     found = collectives(lowered.compile().as_text(), 8)
-    return found.get("collective-permute", {"count": 0, "ici_bytes": 0.0})
+    return {**found.get("collective-permute", {"count": 0, "ici_bytes": 0.0}),
+            "all_kinds": {kind: figure["count"] for kind, figure in sorted(found.items())}}
+
+
+def step_seconds(strategy: str, method: str, batch=8, length=512, runs=5):
+    """Wall-clock seconds of a training step (2-layer GPT, width 64, rope) on data=2,context=4
+    of fake CPU devices: median and range of ``runs`` after a warm-up."""
+    cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      max_len=length, position="rope")
+    tokens = np.random.default_rng(0).integers(0, 256, (batch, length + 1)).astype(np.int32)
+    data = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+            "weights": np.ones((batch, length), np.float32)}
+    trainer = make_trainer(strategy, build_model(cfg), optax.sgd(0.1), data,
+                           mesh="data=2,context=4", context_attention=method)
+    state, placed = trainer.init_state(0), trainer.place_batch(data)
+    state, metrics = trainer.step(state, placed)
+    jax.block_until_ready(metrics)
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        state, metrics = trainer.step(state, placed)
+        jax.block_until_ready(metrics)
+        seconds.append(time.perf_counter() - start)
+    return {"median_s": float(np.median(seconds)), "min_s": min(seconds),
+            "max_s": max(seconds), "load_average": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -103,13 +132,19 @@ def main() -> None:
         for recompute in (False, True):
             print(json.dumps({"figure": "memory", "zigzag": zigzag, "recompute": recompute,
                               **ring_memory(recompute, zigzag)}), flush=True)
-    for method in ("ring", "ring_zigzag"):
-        print(json.dumps({"figure": "collectives", "method": method,
-                          **step_collectives(method)}), flush=True)
+    for strategy in ("jit", "shard_map"):
+        for method in ("ring", "ring_zigzag"):
+            print(json.dumps({"figure": "collectives", "strategy": strategy, "method": method,
+                              **step_collectives(method, strategy)}), flush=True)
     if "--time" in sys.argv[1:]:
         for zigzag in (False, True):
             print(json.dumps({"figure": "time", "zigzag": zigzag, **ring_seconds(zigzag)}),
                   flush=True)
+        for strategy in ("jit", "shard_map"):
+            for method in ("ring", "ring_zigzag", "all_gather"):
+                print(json.dumps({"figure": "step_time", "strategy": strategy,
+                                  "method": method, **step_seconds(strategy, method)}),
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -206,7 +206,8 @@ def test_trainer_argument_errors():
     model, batch = build_model(GPT), make_batches(GPT, n=1)[0]
     with pytest.raises(ConfigError, match="strategy='dp'.*single, pmap, shard_map, jit"):
         make_trainer("dp", model, OPTIMIZER, batch)
-    with pytest.raises(ConfigError, match="data parallel only.*use train.strategy=jit"):
+    with pytest.raises(ConfigError, match="'shard_map' splits only data and context.*got "
+                       "tensor=2.*use train.strategy=jit to shard heads"):
         make_trainer("shard_map", model, OPTIMIZER, batch, mesh="data=4,tensor=2")
     with pytest.raises(ConfigError, match="grad_accum=0"):
         make_trainer("pmap", model, OPTIMIZER, batch, grad_accum=0)

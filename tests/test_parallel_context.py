@@ -178,8 +178,8 @@ def test_refusals_name_what_works():
     model = build_model(GPT)
     batch = _batch()
     optimizer = optax.sgd(0.1)
-    with pytest.raises(ConfigError, match="data parallel only.*context=4.*strategy=jit"):
-        make_trainer("shard_map", model, optimizer, batch, mesh="data=2,context=4")
+    with pytest.raises(ConfigError, match="'pmap' splits only data.*context=4.*strategy=jit"):
+        make_trainer("pmap", model, optimizer, batch, mesh="data=2,context=4")
     with pytest.raises(ConfigError, match="length 60, which does not split into 8"):
         make_trainer("jit", model, optimizer, {k: v[:, :60] for k, v in batch.items()},
                      mesh="context=8")

@@ -26,6 +26,7 @@ import numpy as np
 
 from transformers_jax.config import ModelConfig
 from transformers_jax.models.gpt import check_length, default_positions
+from transformers_jax.nn.attention import every_key
 from transformers_jax.nn.layers import Dense, Embedder, dtype_of, make_embed, softcap, tied_logits
 from transformers_jax.nn.masks import build_mask
 from transformers_jax.nn.stack import LayerStack, encoding_positions
@@ -98,7 +99,7 @@ class BertEncoder(nn.Module):
         x_BTC = nn.with_logical_constraint(x_BTC, ("batch", "length", "embed"))
 
         bias_BHTT = (None if self.relative_bias is None
-                     else self.relative_bias(positions_BT, positions_BT))
+                     else self.relative_bias(positions_BT, every_key(positions_BT)))
         x_BTC, _ = self.stack(x_BTC, positions=positions_BT, mask=mask, bias=bias_BHTT,
                               deterministic=deterministic)
         return x_BTC

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from transformers_jax.config import ModelConfig
+from transformers_jax.nn.attention import every_key
 from transformers_jax.nn.kvcache import KVCache, init_cache, plan_step
 from transformers_jax.nn.layers import Embedder, LMHead
 from transformers_jax.nn.masks import build_mask
@@ -70,7 +71,8 @@ class GPT(nn.Module):
                           q_segments=segment_ids, kv_segments=segment_ids,
                           aligned=positions is None)
         positions_BT = encoding_positions(self, cfg, positions_BT, deterministic, segment_ids)
-        bias_BHTT = self._bias(positions_BT, positions_BT)
+        # the bias of these queries against every key (all shards' when the sequence is split)
+        bias_BHTT = self._bias(positions_BT, every_key(positions_BT))
 
         x_BTC = self.embed(tokens_BT, positions_BT)
         # A zero "perturbation" hook: lets tests take gradients w.r.t. the embedded inputs.

@@ -4,8 +4,8 @@ and scan over layers live in ``nn/stack.py``).
 ``make_trainer(strategy, model, optimizer, example_batch, mesh="data=4,fsdp=2,tensor=1")``
 gives the steps of one strategy (``single``, ``pmap``, ``shard_map``, ``jit``); all of them
 compute the same update as one device on the same global batch. A ``context`` mesh axis
-(``mesh="data=2,context=4"``, strategy ``jit``) splits sequences, attention crossing the
-shards by an all-gather of keys/values or a ring (``parallel/context.py``).
+(``mesh="data=2,context=4"``, strategy ``jit`` or ``shard_map``) splits sequences, attention
+crossing the shards by an all-gather of keys/values or a ring (``parallel/context.py``).
 ``stack_seeds(trainer, S)`` steps S seeds of a ``single`` trainer as one program
 (``parallel/seeds.py``).
 """

@@ -22,6 +22,17 @@ gives each device its queries ``[b, q, h, D]`` and keys/values ``[b, k, n, D]``,
   time; the block maths is this module's (the configured kernel is not used); or
 - ``ring_zigzag``: the ring, with the queries in zigzag order (below).
 
+Under the ``shard_map`` strategy the step itself is mapped over the mesh, and the model is
+traced on each device's shard ``[b, T/c]`` of the batch. The trainer gives the shard its
+global positions (``shard_batch``), so every position hook and the mask see what one device
+sees; ``local_attention_hook`` runs the same body as the jit hook's ``shard_map``
+(``attend_shards``: ring or all-gather) directly on the local q, k, v; and a bias scheme
+builds its bias against every key's positions, gathered by ``gather_keys`` when the model asks
+``nn.attention.every_key``, so a device's bias is ``[.., q, K]`` as under jit. What a shard
+cannot compute is refused by ``check_context`` (``shard_refusal``): a scheme whose positions
+depend on the whole sequence (``PositionScheme.shard_refusal``: randomized draws, a RoPE
+scaling of the window's length), a recurrent or an encoder-decoder family.
+
 The mask is rebuilt on each device from positions (an ``AttentionMask``'s causal, window and
 prefix rules, padding, segments), never from array indices, so what a query sees does not
 depend on where its keys live. A dense boolean mask and the bias, ``[.., q, K]`` per device,
@@ -85,9 +96,12 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from transformers_jax.backends.generic import varying_axes
 from transformers_jax.config import CONTEXT_ATTENTION, ConfigError
-from transformers_jax.nn.attention.api import AttentionHook, as_4d, group_heads
+from transformers_jax.models import family_of
+from transformers_jax.nn.attention.api import AttentionHook, KeyShards, as_4d, group_heads
 from transformers_jax.nn.masks import AttentionMask
+from transformers_jax.parallel.mesh import CONTEXT_AXIS
 from transformers_jax.parallel.rules import (
     LOGICAL_RULES,
     LogicalRules,
@@ -95,7 +109,8 @@ from transformers_jax.parallel.rules import (
     length_axes,
 )
 
-__all__ = ["CONTEXT_ATTENTION", "METHODS", "attention_hook", "check_context", "method_refusal"]
+__all__ = ["CONTEXT_ATTENTION", "METHODS", "attend_shards", "attention_hook", "check_context",
+           "gather_keys", "local_attention_hook", "method_refusal", "shard_batch", "shard_refusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,21 +129,22 @@ assert tuple(METHODS) == CONTEXT_ATTENTION, "config.CONTEXT_ATTENTION lists METH
 
 
 def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch: Mapping,
-                  attention: Any, method: str) -> None:
+                  config: Any, method: str) -> None:
     """Refuse, with the reason and the fix, what context parallelism cannot run: a strategy
-    other than ``jit``, a sequence that does not split evenly, a kernel the gathered keys
-    would misuse. Nothing to check on a mesh without a context axis."""
+    other than ``jit`` or ``shard_map``, a sequence that does not split evenly, a kernel the
+    gathered keys would misuse, a model (``config``) that ``shard_map`` cannot run on a shard
+    of its sequence. Nothing to check on a mesh without a context axis."""
     if method not in CONTEXT_ATTENTION:
         raise ConfigError(f"train.context_attention={method!r}: valid choices: "
                           f"{', '.join(CONTEXT_ATTENTION)}")
     ways = context_parallel_size(mesh, rules)
     if ways == 1:
         return
-    if strategy != "jit":
+    if strategy not in ("jit", "shard_map"):
         raise ConfigError(
             f"train.strategy={strategy!r} cannot split sequences: context parallelism "
-            f"(context={ways} in the mesh) runs under train.strategy=jit; use it, or a mesh "
-            "with context=1")
+            f"(context={ways} in the mesh) runs under train.strategy=jit or shard_map; use "
+            "one of them, or a mesh with context=1")
     for key, value in example_batch.items():
         shape = jnp.shape(value)
         if len(shape) >= 2 and shape[1] % ways:
@@ -142,9 +158,29 @@ def check_context(strategy: str, mesh: Mesh, rules: LogicalRules, example_batch:
                 f"has length {shape[1]}, which does not split into {2 * ways} zigzag chunks; "
                 f"use a sequence length that is a multiple of {2 * ways} (train.seq_len), or "
                 "train.context_attention=ring")
-    refusal = method_refusal(attention, method)
+    refusal = method_refusal(config.attention, method)
     if refusal:
         raise ConfigError(refusal)
+    refusal = shard_refusal(config) if strategy == "shard_map" else None
+    if refusal:
+        raise ConfigError(f"train.strategy='shard_map' with context={ways}: {refusal}; use "
+                          "train.strategy=jit (global arrays: it computes this as one device "
+                          "does), or a mesh with context=1")
+
+
+def shard_refusal(config: Any) -> str | None:
+    """Why the ``shard_map`` strategy cannot run the model of ``config`` on one device's shard
+    of each sequence (None when it can): the model sees only its shard, so a family that
+    reads the sequence otherwise than by attention, or a position scheme that needs the whole
+    sequence (``PositionScheme.shard_refusal``), is refused."""
+    family = family_of(config)
+    if family.recurrent:
+        return (f"family={config.family} reads the sequence through a recurrent state, which "
+                "one shard cannot start from")
+    if family.cross_attention:
+        return (f"family={config.family} attends across two sequences (source and target), "
+                "and this splits one")
+    return config.position.shard_refusal(config)
 
 
 def method_refusal(attention: Any, method: str) -> str | None:
@@ -174,6 +210,49 @@ def attention_hook(mesh: Mesh, rules: LogicalRules = LOGICAL_RULES,
                           scale=scale, logit_softcap=logit_softcap)
 
     return hook
+
+
+def local_attention_hook(method: str, ways: int, axis: str = CONTEXT_AXIS) -> AttentionHook:
+    """The ``nn.attention.across_shards`` hook of a step already mapped over ``axis`` (the
+    ``shard_map`` strategy): q, k, v, the mask and its positions are this device's shard of
+    the sequence, a bias this shard's queries against every key (the model builds it from
+    ``every_key`` positions, which ``gather_keys`` gathers), and ``attend_shards`` computes
+    the queries against every device's keys."""
+
+    def hook(impl, q, k, v, *, bias, mask, scale, logit_softcap):
+        k_len = k.shape[1] * ways
+        if bias is not None and as_4d(bias).shape[3] not in (1, k_len):
+            raise ValueError(f"a bias of {as_4d(bias).shape[3]} keys across {ways} sequence "
+                             f"shards of {k.shape[1]}: build it against every key's positions "
+                             "(nn.attention.every_key)")
+        if mask is not None and not isinstance(mask, AttentionMask):
+            raise ValueError("a dense mask across sequence shards under shard_map: build an "
+                             "AttentionMask from positions (nn.masks.build_mask), or use "
+                             "train.strategy=jit")
+        return attend_shards(impl, method, q, k, v, None if bias is None else as_4d(bias), mask,
+                             axis=axis, ways=ways, scale=scale, logit_softcap=logit_softcap)
+
+    return hook
+
+
+def gather_keys(ways: int, axis: str = CONTEXT_AXIS) -> KeyShards:
+    """How ``every_key`` answers in a step mapped over ``axis``: a per-key array ``[b, k]`` of
+    every shard, ``[b, K]`` in sequence order."""
+    return KeyShards(lambda x_bk: lax.all_gather(x_bk, axis, axis=1, tiled=True), ways)
+
+
+def shard_batch(batch: Mapping, ways: int, axis: str = CONTEXT_AXIS) -> dict:
+    """Inside a map over ``axis``: this device's shard ``[b, T/c]`` of a batch, with the
+    global positions of its tokens. A batch that carries positions (packed rows restarting
+    them) keeps them; otherwise the shard's tokens are numbered from where it starts,
+    ``axis_index * T/c``, so that position schemes and masks see what one device sees (the
+    model numbers from 0 only when given no positions)."""
+    if ways == 1 or "positions" in batch:
+        return dict(batch)
+    b, t = jnp.shape(batch["inputs"])[:2]
+    start = lax.axis_index(axis) * t
+    positions_bt = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+    return {**batch, "positions": positions_bt}
 
 
 def _split(logical: str, size: int, mesh: Mesh, rules: LogicalRules):
@@ -224,26 +303,35 @@ def _attention(impl, method, mesh, rules, axis, ways, q, k, v, *, bias, mask, sc
     else:
         mask_spec = None
 
-    how = METHODS[method]
-    # zigzag needs 2c query chunks and 2 key tiles per block; another length (an evaluation
-    # at a length that splits c ways only) takes the contiguous ring: the same numbers
-    zigzag = how.zigzag and q_len % (2 * ways) == 0 and k_len % (2 * ways) == 0
-
     def local(q, k, v, bias, mask):
-        if how.ring:
-            return ring_attention(q, k, v, bias, mask, axis=axis, ways=ways, zigzag=zigzag,
-                                  scale=scale, logit_softcap=logit_softcap)[0]
-        k, v = (lax.all_gather(x, axis, axis=1, tiled=True) for x in (k, v))
-        if isinstance(mask, AttentionMask):
-            mask = _with_keys(mask, *(None if x is None else
-                                      lax.all_gather(x, axis, axis=1, tiled=True)
-                                      for x in _key_side(mask)))
-        return impl.attend(q, k, v, bias=bias, mask=mask, scale=scale,
-                           logit_softcap=logit_softcap)
+        return attend_shards(impl, method, q, k, v, bias, mask, axis=axis, ways=ways,
+                             scale=scale, logit_softcap=logit_softcap)
 
     return jax.shard_map(local, in_specs=(q_spec, kv_spec, kv_spec, bias_spec, mask_spec),
                          out_specs=q_spec, check_vma=impl.typed_under_shard_map)(
         q, k, v, bias, mask)
+
+
+def attend_shards(impl, method: str, q, k, v, bias, mask, *, axis, ways: int, scale: float,
+                  logit_softcap=None):
+    """Inside a map over ``axis`` (c = ``ways`` devices): one device's queries ``[b, q, h, D]``
+    against the keys/values of every device ``[b, k, n, D]`` by ``method``, the body both
+    strategies run (``jit``: in the ``shard_map`` of ``attention_hook``; ``shard_map``: in
+    the step itself, ``local_attention_hook``). A bias or dense mask has this device's query
+    rows and every key ``[.., q, K]``; an ``AttentionMask`` this device's positions."""
+    how = METHODS[method]
+    if how.ring:
+        # zigzag needs 2 query chunks and 2 key tiles per shard; another length (an evaluation
+        # at a length that splits c ways only) takes the contiguous ring: the same numbers
+        zigzag = how.zigzag and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0
+        return ring_attention(q, k, v, bias, mask, axis=axis, ways=ways, zigzag=zigzag,
+                              scale=scale, logit_softcap=logit_softcap)[0]
+    k, v = (lax.all_gather(x, axis, axis=1, tiled=True) for x in (k, v))
+    if isinstance(mask, AttentionMask):
+        mask = _with_keys(mask, *(None if x is None else
+                                  lax.all_gather(x, axis, axis=1, tiled=True)
+                                  for x in _key_side(mask)))
+    return impl.attend(q, k, v, bias=bias, mask=mask, scale=scale, logit_softcap=logit_softcap)
 
 
 def ring_attention(q, k, v, bias, mask, *, axis, ways: int, zigzag: bool, scale: float,
@@ -303,6 +391,17 @@ def _from_zigzag(x, dim: int, *, axis, ways: int):
     return jnp.concatenate([lo, hi], dim)
 
 
+def _vary_like(x, like):
+    """``x`` marked as varying over every mesh axis ``like`` varies over. A bias the same on
+    several devices (made from positions alone) meets the scores inside ``lax.cond``, where
+    the transpose of the implicit cast, a psum, would run only on the devices whose tile is
+    visible, and the others would never join it; cast here, the psum runs on all."""
+    if x is None:
+        return x
+    missing = tuple(sorted(varying_axes(like) - varying_axes(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
 def _key_side(mask: AttentionMask) -> tuple:
     """The parts of a mask that follow the keys: positions, padding, segment ids."""
     return mask.kv_positions, mask.kv_valid, mask.kv_segments
@@ -331,6 +430,7 @@ def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap,
     b, q_len, h, d = q.shape
     k_len, n = k.shape[1], k.shape[2]
     parts = 2 if zigzag else 1
+    bias = _vary_like(bias, q)
     qp, kp = q_len // parts, k_len // parts
     me = lax.axis_index(axis)
     hop = [(i, (i + 1) % ways) for i in range(ways)]

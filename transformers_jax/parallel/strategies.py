@@ -11,11 +11,18 @@ optimizer update. What differs is who holds what:
 - ``pmap``: state replicated on every local device, the batch split ``[devices, b, T]``; each
   device differentiates its weighted loss *sum*, and one ``lax.psum`` adds sums and gradients.
 - ``shard_map``: the same data parallelism written over a mesh axis. With ``check_vma=True``
-  (the default) a replicated (``P()``) input's gradient is already summed over the mapped axis,
+  (the default) a replicated (``P()``) input's gradient is already summed over the mapped axes,
   so the pmap idiom ``pmean(grads)`` would give N times the gradient. We differentiate the
   global loss ``psum(local sum)`` instead and let JAX insert the one all-reduce. An attention
   implementation whose kernel has no varying-axis types (``typed_under_shard_map=False``:
   Pallas) runs with ``check_vma=False`` and the pmap idiom (local gradient sums, one psum).
+  A ``context`` axis (``data=D,context=C``) also splits the sequence: every batch array
+  ``[B, T, ...]`` maps as ``P(data, context)``, so each device holds ``[b, T/C]``; the step
+  gives the shard its tokens' global positions (``context.shard_batch``) and, while it is
+  traced, routes the model's attention to ``context.local_attention_hook`` (the ring or
+  all-gather body on the local q, k, v) and its bias's key positions to an all-gather
+  (``nn.attention.every_key``). The sums, and so the gradient, go over ``data`` and
+  ``context`` together: the same global loss, the same single all-reduce.
 - ``jit``: global arrays on a ``data x fsdp x context x tensor`` mesh. Parameters and optimizer
   state are placed by the logical-axis rules (``rules.LOGICAL_RULES``): FSDP shards them over
   ``fsdp``, tensor parallelism splits heads, MLP width and vocabulary over ``tensor``;
@@ -35,9 +42,9 @@ pieces that XLA:CPU runs side by side on its threads (no memory saved). They are
 backend's (``backends/cpu.py``): a mesh of other devices refuses g > 1.
 
 Dropout: the key is split from ``state.rng`` as ``train.step`` does; pmap and shard_map fold in
-the device index, micro-batches and row groups their index, so masks (and the draws of
-randomised position schemes) differ from a one-device run (same distribution). The "same
-numbers as one device" guarantee is for ``dropout=0``.
+the device index (shard_map: its data and context indices), micro-batches and row groups their
+index, so masks (and the draws of randomised position schemes) differ from a one-device run
+(same distribution). The "same numbers as one device" guarantee is for ``dropout=0``.
 """
 
 from __future__ import annotations
@@ -60,8 +67,14 @@ from transformers_jax import backends
 from transformers_jax.config import ConfigError
 from transformers_jax.nn.attention import across_shards
 from transformers_jax.parallel import multihost
-from transformers_jax.parallel.context import attention_hook, check_context
-from transformers_jax.parallel.mesh import make_mesh, mesh_shape
+from transformers_jax.parallel.context import (
+    attention_hook,
+    check_context,
+    gather_keys,
+    local_attention_hook,
+    shard_batch,
+)
+from transformers_jax.parallel.mesh import CONTEXT_AXIS, make_mesh, mesh_shape
 from transformers_jax.parallel.rules import (
     LOGICAL_RULES,
     LogicalRules,
@@ -249,15 +262,26 @@ def _is_host_batch(batch: dict) -> bool:
     return any(isinstance(v, np.ndarray) for v in batch.values())
 
 
+# The mesh axes a strategy that maps the step itself splits: batches, and for shard_map
+# sequences (the trainer hands each device its shard); parameters and heads need GSPMD (jit)
+_MAPPED_AXES = {"pmap": (DATA_AXIS,), "shard_map": (DATA_AXIS, CONTEXT_AXIS)}
+_WHAT_AXIS_SHARDS = {"fsdp": "parameters (fsdp)",
+                     "context": "sequences (context; train.strategy=shard_map splits them too)",
+                     "tensor": "heads/MLP (tensor)"}
+
+
 def _check_strategy_mesh(strategy: str, mesh: Mesh) -> None:
-    shape = mesh_shape(mesh)
-    others = {a: shape[a] for a in ("fsdp", "context", "tensor") if shape[a] != 1}
-    if strategy in ("pmap", "shard_map") and others:
+    allowed = _MAPPED_AXES.get(strategy)
+    if allowed is None:
+        return
+    others = {a: size for a, size in mesh_shape(mesh).items() if a not in allowed and size != 1}
+    if others:
         got = ", ".join(f"{a}={size}" for a, size in others.items())
+        form = ",".join(f"{a}={a[0].upper()}" for a in allowed)
         raise ConfigError(
-            f"train.strategy={strategy!r} is data parallel only, so the mesh must be "
-            f"'data=N' (got {got}); use train.strategy=jit to shard parameters (fsdp), "
-            "sequences (context) or heads/MLP (tensor)"
+            f"train.strategy={strategy!r} splits only {' and '.join(allowed)}, so the mesh "
+            f"must be '{form}' (got {got}); use train.strategy=jit to shard "
+            f"{', '.join(_WHAT_AXIS_SHARDS[a] for a in others)}"
         )
 
 
@@ -307,7 +331,7 @@ def make_trainer(
     elif not isinstance(mesh, Mesh):
         mesh = make_mesh(mesh)
     _check_strategy_mesh(strategy, mesh)
-    check_context(strategy, mesh, rules, example_batch, model.config.attention, context_attention)
+    check_context(strategy, mesh, rules, example_batch, model.config, context_attention)
     backends.for_devices(mesh.devices.flat).check_row_groups(groups)  # XLA:CPU's only
     check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules, groups)
     build = _pmap_trainer if strategy == "pmap" else (
@@ -492,27 +516,41 @@ def _replicate(tree: Any, devices: list) -> Any:
 
 def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
     mesh = c.mesh
-    replicated, data = NamedSharding(mesh, P()), P(DATA_AXIS)
+    replicated = NamedSharding(mesh, P())
+    ways = mesh_shape(mesh)[CONTEXT_AXIS]
+    # every value that differs between devices differs over these; sums add over them
+    axes = (DATA_AXIS, CONTEXT_AXIS) if ways > 1 else DATA_AXIS
+    hook = local_attention_hook(c.context_attention, ways) if ways > 1 else None
+
+    def spec(x) -> P:
+        """Rows over data; with a context axis, a sequence ``[B, T, ...]`` also over it."""
+        return P(DATA_AXIS, CONTEXT_AXIS) if ways > 1 and np.ndim(x) >= 2 else P(DATA_AXIS)
 
     # A kernel whose outputs carry no varying-axis types (Pallas) cannot run under
     # check_vma=True; without the check nothing is summed implicitly, so the step sums its
     # local gradients itself (the accumulation path below), as pmap does.
     checked = c.model.config.attention.typed_under_shard_map
 
-    def vary(x):  # mark a value as differing across 'data'
-        return lax.pcast(x, DATA_AXIS, to="varying") if checked else x
+    def vary(x):  # mark a value as differing across devices
+        return lax.pcast(x, axes, to="varying") if checked else x
+
+    def device_key(key):
+        """A dropout key of this device's own: its rows and, split, its part of a sequence."""
+        key = jax.random.fold_in(key, lax.axis_index(DATA_AXIS))
+        return jax.random.fold_in(key, lax.axis_index(CONTEXT_AXIS)) if ways > 1 else key
 
     def train_step(state, batch):
         rng, dropout_rng = split_rng(state.rng)
-        dropout_rng = jax.random.fold_in(dropout_rng, lax.axis_index(DATA_AXIS))
+        dropout_rng = device_key(dropout_rng)
+        batch = shard_batch(batch, ways)
         if c.grad_accum == 1 and c.groups == 1 and checked:
             # Differentiate the *global* loss sum. The parameters are replicated (P()), so with
             # check_vma=True the transpose of their implicit broadcast already sums the
-            # gradient over 'data': no pmean/psum of gradients (that would count N times).
+            # gradient over the mesh: no pmean/psum of gradients (that would count N times).
             def global_sum(p):
                 local = weighted_sums(c.model, p, batch, deterministic=False, rng=dropout_rng,
                                       objective=c.objective)
-                sums, weight = lax.psum(local, DATA_AXIS)
+                sums, weight = lax.psum(local, axes)
                 return sums["loss"], (sums, weight)
 
             (_, (sums, weight)), grads = jax.value_and_grad(global_sum, has_aux=True)(
@@ -526,31 +564,40 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
                 c.model, local_params, batch, dropout_rng, c.grad_accum, objective=c.objective,
                 vary=vary, groups=c.groups,
             )
-            sums, weight, grads = lax.psum((sums, weight, grads), DATA_AXIS)
+            sums, weight, grads = lax.psum((sums, weight, grads), axes)
         return apply_update(c.optimizer, state, rng, sums, weight, grads, c.schedule)
 
     def eval_step(params, batch):
-        sums = weighted_sums(c.model, params, batch, deterministic=True, objective=c.objective)
-        return finish_metrics(*lax.psum(sums, DATA_AXIS))
+        sums = weighted_sums(c.model, params, shard_batch(batch, ways), deterministic=True,
+                             objective=c.objective)
+        return finish_metrics(*lax.psum(sums, axes))
 
-    sm_step = jax.shard_map(train_step, mesh=mesh, in_specs=(P(), data), out_specs=(P(), P()),
-                            check_vma=checked)
-    sm_eval = jax.shard_map(eval_step, mesh=mesh, in_specs=(P(), data), out_specs=P(),
-                            check_vma=checked)
+    def mapped(fn, out_specs):
+        """``fn(state or params, batch)`` mapped over the mesh, attention crossing the
+        sequence shards (when split) through ``hook``; the batch's specs follow its arrays'
+        ranks, so any batch keys map."""
+        def run(first, batch):
+            with across_shards(hook, gather_keys(ways) if ways > 1 else None):
+                return jax.shard_map(fn, mesh=mesh, in_specs=(P(), jax.tree.map(spec, batch)),
+                                     out_specs=out_specs, check_vma=checked)(first, batch)
+        return run
+
+    def shardings(batch: dict) -> dict:
+        return {k: NamedSharding(mesh, spec(v)) for k, v in batch.items()}
 
     def place_batch(batch: dict, local: bool = False) -> dict:
-        return multihost.global_batch(batch, {k: NamedSharding(mesh, data) for k in batch},
-                                      local=local)
+        return multihost.global_batch(batch, shardings(batch), local=local)
 
     def local_rows(batch_size: int) -> slice:
-        return multihost.local_rows(NamedSharding(mesh, data), (batch_size,))
+        return multihost.local_rows(NamedSharding(mesh, P(DATA_AXIS)), (batch_size,))
 
     return ParallelTrainer(
         strategy=c.strategy, mesh=mesh, grad_accum=c.grad_accum, rules=c.rules,
         init_state=lambda seed: jax.device_put(c.init(seed), replicated),
         place_state=lambda state: jax.device_put(state, replicated),
         place_batch=place_batch, local_rows=local_rows, unreplicate=lambda state: state,
-        _train_step=jax.jit(sm_step, donate_argnums=c.donate), _eval_step=jax.jit(sm_eval),
+        _train_step=jax.jit(mapped(train_step, (P(), P())), donate_argnums=c.donate),
+        _eval_step=jax.jit(mapped(eval_step, P())),
         abstract_state=lambda: _with_shardings(_abstract_init(c, mesh), replicated),
-        batch_shardings=lambda batch: {k: NamedSharding(mesh, data) for k in batch},
+        batch_shardings=shardings,
     )

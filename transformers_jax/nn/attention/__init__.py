@@ -52,6 +52,7 @@ _EXPORTS = {
     "across_shards": "transformers_jax.nn.attention.api",
     "attend_to_cache": "transformers_jax.nn.attention.api",
     "dot_product_attention": "transformers_jax.nn.attention.api",
+    "every_key": "transformers_jax.nn.attention.api",
     "AttentionImpl": "transformers_jax.nn.attention.implementations",
     "Chunked": "transformers_jax.nn.attention.implementations",
     "Cudnn": "transformers_jax.nn.attention.implementations",

@@ -33,17 +33,44 @@ _HOOK: contextvars.ContextVar[AttentionHook | None] = contextvars.ContextVar(
     "transformers_jax_attention_hook", default=None)
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyShards:
+    """How a model traced on one device's shard of the sequence (the shard_map strategy) sees
+    every key: ``gather`` takes a per-key array ``[B, k]`` (positions) to ``[B, K]`` in
+    sequence order, K = ``count`` x k."""
+
+    gather: Callable[[jax.Array], jax.Array]
+    count: int
+
+
+_KEYS: contextvars.ContextVar[KeyShards | None] = contextvars.ContextVar(
+    "transformers_jax_key_shards", default=None)
+
+
 @contextlib.contextmanager
-def across_shards(hook: AttentionHook | None) -> Iterator[None]:
+def across_shards(hook: AttentionHook | None,
+                  keys: KeyShards | None = None) -> Iterator[None]:
     """While tracing inside this context, ``dot_product_attention`` hands its checked inputs to
-    ``hook`` instead of calling the implementation (None: no hook). The parallel layer enters
-    it with the mesh (``parallel.strategies.mesh_rules``) when the sequence is split over
-    devices; nothing in ``nn/`` or ``models/`` sets it."""
-    token = _HOOK.set(hook)
+    ``hook`` instead of calling the implementation (None: no hook), and ``every_key`` gathers
+    by ``keys`` (None: the sequence is whole on every device, or global arrays). The parallel
+    layer enters it with the mesh (``parallel.strategies.mesh_rules``) or inside its mapped
+    step when the sequence is split over devices; nothing in ``nn/`` or ``models/`` sets it."""
+    token, keys_token = _HOOK.set(hook), _KEYS.set(keys)
     try:
         yield
     finally:
         _HOOK.reset(token)
+        _KEYS.reset(keys_token)
+
+
+def every_key(x_BK: jax.Array) -> jax.Array:
+    """A per-key array ``[B, K]`` (the key positions a bias is built from) over all the keys
+    attention will see: itself, unless the model is traced on one device's shard of the
+    sequence, where the parallel layer gathers the shards (``across_shards``). A bias of the
+    shard's queries against ``every_key`` positions is ``[.., Q, K]`` with the keys whole, the
+    layout the hook slices."""
+    keys = _KEYS.get()
+    return x_BK if keys is None else keys.gather(x_BK)
 
 
 def dot_product_attention(
@@ -77,7 +104,9 @@ def dot_product_attention(
         impl = ATTENTION.get(impl)()
         if chunk_size is not None and hasattr(impl, "chunk_size"):
             impl = dataclasses.replace(impl, chunk_size=chunk_size)
-    check_inputs(q, k, v, bias, mask, logit_softcap)
+    keys = _KEYS.get()  # a bias covers every shard's keys (every_key)
+    check_inputs(q, k, v, bias, mask, logit_softcap,
+                 bias_keys=None if keys is None else keys.count * k.shape[1])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     hook = _HOOK.get()
     if hook is not None:  # the sequence is split over devices (parallel/context.py)
@@ -144,7 +173,7 @@ def attend_to_cache(
 # Input checks and the bias/mask layout shared by the implementations
 
 
-def check_inputs(q, k, v, bias, mask, logit_softcap) -> None:
+def check_inputs(q, k, v, bias, mask, logit_softcap, *, bias_keys: int | None = None) -> None:
     """Raise a ValueError (a TypeError for a non-boolean mask) unless q, k, v, the bias and the
     mask are what ``dot_product_attention`` takes."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
@@ -165,7 +194,8 @@ def check_inputs(q, k, v, bias, mask, logit_softcap) -> None:
         raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     target = (b, h, q_len, k_len)
     if bias is not None:
-        _check_broadcastable(bias, target, "bias")
+        _check_broadcastable(bias, target if bias_keys is None else target[:3] + (bias_keys,),
+                             "bias")
     if isinstance(mask, AttentionMask):
         if mask.q_positions.shape[0] not in (1, b) or (mask.q_len, mask.kv_len) != (q_len, k_len):
             raise ValueError(

@@ -22,6 +22,9 @@ role)``                  keys (``role="key"``) before the dot product
 ``train_positions(rng,   the layer stack in training: the positions the other  randomized
 pos)``                   hooks see (masks keep the real ones)
 ``eval_positions(pos)``  the same outside training (no RNG: fixed by a seed)   randomized
+``shard_refusal(cfg)``   the shard_map strategy with a context axis: why the   randomized,
+                         hooks cannot run on a shard of the sequence, or None  rope (a rule
+                                                                               of the window)
 ``cacheable``            whether KV-cache decoding can reproduce a forward     (all but
                          pass (checked when a cache is made)                   sampled eval)
 ``max_length(cfg)``      config checks, sampling, data: longest input or None  learned
@@ -101,6 +104,13 @@ class PositionScheme(Switch):
                        segment_ids: jax.Array | None = None) -> jax.Array:
         """The positions the hooks see outside training (the real ones by default)."""
         return positions_BT
+
+    def shard_refusal(self, config: Any) -> str | None:
+        """Why the hooks cannot run on one device's shard of a sequence, given that shard's
+        global positions (``train.strategy=shard_map`` with a ``context`` axis), or None. Every
+        hook that reads positions token by token can; a bias module is given every key's
+        positions (``nn.attention.every_key``)."""
+        return None
 
     @property
     def cacheable(self) -> bool:

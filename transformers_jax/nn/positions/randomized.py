@@ -145,6 +145,10 @@ class Randomized(PositionScheme):
         return sample_positions(jax.random.key(self.eval_seed), positions_BT, self.max_position,
                                 segment_ids)
 
+    def shard_refusal(self, config: Any) -> str | None:
+        return ("position=randomized draws the positions of each sequence as a whole, which "
+                "one shard of it cannot reproduce")
+
     @property
     def cacheable(self) -> bool:
         return self.evaluate == "real"

@@ -56,6 +56,14 @@ class Rope(PositionScheme):
                 "choose an even head_dim or change position.fraction")
         self.scaling.check(config)
 
+    def shard_refusal(self, config: Any) -> str | None:
+        # a rule that decodes otherwise than it runs on a window reads the window's length,
+        # which one shard of it does not know
+        if self.scaling.as_decoded() != self.scaling:
+            return (f"position.scaling={self.scaling.name} takes its length from the whole "
+                    "window, which one shard does not see")
+        return None
+
     def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
                role: Role) -> jax.Array:
         return apply_rope(x_BTHD, positions_BT, self, self.rotary_dim(config))
