@@ -169,6 +169,15 @@ def test_refusals_name_what_works():
         make_trainer("shard_map", lstm, optax.sgd(0.1), batch, mesh="data=2,context=4")
 
 
+def test_a_length_that_does_not_split_is_refused_with_the_fix():
+    trainer = make_trainer("shard_map", build_model(GPT), optax.sgd(0.1), _batch(),
+                           mesh="data=2,context=4")
+    odd = {k: v[:, :30] for k, v in _batch().items()}  # 30 tokens a row over 4 shards
+    with pytest.raises(ConfigError, match=r"batch\['inputs'\] has rows of 30 tokens, which do "
+                       r"not split into context=4 .*a multiple of 4"):
+        trainer.eval_step(trainer.init_state(0).params, odd)
+
+
 def _cli_losses(run_dir, *flags) -> list[float]:
     """``tjax train`` in this process (8 fake devices): the train and eval losses it logs."""
     import json

@@ -270,6 +270,18 @@ _WHAT_AXIS_SHARDS = {"fsdp": "parameters (fsdp)",
                      "tensor": "heads/MLP (tensor)"}
 
 
+def _check_splits(batch: dict, ways: int) -> None:
+    """Under shard_map each device takes 1/ways of every row: a length that does not split
+    is refused here, with the fix, rather than deep inside the map."""
+    for key, x in batch.items():
+        if ways > 1 and np.ndim(x) >= 2 and np.shape(x)[1] % ways:
+            raise ConfigError(
+                f"batch[{key!r}] has rows of {np.shape(x)[1]} tokens, which do not split into "
+                f"context={ways} equal shards under train.strategy='shard_map'; use a length "
+                f"that is a multiple of {ways} (train.seq_len, or the evaluation length), or "
+                "train.strategy=jit, which takes any length")
+
+
 def _check_strategy_mesh(strategy: str, mesh: Mesh) -> None:
     allowed = _MAPPED_AXES.get(strategy)
     if allowed is None:
@@ -577,6 +589,7 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
         sequence shards (when split) through ``hook``; the batch's specs follow its arrays'
         ranks, so any batch keys map."""
         def run(first, batch):
+            _check_splits(batch, ways)
             with across_shards(hook, gather_keys(ways) if ways > 1 else None):
                 return jax.shard_map(fn, mesh=mesh, in_specs=(P(), jax.tree.map(spec, batch)),
                                      out_specs=out_specs, check_vma=checked)(first, batch)
@@ -586,6 +599,7 @@ def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
         return {k: NamedSharding(mesh, spec(v)) for k, v in batch.items()}
 
     def place_batch(batch: dict, local: bool = False) -> dict:
+        _check_splits(batch, ways)
         return multihost.global_batch(batch, shardings(batch), local=local)
 
     def local_rows(batch_size: int) -> slice:
