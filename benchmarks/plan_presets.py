@@ -73,24 +73,37 @@ def row(name: str, target_name: str, attention: str) -> dict:
 def replan(old: dict) -> dict:
     """A row of an earlier run planned again on its chosen mesh and remat (no search): the
     per-operation roofline's step time, MFU, bound and split; the earlier whole-program
-    figures stay under ``whole_program``."""
+    figures stay under ``whole_program``. Where the compiler now refuses that remat (a row
+    at the edge of HBM), the next policy of the search's order is planned, as ``--search``
+    would."""
     if not old.get("fits"):
         return old
     target = tpu_target(old["target"])
     argv = [a for a in old["command"].split()[5:] if a.startswith("--") and a not in (
         "--search", "--no-decode", "--preset", "--search-meshes")]
-    argv = ["--preset", old["config"], *[a for a in argv if "=" in a],
-            f"--train.mesh={old['mesh']}", f"--model.remat={old['remat']}"]
-    model_cfg, cfg = build_configs(argv)
     wall = time.perf_counter()
-    got = plan(model_cfg, cfg, target, decode=False)["train"]
+    refused = []
+    for remat in DEFAULT_REMATS[DEFAULT_REMATS.index(old["remat"]):]:
+        model_cfg, cfg = build_configs(["--preset", old["config"], *[a for a in argv if "=" in a],
+                                        f"--train.mesh={old['mesh']}", f"--model.remat={remat}"])
+        got = plan(model_cfg, cfg, target, decode=False)["train"]
+        if got["roofline"] is not None:
+            break
+        refused.append(f"{remat}: {got['memory'].get('compiler', '')[:120]}")
+    else:
+        return {**old, "replan_refused": "; ".join(refused),
+                "replan_s": time.perf_counter() - wall}
     line = got["roofline"]
     keep = ("step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound", "tokens_per_s")
-    return {**old, "whole_program": {k: old[k] for k in keep if k in old},
-            "step_s": line["step_s"], "mfu": line["mfu"],
-            "mfu_causal_half": line["mfu_causal_half"], "bound": line["bound"],
-            "split": line["split"], "top_ops": line["top_ops"][:3],
-            "tokens_per_s": got["tokens_per_s"], "replan_s": time.perf_counter() - wall}
+    out = {**old, "whole_program": {k: old[k] for k in keep if k in old},
+           "step_s": line["step_s"], "mfu": line["mfu"],
+           "mfu_causal_half": line["mfu_causal_half"], "bound": line["bound"],
+           "split": line["split"], "top_ops": line["top_ops"][:3],
+           "tokens_per_s": got["tokens_per_s"], "replan_s": time.perf_counter() - wall}
+    if refused:  # planned with a costlier remat than the search chose
+        out.update(remat=remat, bytes_per_chip=got["memory"]["total_bytes"]
+                   * target.devices_per_chip, replan_refused_remats=refused)
+    return out
 
 
 def _gib(n: float) -> str:
@@ -135,6 +148,11 @@ def table(path: str) -> str:
                        "remat) ||||||||")
             continue
         memory = f"{_gib(r['bytes_per_chip'])} ({_gib(r['hbm_per_chip'])})"
+        if "replan_refused" in r:  # fitted when searched, refused when compiled again
+            out.append(f"| {r['config']} | {where} | {shape} | **no** when re-planned on "
+                       f"`{r['mesh']}`, any remat: {r['replan_refused'][:70]} | | | | | "
+                       f"| | | {100 * r['mfu']:.0f}% |")
+            continue
         if "split" not in r:  # planned before the per-operation roofline, not re-planned
             out.append(f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | "
                        f"{r['remat']} | {memory} | | not re-planned | | | "
@@ -142,8 +160,10 @@ def table(path: str) -> str:
             continue
         mfu = f"{100 * r['mfu']:.0f}%" + (f" (±{error:.0f})" if error is not None else "")
         before = r.get("whole_program", {}).get("mfu")
+        remat = r["remat"] + (" (the search's cheaper policy refused on re-planning)"
+                              if r.get("replan_refused_remats") else "")
         out.append(
-            f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | {r['remat']} | "
+            f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | {remat} | "
             f"{memory} | {r['step_s']:.3f} | {mfu} | {r['bound']} | "
             f"{r['tokens_per_s']:,.0f} | {'' if before is None else f'{100 * before:.0f}%'} |")
     return "\n".join(out)
@@ -169,7 +189,8 @@ def main() -> int:
             rows = [json.loads(line) for line in f if line.strip()]
         for i, old in enumerate(rows):
             if (args.only and old["config"] not in args.only.split(",")) or (
-                    old.get("target") not in args.targets.split(",")) or "split" in old:
+                    old.get("target") not in args.targets.split(",")) or "split" in old or (
+                    "replan_refused" in old):
                 continue
             rows[i] = replan(old)
             print(json.dumps({k: rows[i].get(k) for k in ("config", "target", "mfu", "bound")}),
