@@ -108,6 +108,32 @@ def test_the_neutral_calls_are_the_plain_maths_for_a_tpu_and_the_cpu_rules_here(
 
 
 @needs_libtpu
+def test_the_activation_runs_in_float32_on_the_cpu_only(tpu_mesh):
+    """The MLP's activation: XLA:CPU gets it in float32, rounded back once; the TPU program
+    keeps the compute dtype (a float32 copy of the hidden would be kept for the backward)."""
+    x = jnp.linspace(-3, 3, 64, dtype=jnp.bfloat16).reshape(8, 8)
+
+    def gelu(x):  # tanh-shaped, in the input's dtype (jax.nn.gelu converts a constant itself)
+        return x * (1 + jnp.tanh(x)) / 2
+
+    def float32_hidden() -> bool:  # a float32 array of the hidden's shape in fwd or bwd
+        def backward(x):  # forward and backward, a cotangent in the compute dtype
+            out, pull = jax.vjp(lambda x: backends.elementwise(gelu, x), x)
+            return pull(jnp.ones_like(out))
+
+        jaxpr = jax.make_jaxpr(backward)(x)
+        return any(v.aval.dtype == jnp.float32 and v.aval.shape == x.shape
+                   for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars)
+
+    here = backends.elementwise(gelu, x)
+    assert here.dtype == jnp.bfloat16 and float32_hidden()
+    np.testing.assert_array_equal(here, gelu(x.astype(jnp.float32)).astype(jnp.bfloat16))
+    with jax.set_mesh(tpu_mesh):  # traced only: this host runs no TPU program
+        assert not float32_hidden()
+    np.testing.assert_array_equal(Backend("tpu").elementwise(gelu, x), gelu(x))
+
+
+@needs_libtpu
 def test_the_cache_write_is_tied_to_the_read_on_the_cpu_only(tpu_mesh):
     kv = (jnp.ones((1, 2, 1, 4)), jnp.full((1, 2, 1, 4), 2.0))
     read = jnp.array([[jnp.nan, 1.0]])

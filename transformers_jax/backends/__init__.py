@@ -10,6 +10,9 @@ programs get; what XLA:CPU gets instead is in ``cpu.py``:
 - ``matmul(x, w)``, ``matmul_transposed(x, w)`` (``Dense``, the tied output layer): a
   ``dot_general`` with float32 sums. CPU: the same product with custom gradients (the kernel
   gradient in its faster orientation; below float32, operands kept in the compute dtype).
+- ``elementwise(fn, *xs)`` (the MLP's activation): ``fn(*xs)`` in the compute dtype. CPU: in
+  float32, rounded back once (in bfloat16 XLA:CPU rounds after every operation; on a TPU the
+  float32 copy would be kept for the backward pass, about 20 GB more for GPT-2 XL on v5p).
 - ``materialised(x)`` (the chunked attention's k^T): ``x``. CPU: behind an optimization
   barrier, so the transpose is not folded into the product that reads it.
 - ``ordered_after(kv, out)`` (a batch-1 decoding step's cache write): ``kv``. CPU: plus a zero
@@ -49,7 +52,7 @@ _EXPORTS = {
     "Backend": "transformers_jax.backends.generic",
     "varying_axes": "transformers_jax.backends.generic",
     **{name: "transformers_jax.backends.choice" for name in (
-        "BACKENDS", "current", "for_devices", "for_platform", "matmul",
+        "BACKENDS", "current", "elementwise", "for_devices", "for_platform", "matmul",
         "matmul_transposed", "materialised", "ordered_after", "platform_compiled_for",
         "platform_of")},
 }

@@ -3,7 +3,7 @@ rule (``platform_compiled_for``), and the backend-neutral functions the model ca
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -68,6 +68,11 @@ def matmul(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
 def matmul_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
     """``x_RI @ w_OI^T`` ``[R, O]`` with float32 sums (``Backend.matmul_transposed``)."""
     return current().matmul_transposed(x_RI, w_OI)
+
+
+def elementwise(fn: Callable[..., jax.Array], *xs: jax.Array) -> jax.Array:
+    """``fn(*xs)``, an activation, in ``xs[0]``'s dtype (``Backend.elementwise``)."""
+    return current().elementwise(fn, *xs)
 
 
 def materialised(x: jax.Array) -> jax.Array:

@@ -184,6 +184,14 @@ class Cpu(Backend):
             return _product_transposed_rows_grad(x_RI, w_OI)
         return product_transposed(x_RI, w_OI)
 
+    def elementwise(self, fn: Callable[..., jax.Array], *xs: jax.Array) -> jax.Array:
+        """``fn(*xs)`` in float32, back to ``xs[0]``'s dtype once: in bfloat16 XLA:CPU rounds
+        after every operation of a GELU, forward and backward, in several passes over the
+        ``[B, T, F]`` hidden. (On a TPU the float32 copy would be kept for the backward pass:
+        generic.)"""
+        out = fn(*(x.astype(jnp.float32) for x in xs))
+        return out.astype(xs[0].dtype)
+
     def materialised(self, x: jax.Array) -> jax.Array:
         """``x`` behind an ``optimization_barrier``: XLA cannot fold it into the product."""
         return lax.optimization_barrier(x)

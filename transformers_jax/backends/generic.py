@@ -67,6 +67,12 @@ class Backend:
         """``x_RI @ w_OI^T`` in float32 (``product_transposed``), the gradients autodiff's."""
         return product_transposed(x_RI, w_OI)
 
+    def elementwise(self, fn: Callable[..., jax.Array], *xs: jax.Array) -> jax.Array:
+        """``fn(*xs)`` (an activation: elementwise, result in ``xs[0]``'s dtype), computed as
+        written, in the arrays' own dtype. A backend whose compiler rounds a lower precision
+        after every operation may compute it in float32 and round once."""
+        return fn(*xs)
+
     def materialised(self, x: jax.Array) -> jax.Array:
         """``x`` itself. A kernel hands over a transposed operand here: a backend whose
         compiler runs the product faster from a copy in that layout than with the transpose

@@ -106,15 +106,12 @@ class MLP(nn.Module):
         cfg = self.config
         kind = cfg.mlp
         h_BTF = dense(cfg, (cfg.ff_dim,), ("embed", "mlp"), "up")(x_BTC)
-        # The activation (and so its gradient) in float32, back to the compute dtype once:
-        # computed in bfloat16, XLA:CPU rounded after every op of it, forward and backward, in
-        # several passes over [B, T, F]. A no-op in float32.
-        f32 = jnp.float32
+        # the platform's way to run an activation (XLA:CPU: in float32, rounded once)
         if kind.gated:
             gate_BTF = dense(cfg, (cfg.ff_dim,), ("embed", "mlp"), "gate")(x_BTC)
-            h_BTF = (kind.activation(gate_BTF.astype(f32)) * h_BTF.astype(f32)).astype(h_BTF.dtype)
+            h_BTF = backends.elementwise(lambda h, g: kind.activation(g) * h, h_BTF, gate_BTF)
         else:
-            h_BTF = kind.activation(h_BTF.astype(f32)).astype(h_BTF.dtype)
+            h_BTF = backends.elementwise(kind.activation, h_BTF)
         h_BTF = checkpoint_name(nn.with_logical_constraint(h_BTF, ("batch", "length", "mlp")),
                                 "mlp_hidden")
         out_BTC = dense(cfg, (cfg.d_model,), ("mlp", "embed"), "down", std=residual_std(cfg))(h_BTF)
