@@ -16,6 +16,14 @@ POSITIONS = POSITION_REGISTRY.names()
 CPU_ATTENTION = [name for name, impl in ATTENTION.items() if "cpu" in impl.backends]
 
 
+def packed_rows(cut: np.ndarray, length: int) -> dict:
+    """Two documents a row, the second from ``cut[row]``: segment ids 1 and 2, and positions
+    restarting at the cut (what packing feeds the model)."""
+    seg = (np.arange(length)[None] >= cut[:, None]).astype(np.int32) + 1
+    positions = np.where(seg == 1, np.arange(length), np.arange(length) - cut[:, None])
+    return {"segment_ids": seg, "positions": positions.astype(np.int32)}
+
+
 def mask_settings(name: str, window: int = 3) -> dict:
     """The settings that make a small test of registered mask kind ``name`` meaningful: a
     window where the kind takes one."""

@@ -430,7 +430,7 @@ def test_jax_nn_paths_refuse_softcap(impl):
 def test_cudnn_masks_by_index_as_the_positions_rule(window, heads):
     """cuDNN gets a causal (or causal sliding-window) rule as is_causal/local_window_size, not
     as a dense mask; jax.nn's xla path takes the same arguments, so check them here."""
-    from transformers_jax.nn.attention.jax_nn import _jax_nn_attention, index_rule
+    from transformers_jax.nn.attention.jax_nn import index_rule
 
     q, k, v, _, _ = _random_problem(12, 8, 8, heads, "none")
     pos = jnp.broadcast_to(jnp.arange(8), (B, 8))
@@ -438,8 +438,7 @@ def test_cudnn_masks_by_index_as_the_positions_rule(window, heads):
     mask = masks.build_mask(kind, pos, pos, aligned=True)
     assert index_rule(mask, 8, 8) == {
         "is_causal": True, "local_window_size": None if window is None else (window - 1, 0)}
-    got = _jax_nn_attention(q, k, v, bias=None, mask=mask, scale=None, logit_softcap=None,
-                            implementation="xla", by_index=True)
+    got = jax.nn.dot_product_attention(q, k, v, implementation="xla", **index_rule(mask, 8, 8))
     ref = dot_product_attention(q, k, v, mask=mask, implementation="reference")
     np.testing.assert_allclose(got, ref, **TOL)
 

@@ -18,6 +18,7 @@ import optax
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from model_helpers import packed_rows
 
 from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
 from transformers_jax.nn.attention import dot_product_attention
@@ -50,10 +51,7 @@ def _batch(extra: str | None = None) -> dict:
         batch["prefix_len"] = np.array([5, 16, 30, 50], np.int32)
     if extra == "packed":
         cut = rng.integers(8, T - 8, size=B)
-        seg = (np.arange(T)[None] >= cut[:, None]).astype(np.int32) + 1
-        batch["segment_ids"] = seg
-        batch["positions"] = np.where(seg == 1, np.arange(T), np.arange(T) - cut[:, None])
-        batch["positions"] = batch["positions"].astype(np.int32)
+        batch.update(packed_rows(cut, T))
     return batch
 
 

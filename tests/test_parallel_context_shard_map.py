@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from model_helpers import packed_rows
 
 from transformers_jax import ConfigError, ModelConfig, build_model
 from transformers_jax.parallel import make_trainer
@@ -43,10 +44,7 @@ def _batch(extra: str | None = None) -> dict:
         batch["prefix_len"] = np.array([3, 9, 15, 26], np.int32)
     if extra == "packed":
         cut = np.array([5, 12, 17, 28])  # a cut inside different shards
-        seg = (np.arange(T)[None] >= cut[:, None]).astype(np.int32) + 1
-        batch["segment_ids"] = seg
-        batch["positions"] = np.where(seg == 1, np.arange(T), np.arange(T) - cut[:, None])
-        batch["positions"] = batch["positions"].astype(np.int32)
+        batch.update(packed_rows(cut, T))
     return batch
 
 
