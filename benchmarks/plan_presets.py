@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -71,19 +72,21 @@ def row(name: str, target_name: str, attention: str) -> dict:
 
 
 def replan(old: dict) -> dict:
-    """A row of an earlier run planned again on its chosen mesh and remat (no search): the
-    per-operation roofline's step time, MFU, bound and split; the earlier whole-program
-    figures stay under ``whole_program``. Where the compiler now refuses that remat (a row
-    at the edge of HBM), the next policy of the search's order is planned, as ``--search``
-    would."""
+    """A row of an earlier run planned again on its chosen mesh (no mesh search): the
+    per-operation roofline's step time, MFU, bound and split, and the memory, from a fresh
+    compile. The remat policies are tried in the search's order from the cheapest, as
+    ``--search`` does on one mesh, so a row whose policy a model change made costlier or
+    cheaper follows it; the search's own choice stays under ``searched_remat`` when it
+    differs."""
     if not old.get("fits"):
         return old
     target = tpu_target(old["target"])
     argv = [a for a in old["command"].split()[5:] if a.startswith("--") and a not in (
         "--search", "--no-decode", "--preset", "--search-meshes")]
+    searched = old.get("searched_remat", old["remat"])
     wall = time.perf_counter()
     refused = []
-    for remat in DEFAULT_REMATS[DEFAULT_REMATS.index(old["remat"]):]:
+    for remat in DEFAULT_REMATS:
         model_cfg, cfg = build_configs(["--preset", old["config"], *[a for a in argv if "=" in a],
                                         f"--train.mesh={old['mesh']}", f"--model.remat={remat}"])
         got = plan(model_cfg, cfg, target, decode=False)["train"]
@@ -94,16 +97,28 @@ def replan(old: dict) -> dict:
         return {**old, "replan_refused": "; ".join(refused),
                 "replan_s": time.perf_counter() - wall}
     line = got["roofline"]
-    keep = ("step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound", "tokens_per_s")
-    out = {**old, "whole_program": {k: old[k] for k in keep if k in old},
-           "step_s": line["step_s"], "mfu": line["mfu"],
-           "mfu_causal_half": line["mfu_causal_half"], "bound": line["bound"],
-           "split": line["split"], "top_ops": line["top_ops"][:3],
-           "tokens_per_s": got["tokens_per_s"], "replan_s": time.perf_counter() - wall}
-    if refused:  # planned with a costlier remat than the search chose
-        out.update(remat=remat, bytes_per_chip=got["memory"]["total_bytes"]
-                   * target.devices_per_chip, replan_refused_remats=refused)
+    out = {k: v for k, v in old.items() if k not in (
+        "replan_refused", "replan_refused_remats", "searched_remat", "step_s_overlapped",
+        "mfu_overlapped")}
+    out.update(remat=remat, bytes_per_chip=got["memory"]["total_bytes"] * target.devices_per_chip,
+               whole_program={k: line["whole_program"][k] for k in (
+                   "step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound")},
+               step_s=line["step_s"], mfu=line["mfu"], mfu_causal_half=line["mfu_causal_half"],
+               bound=line["bound"], split=line["split"], top_ops=line["top_ops"][:3],
+               tokens_per_s=got["tokens_per_s"], ici_bytes_per_device=got["ici_bytes_per_device"],
+               replan_s=time.perf_counter() - wall)
+    if remat != searched:
+        out["searched_remat"] = searched
     return out
+
+
+def _commit() -> str:
+    """The code's commit, recorded in each re-planned row (with "+dirty" for local edits)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+dirty" if dirty else "")
 
 
 def _gib(n: float) -> str:
@@ -160,8 +175,8 @@ def table(path: str) -> str:
             continue
         mfu = f"{100 * r['mfu']:.0f}%" + (f" (±{error:.0f})" if error is not None else "")
         before = r.get("whole_program", {}).get("mfu")
-        remat = r["remat"] + (" (the search's cheaper policy refused on re-planning)"
-                              if r.get("replan_refused_remats") else "")
+        remat = r["remat"] + (f" (search: {r['searched_remat']})" if "searched_remat" in r
+                              else "")
         out.append(
             f"| {r['config']} | {where} | {shape} | yes | `{r['mesh']}` | {remat} | "
             f"{memory} | {r['step_s']:.3f} | {mfu} | {r['bound']} | "
@@ -174,25 +189,28 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated config names")
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--skip-done", action="store_true",
-                        help="skip rows already in --out (to continue an interrupted run)")
+                        help="skip rows already in --out, or with --replan those re-planned "
+                        "at this commit (to continue an interrupted run)")
     parser.add_argument("--attention", default="pallas",
                         help="pallas (the TPU flash kernel), chunked or xla")
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
     parser.add_argument("--table", metavar="JSONL", help="print the README table of a run's "
                         "JSON lines, and nothing else")
     parser.add_argument("--replan", metavar="JSONL", help="plan again the rows of a run's "
-                        "JSON lines (--only: those presets) on their chosen mesh and remat, "
+                        "JSON lines (--only: those presets) on their chosen mesh, remat policies "
+                        "from the cheapest that fits, "
                         "with the per-operation roofline; rewrite the file")
     args = parser.parse_args()
     if args.replan:
         with open(args.replan) as f:
             rows = [json.loads(line) for line in f if line.strip()]
+        commit = _commit()
         for i, old in enumerate(rows):
             if (args.only and old["config"] not in args.only.split(",")) or (
-                    old.get("target") not in args.targets.split(",")) or "split" in old or (
-                    "replan_refused" in old):
+                    old.get("target") not in args.targets.split(",")) or (
+                    args.skip_done and old.get("replan_commit") == commit):
                 continue
-            rows[i] = replan(old)
+            rows[i] = {**replan(old), "replan_commit": commit}
             print(json.dumps({k: rows[i].get(k) for k in ("config", "target", "mfu", "bound")}),
                   flush=True)
             with open(args.replan, "w") as f:  # each row as it is done
