@@ -30,6 +30,7 @@ from transformers_jax.cli import build_configs
 from transformers_jax.plan import CHIPS, GPU_SPECS, compile_train, make_target
 from transformers_jax.plan.hlo import Module
 from transformers_jax.plan.ops import op_roofline
+from transformers_jax.sweep.provenance import code_state, describe
 from transformers_jax.train.flops import flops_per_token
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true",
@@ -311,10 +312,12 @@ def main() -> int:
             print(table(json.load(f)["runs"]))
         return 0
     rows = []
+    commit = describe(code_state())  # recorded in each row: which code planned it
     for name in args.only.split(",") if args.only else RUNS:
         env_name, flags = flags_env(RUNS[name])
         if flags and os.environ.get(env_name) != flags:
-            rows.append(in_process_with(name, env_name, flags, args.hlo_dir))
+            rows.append({**in_process_with(name, env_name, flags, args.hlo_dir),
+                         "commit": commit})
             print(json.dumps(rows[-1]), flush=True)
             continue
         try:
@@ -322,6 +325,7 @@ def main() -> int:
         except Exception as err:  # noqa: BLE001 - one failed run must not lose the others
             rows.append({"name": name, **{k: v for k, v in RUNS[name].items() if k != "argv"},
                          "error": f"{type(err).__name__}: {err}"[:500]})
+        rows[-1]["commit"] = commit
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 
 from transformers_jax.cli import build_configs
 from transformers_jax.plan import DEFAULT_REMATS, GPU_SPECS, plan, tpu_target
+from transformers_jax.sweep.provenance import code_state, describe
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true"]
 
@@ -112,15 +112,6 @@ def replan(old: dict) -> dict:
     return out
 
 
-def _commit() -> str:
-    """The code's commit, recorded in each re-planned row (with "+dirty" for local edits)."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return head + ("+dirty" if dirty else "")
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f}"
 
@@ -204,7 +195,7 @@ def main() -> int:
     if args.replan:
         with open(args.replan) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        commit = _commit()
+        commit = describe(code_state())
         for i, old in enumerate(rows):
             if (args.only and old["config"] not in args.only.split(",")) or (
                     old.get("target") not in args.targets.split(",")) or (
