@@ -90,9 +90,10 @@ def replan(old: dict) -> dict:
         model_cfg, cfg = build_configs(["--preset", old["config"], *[a for a in argv if "=" in a],
                                         f"--train.mesh={old['mesh']}", f"--model.remat={remat}"])
         got = plan(model_cfg, cfg, target, decode=False)["train"]
-        if got["roofline"] is not None:
+        if got["memory"]["fits"]:  # the compiler can accept a program larger than the HBM
             break
-        refused.append(f"{remat}: {got['memory'].get('compiler', '')[:120]}")
+        refused.append(f"{remat}: " + (got["memory"].get("compiler") or "{:.1f} GiB".format(
+            got["memory"]["total_bytes"] * target.devices_per_chip / 2**30))[:120])
     else:
         return {**old, "replan_refused": "; ".join(refused),
                 "replan_s": time.perf_counter() - wall}
