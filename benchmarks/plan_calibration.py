@@ -12,7 +12,9 @@ sequence and FSDP layout, on the largest slice of the same chip that compiles on
 per-chip work of a layer and its FSDP gathers do not depend on the slice size, the share of
 embedding and output head grows). MFU counts the model's FLOPs as the published figure does
 (``CONVENTION``: causal attention at full cost, ``mfu``, or at half, ``mfu_causal_half``).
-Compiles take minutes on 2 cores: run it alone.
+Runs whose recipe was also measured under other compiler flags (``what_if``: collective matmul
+off) are planned a second time in a process of their own. Compiles take minutes on 2 cores:
+run it alone.
 """
 
 from __future__ import annotations
@@ -73,7 +75,12 @@ LEVANTER = ("https://github.com/stanford-crfm/levanter/blob/main/docs/"
 JAX_TOOLBOX = ("https://github.com/NVIDIA/JAX-Toolbox/blob/main/docs/frameworks/maxtext/"
                "README.md")
 
-# name -> the published run and our plan of it
+# MaxText's DISABLE_COLLECTIVE_MATMUL: XLA keeps the FSDP matmuls whole instead of looping
+# over weight shards (which, on a stand-in slice, costs more than on the published one)
+COLLECTIVE_MATMUL_OFF = "--xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000"
+
+# name -> the published run and our plan of it; ``what_if``: (variable, flags) under which the
+# run is planned a second time, in a process of its own
 RUNS: dict[str, dict] = {
     "llama3.1-8b-v6e-8": dict(
         published_mfu=413.433 / 918, published_tokens_per_s=7138.89,
@@ -84,7 +91,7 @@ RUNS: dict[str, dict] = {
         target="v6e:2x4", per_device=3, seq_len=8192, mesh="data=1,fsdp=8,tensor=1",
         remat="full", argv=["--preset", "llama-3.1-8b"], layers=None,
         # the recipe's DISABLE_COLLECTIVE_MATMUL (its other flags tune what we do not model)
-        libtpu_args="--xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000",
+        libtpu_args=COLLECTIVE_MATMUL_OFF,
         differs="remat full (recomputes the forward) where MaxText offloads activations; "
                 "Pallas blocks of 128 (MaxText 2048)"),
     "llama3.1-70b-v6e-256": dict(
@@ -94,6 +101,7 @@ RUNS: dict[str, dict] = {
                   "per device",
         target="v6e:2x4", per_device=5, seq_len=8192, mesh="data=1,fsdp=8,tensor=1",
         remat="full", argv=LLAMA31_70B, layers=8,
+        what_if=(("LIBTPU_INIT_ARGS", COLLECTIVE_MATMUL_OFF),),
         differs="8 of 80 layers on v6e-8 (FSDP 8, not 256); remat full"),
     "llama2-70b-v5p-512": dict(
         published_mfu=0.654, published_tokens_per_s=692,
@@ -110,6 +118,7 @@ RUNS: dict[str, dict] = {
                   "(configs/v5e/16b.sh), remat full, flash: 120 TFLOP/s per chip, 61.1%",
         target="v5e:2x4", per_device=6, seq_len=2048, mesh="data=1,fsdp=8,tensor=1",
         remat="full", argv=maxtext_scale(4096, 64, 28672), layers=4,
+        what_if=(("LIBTPU_INIT_ARGS", COLLECTIVE_MATMUL_OFF),),
         differs="4 of 32 layers on v5e-8 (FSDP 8, not 256)"),
     "maxtext-32b-v5e-256": dict(
         published_mfu=0.6686, published_tokens_per_s=None, source=V5E_TABLE,
@@ -197,7 +206,7 @@ def _plan_run(name: str, hlo_dir: str | None, per_device: int) -> dict:
     flags = os.environ.get(env_name) or None  # the compiler's flags, if any
     hlo = os.path.join(hlo_dir, _hlo_name(name, flags)) if hlo_dir else None
     got = compile_train(model_cfg, cfg, target, hlo_out=hlo)
-    out = {"name": name, **{k: v for k, v in run.items() if k != "argv"},
+    out = {"name": name, **{k: v for k, v in run.items() if k not in ("argv", "what_if")},
            "command": " ".join(["tjax plan --target", run["target"], "--no-decode", *argv]),
            "plan_s": time.perf_counter() - wall, "fits": got["memory"]["fits"],
            "planned_per_device": per_device,
@@ -327,6 +336,11 @@ def main() -> int:
                          "error": f"{type(err).__name__}: {err}"[:500]})
         rows[-1]["commit"] = commit
         print(json.dumps(rows[-1]), flush=True)
+        for env_name, flags in RUNS[name].get("what_if", ()):
+            if not os.environ.get(env_name):  # (not again in the process planning it)
+                rows.append({**in_process_with(name, env_name, flags, args.hlo_dir),
+                             "commit": commit})
+                print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"runs": rows}, f, indent=1)
