@@ -142,7 +142,7 @@ def table(path: str) -> str:
                              order.get(r["config"], 99)))
     out = ["| preset | slice (topology) | batch x length | fits | best mesh | remat | "
            "GiB per chip (of HBM) | step s | MFU (expected error) | bound | tokens/s | "
-           "whole-program MFU (before) |",
+           "whole-program MFU (every FLOP at peak) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         where = f"{r.get('slice')} (`{r['target']}`)"
@@ -201,6 +201,8 @@ def main() -> int:
             if (args.only and old["config"] not in args.only.split(",")) or (
                     old.get("target") not in args.targets.split(",")) or (
                     args.skip_done and old.get("replan_commit") == commit):
+                continue
+            if not old.get("fits"):  # nothing to plan again on (the search found no fit)
                 continue
             rows[i] = {**replan(old), "replan_commit": commit}
             print(json.dumps({k: rows[i].get(k) for k in ("config", "target", "mfu", "bound")}),
