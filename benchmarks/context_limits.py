@@ -9,9 +9,10 @@ For each preset and target, two layouts, each at one sequence per data-parallel 
 ``context`` axis of ``--contexts`` ways (each sequence split over that many chips, attention by
 ``ring_zigzag``). The length doubles from ``--start`` until the TPU compiler says the step no
 longer fits (remat ``full``, the chunked kernel, bfloat16, layers scanned), up to the
-preset's position table (``max_len``) where it has one. A row gives the longest length that
-fits, the first that does not, and the memory of each. Compiles take minutes on a 2-core host
-and one row is several of them: run it alone, in the background.
+preset's position table (``max_len``) where it has one; the memory's growth between the first
+two lengths says where to look next, so most doublings are not compiled. A row gives the
+longest length that fits, the first that does not, and every compile tried. Compiles take
+minutes on a 2-core host and one row is several of them: run it alone, in the background.
 """
 
 from __future__ import annotations
@@ -55,19 +56,42 @@ def fits_at(name: str, target_name: str, context: int, seq_len: int) -> dict:
 
 def longest(name: str, target_name: str, context: int, start: int,
             log=lambda text: None) -> dict:
-    """Double the length from ``start`` until a step no longer fits (or the preset's table
-    ends): the last that fits and the first that does not."""
+    """The longest power-of-two multiple of ``start`` whose step fits (up to the preset's
+    position table): the last that fits and the first that does not, each a compile. Two
+    compiles (``start`` and twice it) give the memory's growth per token; the walk starts at
+    the length that line puts at the chip's HBM and doubles or halves from there, so a row
+    costs about four compiles instead of one per doubling."""
     model_cfg, _ = build_configs(["--preset", name])
     table = model_cfg.position.max_length(model_cfg)  # a learned table's end, else None
     ceiling = min(table or LONGEST, LONGEST)
-    best, first_failure, seq_len = None, None, min(start, ceiling)
-    while seq_len <= ceiling:
-        trial = fits_at(name, target_name, context, seq_len)
-        log(json.dumps({k: trial[k] for k in ("seq_len", "fits", "bytes_per_chip")}))
-        if not trial["fits"]:
-            first_failure = trial
-            break
-        best, seq_len = trial, seq_len * 2
+    hbm = tpu_target(target_name).chip.hbm_bytes
+    tried: dict[int, dict] = {}
+
+    def fits(seq_len: int) -> bool:
+        if seq_len not in tried:
+            tried[seq_len] = fits_at(name, target_name, context, seq_len)
+            log(json.dumps({k: tried[seq_len][k] for k in ("seq_len", "fits", "bytes_per_chip")}))
+        return tried[seq_len]["fits"]
+
+    low = seq_len = min(start, ceiling)
+    if fits(seq_len) and 2 * seq_len <= ceiling and fits(2 * seq_len):
+        b1, b2 = tried[seq_len]["bytes_per_chip"], tried[2 * seq_len]["bytes_per_chip"]
+        seq_len *= 2
+        if b1 and b2 and b2 > b1:  # bytes = a + slope * tokens, roughly (remat full, chunks)
+            predicted = seq_len + (hbm - b2) * seq_len / (b2 - b1)
+            while 2 * seq_len <= min(predicted, ceiling):
+                seq_len *= 2
+    if fits(seq_len):
+        while 2 * seq_len <= ceiling and fits(2 * seq_len):
+            seq_len *= 2
+    else:
+        while seq_len > low and not fits(seq_len // 2):
+            seq_len //= 2
+        seq_len //= 2
+    best = tried.get(seq_len) if seq_len in tried and tried[seq_len]["fits"] else None
+    first_failure = tried.get(seq_len * 2 if best else low)
+    if first_failure is not None and first_failure["fits"]:
+        first_failure = None
     return {"config": name, "target": target_name, "slice": TARGETS.get(target_name),
             "context": context, "mesh": mesh_for(len(tpu_target(target_name).devices), context),
             "longest": best and best["seq_len"],
@@ -75,6 +99,8 @@ def longest(name: str, target_name: str, context: int, start: int,
             "limit": ("position table" if first_failure is None and ceiling == table else
                       "not reached" if first_failure is None else "memory"),
             "first_failure": first_failure and first_failure["seq_len"],
+            "tried": [{k: t[k] for k in ("seq_len", "fits", "bytes_per_chip", "compile_s")}
+                      for t in sorted(tried.values(), key=lambda t: t["seq_len"])],
             "command": (best or first_failure or {}).get("command")}
 
 
