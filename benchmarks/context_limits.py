@@ -1,6 +1,6 @@
 """The longest sequence each preset trains on a TPU slice, with and without a context axis.
 
-    python benchmarks/context_limits.py --out benchmarks/results/context_limits.jsonl
+    python benchmarks/context_limits.py --out benchmarks/results/context_limits.jsonl [--skip-done]
     python benchmarks/context_limits.py --only llama-3.2-1b --targets v5e:2x4
     python benchmarks/context_limits.py --table benchmarks/results/context_limits.jsonl
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -138,13 +139,21 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=4096, help="first length tried")
     parser.add_argument("--out", default=None, help="append the JSON lines here")
     parser.add_argument("--table", metavar="JSONL", help="print the markdown table of a run")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="skip rows already in --out (to continue an interrupted run)")
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
         return 0
+    done = set()
+    if args.skip_done and args.out and os.path.exists(args.out):
+        with open(args.out) as f:
+            done = {(r["config"], r["target"], r["context"]) for r in map(json.loads, f) if r}
     for target_name in args.targets.split(","):
         for name in args.only.split(","):
             for context in (1, args.contexts):
+                if (name, target_name, context) in done:
+                    continue
                 row = longest(name, target_name, context, args.start,
                               log=lambda text, n=name: print(f"  {n}: {text}", file=sys.stderr))
                 print(json.dumps(row), flush=True)
