@@ -8,7 +8,9 @@ text therefore carries key/query pairs (``mixed_training_data``): a key ``$12345
 text and, a gap later, the query ``$`` followed by the key again. Half the gaps are drawn to fit
 the training length, half up to the fine-tune length. The **positive control** is the accuracy at
 the training length: only where the model retrieves there does a drop at longer lengths say
-something about the position scheme (``control_passed``).
+something about the position scheme (``control_passed``). The RoPE-extension script this was
+written for is retired (its sweep, ``experiments/specs/rope_extension.toml``, scores no
+passkey); ``experiments.passkey_budget`` still trains on this text.
 
 How much pair text it takes, measured (2026-12-02, the default scale's base model: width 128, 4
 layers, 3,000 steps x 16 x 64 = 3.1M tokens, seed 0): with a pair every 128 bytes (6% of the

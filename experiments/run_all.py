@@ -59,10 +59,6 @@ def _family(name: str):
     return FAMILIES.get(name)
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}%" if abs(x) < 0.1 else f"{100 * x:+.0f}%"
-
-
 def _paired(comparisons: dict, key: str, published_sign: int) -> str | None:
     """"d [low, high]: verdict" for a stored paired interval (None when not stored)."""
     from experiments.stats import Interval, verdict
@@ -94,91 +90,6 @@ def _listing(items: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------ findings
-
-
-def finding_rope_extension(out: dict) -> str:
-    res = out["results"]
-    zs = {k: _mean(r["zero_shot"] for r in v) for k, v in res.items()}
-    ft = {k: _mean(r["fine_tuned"] for r in v) for k, v in res.items()}
-    base = _mean(out["loss_at_train_len"])
-    L, E = out["train_len"], out["eval_len"]
-    parts = [f"At its training length {L} the RoPE model scores {base:.3f} nats/token."]
-    # the conditions each phase is read against (stored since they were; else the same rule)
-    from experiments.rope_extension import references
-
-    refs = out.get("references") or references(list(res))
-    none, pi = refs.get("zero_shot"), refs.get("fine_tuned")
-    if none in zs:
-        parts.append(f"Unscaled at {E} tokens it scores {zs[none]:.3f} "
-                     f"({_pct(zs[none] / base - 1)}).")
-    order = sorted(zs, key=zs.get)
-    parts.append("Zero-shot ranking at " + str(E) + " tokens: "
-                 + _listing([f"{k} {zs[k]:.3f}" for k in order]) + ".")
-    ft_order = sorted(ft, key=ft.get)
-    spread = ft[ft_order[-1]] - ft[ft_order[0]]
-    parts.append(f"After the {out['fine_tune_steps']}-step fine-tune: "
-                 + _listing([f"{k} {ft[k]:.3f}" for k in ft_order])
-                 + f" (spread {spread:.3f} nats).")
-    checks = []
-    if none in zs and pi in zs:
-        ok = zs[pi] < zs[none]
-        checks.append(f"PI zero-shot {'beats' if ok else 'does not beat'} no scaling"
-                      + ("" if ok else " (PI is published as needing its fine-tune)"))
-    if none in zs and zs[none] / base - 1 < 0.25:
-        checks.append(f"unlike the papers' blow-up, unscaled RoPE loses only "
-                      f"{_pct(zs[none] / base - 1)} at {E // L}x here: a small model trained "
-                      f"at {L} tokens attends mostly locally, leaving the scalings little to fix")
-    if spread > 0.05 and ft_order[-1] in zs:
-        checks.append(f"after fine-tuning the scalings are not all close ({ft_order[-1]} "
-                      f"stays {spread:.3f} nats behind; the published fine-tunes are far "
-                      "longer)")
-    # verdicts only from the paired intervals (experiments.stats), on what each rule's paper
-    # reports (its registry entry's published_gains)
-    from experiments.stats import Interval, verdict
-    from transformers_jax.registry import ROPE_SCALINGS
-
-    against = {"zero_shot": (none, "{k} zero-shot better than no scaling"),
-               "fine_tuned": (pi, "{k} better than {ref} after the fine-tune")}
-    claims = [(f"{gain}: {k} - {ref}", text.format(k=k, ref=ref))
-              for gain, (ref, text) in against.items()
-              for k, rule in ROPE_SCALINGS.items() if gain in rule.published_gains]
-    for key, claim in claims:
-        found = out.get("comparisons", {}).get(key)
-        if found is None:
-            continue
-        interval = Interval.from_dict(found)
-        checks.append(f"{claim}: {verdict(interval, -1)} ({interval} nats)")
-    if checks:
-        parts.append("Against Chen et al. / Peng et al. 2023: " + "; ".join(checks) + ".")
-    if "passkey" in out:
-        parts.append(_passkey_finding(out))
-    return " ".join(parts)
-
-
-def _passkey_finding(out: dict) -> str:
-    """Passkey retrieval, read only where the positive control (retrieval at L) passes."""
-    from experiments.rope_extension import passkey_accuracy, references
-
-    L, E = out["train_len"], out["eval_len"]
-    control = out["passkey"]["control_passed_by_seed"]
-    as_trained = (out.get("references") or references(list(out["results"])))["zero_shot"]
-    if not control or as_trained not in out["results"]:
-        return "Passkey retrieval: the positive control (no scaling at L) was not run."
-    at_L = _mean(passkey_accuracy(r["zero_shot_passkey"], L)
-                 for r in out["results"][as_trained])
-    if not all(control):
-        return (f"Passkey retrieval is not measurable at this scale: the positive control "
-                f"failed (the unscaled model retrieves {100 * at_L:.0f}% of keys at its "
-                f"training length {L}), so retrieval beyond L says nothing about the "
-                "scalings; a model that has learnt to retrieve is needed (--scale large; "
-                "`python -m experiments.passkey_budget` measures how many training tokens "
-                "retrieval takes).")
-    acc = {k: {w: _mean(passkey_accuracy(r[f"{w}_passkey"], E) for r in v)
-               for w in ("zero_shot", "fine_tuned")} for k, v in out["results"].items()}
-    said = [f"{k} {100 * a['zero_shot']:.0f}% zero-shot, {100 * a['fine_tuned']:.0f}% tuned"
-            for k, a in acc.items()]
-    return (f"Passkey retrieval (control: {100 * at_L:.0f}% at L={L}) at {E} tokens: "
-            + _listing(said) + "; paired intervals by length in the table.")
 
 
 def _exact_match_interval(out: dict, a: str, b: str, L: int, hi: int):
@@ -501,21 +412,6 @@ class Experiment:
 
 EXPERIMENTS = (
     Experiment(
-        "rope_extension", "RoPE context extension",
-        "A RoPE model trained at L tokens is evaluated from L to 16L with no scaling, linear "
-        "position interpolation (PI), NTK-aware, dynamic NTK (as it decodes), YaRN and Llama "
-        "3's rule (factor 4), zero-shot and after a short fine-tune at 4L: held-out loss and "
-        "passkey retrieval by length and depth (the training text carries key/query pairs; "
-        "retrieval at L is the positive control).",
-        "Chen et al. 2023 (PI) and Peng et al. 2023 (YaRN): without scaling the loss blows up "
-        "past L; PI needs fine-tuning; NTK, dynamic NTK and YaRN do better zero-shot; after a "
-        "short fine-tune all scalings are close, YaRN best.",
-        (Section("rope_extension", None, finding_rope_extension),),
-        "3 seeds of 3.1M tokens plus 6 fine-tunes each: about 20 min per seed on 2 CPU cores "
-        "(2026-12-03); the committed results took 51 min on one core beside another experiment "
-        "(2026-12-04: seeds 1-2 trained, seed 0 re-scored from the cache; resumable)",
-    ),
-    Experiment(
         "synthetic_generalisation", "Length generalisation on synthetic tasks",
         "Models are trained on task lengths 1..L and scored by exact match at every length up "
         "to 4L (2L at --scale large). Default: copy and reverse with L=8, decoder-only GPTs "
@@ -700,8 +596,7 @@ def _anchor(title: str) -> str:
 
 
 # the experiment modules an experiment imports besides the shared ones
-DEPENDS_ON = {"rope_extension": ("passkey.py",),
-              "attention_variants": ("synthetic_generalisation.py",)}
+DEPENDS_ON = {"attention_variants": ("synthetic_generalisation.py",)}
 
 
 def _done_key(name: str, scale: str) -> str:

@@ -123,23 +123,14 @@ def _fake_results(folder):
     result, like every tiny result, must not be shown)."""
     nan = float("nan")
     payloads = {
-        "rope_extension_default": {  # trained on unshuffled rows: the README says so
-            "shuffle_rows": 0, "train_len": 16, "eval_len": 64, "fine_tune_steps": 4,
-            "loss_at_train_len": [2.0],
-            "references": {"zero_shot": "none", "fine_tuned": "linear"},
-            "results": {k: [{"zero_shot": z, "fine_tuned": f}] for k, z, f in (
-                ("none", 4.0, 2.5), ("linear", 3.0, 2.2), ("yarn", 2.4, 2.1))},
-            "comparisons": {  # paired intervals: one excludes zero, one does not
-                "zero_shot: yarn - none": {"mean": -1.6, "low": -1.7, "high": -1.5},
-                "fine_tuned: yarn - linear": {"mean": -0.1, "low": -0.3, "high": 0.1}}},
         "synthetic_generalisation_default": {
             "train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
                 "none": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.5, "4": 0.0},
                           "token_accuracy": {"1": 1.0, "2": 1.0, "3": 0.8, "4": 0.4}}],
                 "learned": [{"exact": {"1": 1.0, "2": 0.5, "3": nan, "4": nan},
                              "token_accuracy": {"1": 1.0, "2": 0.7, "3": nan, "4": nan}}]}}}},
-        "attention_variants_heads_default": {
-            "decode_batches": [1, 8], "results": {name: {
+        "attention_variants_heads_default": {  # trained on unshuffled rows: the README says so
+            "shuffle_rows": 0, "decode_batches": [1, 8], "results": {name: {
                 "runs": [{"eval_loss": loss}],
                 "decode": {"batch_1": {"decode_tokens_per_s": 100.0},
                            "batch_8": {"decode_tokens_per_s": speed}}} for name, loss, speed in (
@@ -181,22 +172,21 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
         in text
     # the findings are computed from the JSON
     assert "none 0.25" in text  # mean exact match over lengths 3-4
-    assert "yarn zero-shot better than no scaling: as published (-1.600 [-1.700, -1.500]" in text
-    assert "yarn better than linear after the fine-tune: inconclusive (-0.100 [-0.300, +0.100]" \
-        in text
     assert "GQA-2 is within 2% of MHA's loss" in text
     assert "The prefix LM beats the causal LM" in text
     assert "The seeds disagree (prefix LM exact match per seed 0.800, 0.600)" in text
     assert "QK-norm lowers the high-rate loss" in text and "baseline at lr 0.1" in text
-    for name in ("rope_extension", "attention_variants_heads"):
+    for name in ("attention_variants_heads", "attention_variants_prefix",
+                 "attention_variants_stability"):
         assert f"| FAKE {name}_default |" in text
     # missing results say how to produce them; tiny results are never shown
     assert "Not run yet: `python -m experiments.attention_variants --part window`" in text
     assert "FAKE attention_variants_window_tiny" not in text
     assert text.count("Not run yet") == 1
-    # a caveat under the one section trained on unshuffled rows, and only there
+    # a caveat under the one result trained on unshuffled rows, and only there
     assert text.count(run_all.UNSHUFFLED_CAVEAT) == 1
-    assert run_all.UNSHUFFLED_CAVEAT in text[text.index("## 1."):text.index("## 2.")]
+    heads = text[text.index("### MHA vs GQA vs MQA"):text.index("### Sliding-window size")]
+    assert run_all.UNSHUFFLED_CAVEAT in heads
     # no sweep report, no experiment superseded: neither is mentioned
     assert "Sweeps on the research corpus" not in text and "Superseded" not in text
 
@@ -226,7 +216,7 @@ def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_p
     assert "**Superseded** by the sweep [`demo`](results/sweeps/demo/report.md)" in section
     assert text.count("**Superseded**") == 1
     # specs declared, not yet run: named with their commands under their experiment only
-    attention = text[text.index("## 3. Attention variants"):]
+    attention = text[text.index("## 2. Attention variants"):]
     assert ("stability, each rate against the variant's own converged loss: `tjax sweep "
             "experiments/specs/attention_stability.toml --out sweeps/attention_stability`"
             ) in attention
@@ -234,10 +224,22 @@ def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_p
     assert text.count("**Declared as sweeps**") == 1
 
 
-def test_findings_read_the_paired_intervals_and_the_passkey_control():
+def test_the_committed_readme_is_built_from_the_committed_results(tmp_path):
+    """experiments/README.md is what run_all builds from experiments/results/: a sweep report
+    committed under results/sweeps/ is listed there, a retired script's section is gone."""
+    from experiments import run_all
+
+    (tmp_path / "results").symlink_to(os.path.join(run_all.HERE, "results"))
+    built = run_all.build_readme(str(tmp_path / "results"), str(tmp_path / "README.md"))
+    with open(run_all.README) as f:
+        assert f.read() == built, ("experiments/README.md is stale: rebuild it with "
+                                   "python -m experiments.run_all --rebuild-only")
+    assert "](results/sweeps/context_usage/report.md)" in built
+
+
+def test_findings_read_the_paired_intervals():
     """Results with paired intervals: GQA is an equivalence claim (within 2% of MHA's loss),
-    MQA and the stability variants sign claims, and passkey beyond L is read only when the
-    positive control passed."""
+    MQA, the stability variants, the windows and the synthetic rankings sign claims."""
     from experiments import run_all
 
     def iv(mean, half):
@@ -290,25 +292,6 @@ def test_findings_read_the_paired_intervals_and_the_passkey_control():
     text = run_all.finding_attention_prefix(prefix)
     assert "Every model solves the task at this budget" in text and "beats" not in text
 
-    def grid(hit):
-        return {str(n): {"0.5": [hit, hit]} for n in (16, 64)}
-
-    rope = {"train_len": 16, "eval_len": 64, "fine_tune_steps": 4, "loss_at_train_len": [2.0],
-            "multiples": [1, 4], "passkey": {"control_passed_by_seed": [False]},
-            "references": {"zero_shot": "none", "fine_tuned": None},
-            "results": {k: [{"zero_shot": 2.0, "fine_tuned": 2.0, "zero_shot_passkey": grid(0.0),
-                             "fine_tuned_passkey": grid(0.0)}] for k in ("none", "yarn")}}
-    text = run_all.finding_rope_extension(rope)
-    assert "Passkey retrieval is not measurable at this scale: the positive control failed " \
-        "(the unscaled model retrieves 0% of keys at its training length 16)" in text
-    del rope["references"]  # written before they were stored: the same rule finds them
-    assert run_all.finding_rope_extension(rope) == text
-    rope["passkey"]["control_passed_by_seed"] = [True]
-    for runs in rope["results"].values():
-        runs[0]["zero_shot_passkey"] = runs[0]["fine_tuned_passkey"] = grid(1.0)
-    text = run_all.finding_rope_extension(rope)
-    assert "Passkey retrieval (control: 100% at L=16) at 64 tokens: none 100% zero-shot" in text
-
 
 def test_findings_give_no_verdict_without_paired_intervals():
     """Synthetic results whose seeds do not pair get no threshold verdict on means: the
@@ -330,19 +313,25 @@ def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env: calls.append((cmd[1:], env)) or 0)
     readme = tmp_path / "README.md"
-    assert run_all.main(["--only", "attention_variants,rope_extension", "--scale", "tiny",
-                         "--results", str(tmp_path), "--readme", str(readme)]) == 0
+    assert run_all.main(["--only", "attention_variants,synthetic_generalisation", "--scale",
+                         "tiny", "--results", str(tmp_path), "--readme", str(readme)]) == 0
     assert [c[0] for c in calls] == [
-        ["-m", "experiments.rope_extension", "--scale", "tiny"],
+        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny"],
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_RESULTS_DIR"] == str(tmp_path) for _, env in calls)
     assert readme.exists()
     calls.clear()  # --workers reaches only the experiments that train in parallel processes
-    assert run_all.main(["--only", "synthetic_generalisation,rope_extension", "--scale",
+    assert run_all.main(["--only", "synthetic_generalisation,attention_variants", "--scale",
                          "tiny", "--results", str(tmp_path), "--readme", str(readme),
                          "--workers", "2"]) == 0
-    assert [c[0] for c in calls] == [  # (rope_extension finished above: skipped)
-        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--workers", "2"]]
+    assert calls == []  # both finished above: skipped
+    assert run_all.main(["--only", "synthetic_generalisation,attention_variants", "--scale",
+                         "tiny", "--results", str(tmp_path), "--readme", str(readme),
+                         "--workers", "2", "--fresh"]) == 0
+    assert [c[0] for c in calls] == [
+        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--workers", "2"],
+        ["-m", "experiments.attention_variants", "--scale", "tiny"]]
+    assert all(env["TJAX_FRESH"] == "1" for _, env in calls)
 
 
 def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypatch, capsys):
@@ -352,7 +341,7 @@ def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypa
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env, stdout: calls.append(cmd[1:]) or 0)
     for name in ("synthetic_generalisation_tiny", "attention_variants_window_tiny",
-                 "attention_variants_heads_tiny", "rope_extension_default"):
+                 "attention_variants_heads_tiny", "attention_variants_prefix_default"):
         (tmp_path / f"{name}.json").write_text("{}")
     readme = tmp_path / "README.md"
     assert run_all.main(["--replot", "--scale", "tiny", "--results", str(tmp_path),
@@ -361,7 +350,11 @@ def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypa
         ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--replot"],
         ["-m", "experiments.attention_variants", "--scale", "tiny", "--replot",
          "--part", "heads,window"]]
-    assert readme.exists() and "nothing to replot" in capsys.readouterr().out
+    assert readme.exists() and "nothing to replot" not in capsys.readouterr().out
+    calls.clear()  # no large results at all: nothing runs, and each experiment says so
+    assert run_all.main(["--replot", "--scale", "large", "--results", str(tmp_path),
+                         "--readme", str(readme)]) == 0
+    assert calls == [] and capsys.readouterr().out.count("nothing to replot") == 2
     with pytest.raises(SystemExit):
         run_all.main(["--replot", "--rebuild-only", "--results", str(tmp_path)])
 
@@ -369,15 +362,16 @@ def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypa
 def test_run_all_skips_experiments_it_finished(tmp_path, monkeypatch):
     from experiments import run_all
 
-    calls, rcs = [], {"experiments.rope_extension": 0, "experiments.attention_variants": 1}
+    calls, rcs = [], {"experiments.synthetic_generalisation": 0,
+                      "experiments.attention_variants": 1}
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env: calls.append(cmd[2]) or rcs[cmd[2]])
-    argv = ["--only", "attention_variants,rope_extension", "--scale", "tiny",
+    argv = ["--only", "attention_variants,synthetic_generalisation", "--scale", "tiny",
             "--results", str(tmp_path), "--readme", str(tmp_path / "README.md")]
     assert run_all.main(argv) == 1  # attention_variants failed
     assert run_all.main(argv) == 1  # an interrupted/failed run_all continues where it stopped
-    assert calls == ["experiments.rope_extension", "experiments.attention_variants",
+    assert calls == ["experiments.synthetic_generalisation", "experiments.attention_variants",
                      "experiments.attention_variants"]
     calls.clear()
     run_all.main([*argv, "--fresh"])
-    assert calls == ["experiments.rope_extension", "experiments.attention_variants"]
+    assert calls == ["experiments.synthetic_generalisation", "experiments.attention_variants"]

@@ -1,38 +1,11 @@
-"""The context experiments (RoPE context extension, synthetic length generalisation) run end
-to end at a tiny scale and write their JSON, table and plot; and the pieces they rest on. (A
-file of their own: pytest-xdist hands out whole files.)"""
+"""The synthetic length-generalisation experiment runs end to end at a tiny scale and writes
+its JSON, table and plot; and the pieces it rests on. (A file of its own: pytest-xdist hands
+out whole files.)"""
 
 import json
 import math
 
 import pytest
-
-from transformers_jax.config import SHUFFLE_ROWS
-
-
-@pytest.mark.slow
-def test_rope_extension_tiny(results_dir, assert_replots):
-    from experiments import rope_extension
-
-    rope_extension.main(["--scale", "tiny", "--seeds", "1", "--scalings",
-                         "none,yarn,dynamic_ntk"])
-    out = json.loads((results_dir / "rope_extension_tiny.json").read_text())
-    assert set(out["results"]) == {"none", "yarn", "dynamic_ntk"}
-    assert out["shuffle_rows"] == SHUFFLE_ROWS  # the library's default: batches mix documents
-    # zero-shot reference: the rule that leaves the model as trained; no PI, no tuned one
-    assert out["references"] == {"zero_shot": "none", "fine_tuned": None}
-    assert "zero_shot: yarn - none" in out["comparisons"]
-    zero_shot = {k: v[0]["zero_shot"] for k, v in out["results"].items()}
-    assert zero_shot["none"] != zero_shot["yarn"]  # the scaling changes the numbers
-    for runs in out["results"].values():  # loss from 1x to 16x the training length
-        curve = runs[0]["zero_shot_by_length"]
-        assert tuple(sorted(map(int, curve))) == rope_extension.MULTIPLES
-        assert curve[str(out["factor"])] == pytest.approx(runs[0]["zero_shot"], rel=1e-3)
-    # dynamic NTK leaves the model as trained up to its original length
-    dyn, plain = out["results"]["dynamic_ntk"][0], out["results"]["none"][0]
-    assert dyn["zero_shot_by_length"]["1"] == pytest.approx(plain["zero_shot_by_length"]["1"])
-    assert (results_dir / "rope_extension_tiny.png").exists()
-    assert_replots(rope_extension, "rope_extension_tiny", ["--scale", "tiny"])
 
 
 @pytest.mark.slow

@@ -110,31 +110,6 @@ def test_copies_of_the_training_text_carry_their_own_keys(tmp_path, monkeypatch)
         passkey.mixed_training_data(Split(), 64, 4, copies=0)
 
 
-def test_passkey_table_shows_paired_differences_only_when_a_control_passed():
-    """All-zero intervals between models that cannot retrieve are noise: with the control
-    failed in every seed the table says so instead of listing them."""
-    from experiments.rope_extension import passkey_table
-
-    def grid(hit):
-        return {str(n): {"0.5": [hit, hit]} for n in (16, 32)}
-
-    iv = {"mean": 0.0, "low": 0.0, "high": 0.0, "per_seed": [0.0]}
-    out = {"train_len": 16, "multiples": [1, 2],
-           "passkey": {"control_passed_by_seed": [False, False], "windows_per_cell": 2,
-                       "pairs_every_bytes": 32, "pair_bytes_share": 0.1,
-                       "short_gap_below": 4, "long_gap_below": 8},
-           "references": {"zero_shot": "none"},
-           "results": {k: [{"zero_shot_passkey": grid(0.0), "fine_tuned_passkey": grid(0.0)}]
-                       for k in ("none", "yarn")},
-           "comparisons": {f"passkey zero_shot @ {n}: yarn - none": iv for n in (16, 32)}}
-    text = passkey_table(out)
-    assert "FAILED in 2 of 2 seeds" in text and "not shown, the control failed" in text
-    assert "| zero-shot: yarn - none |" not in text
-    out["passkey"]["control_passed_by_seed"] = [True, False]
-    text = passkey_table(out)
-    assert "| zero-shot: yarn - none | +0.00 [+0.00, +0.00] |" in text
-
-
 def test_passkey_budget_scores_every_checkpoint_of_one_run(results_dir, split_cache):
     import json
 

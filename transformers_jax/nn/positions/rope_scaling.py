@@ -44,16 +44,6 @@ class RopeScaling(Switch):
 
     hf_rope_type: ClassVar[str | None] = None
     uses_length: ClassVar[bool] = False  # inv_freq depends on the current length (traced)
-    # it changes the frequencies to reach past the trained context (False: the model runs as
-    # trained, the reference an extension is measured against)
-    extends_context: ClassVar[bool] = False
-    # the extension the others are published against once fine-tuned (position interpolation:
-    # NTK-aware scaling and YaRN report their gains over it); experiments compare with it
-    extension_baseline: ClassVar[bool] = False
-    # what the rule's paper reports, which the RoPE-extension experiment checks: "zero_shot",
-    # better than no scaling without fine-tuning; "fine_tuned", better than the extension
-    # baseline after the same fine-tune
-    published_gains: ClassVar[tuple[str, ...]] = ()
 
     def inv_freq(self, base: float, rotary_dim: int,
                  seq_len: int | jax.Array | None = None) -> tuple[np.ndarray | jax.Array, float]:
@@ -98,7 +88,6 @@ class NoScaling(RopeScaling):
 class Extension(RopeScaling):
     """A rule that extends the context by ``factor`` from ``original_max_len``."""
 
-    extends_context: ClassVar[bool] = True
     factor: float | None = None  # s > 1
     original_max_len: int = 2048  # L0: the context the model was trained at
 
@@ -142,7 +131,6 @@ class Linear(Extension):
     """Position interpolation (Chen et al. 2023): ``inv_freq / s``."""
 
     hf_rope_type: ClassVar[str | None] = "linear"
-    extension_baseline: ClassVar[bool] = True
 
     def inv_freq(self, base, rotary_dim, seq_len=None):
         return (default_inv_freq(base, rotary_dim) / self.factor).astype(np.float32), 1.0
@@ -152,8 +140,6 @@ class Linear(Extension):
 @dataclasses.dataclass(frozen=True)
 class Ntk(Extension):
     """NTK-aware: the base becomes ``base * s**(R/(R-2))``. No Hugging Face rope_type."""
-
-    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot",)
 
     def inv_freq(self, base, rotary_dim, seq_len=None):
         d = rotary_dim
@@ -176,7 +162,6 @@ class DynamicNtk(Extension):
 
     hf_rope_type: ClassVar[str | None] = "dynamic"
     uses_length: ClassVar[bool] = True
-    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot",)
     length: str = "sequence"
 
     def check(self, config: Any) -> None:
@@ -228,7 +213,6 @@ class Yarn(Extension):
     attention factor ``0.1 ln s + 1``."""
 
     hf_rope_type: ClassVar[str | None] = "yarn"
-    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot", "fine_tuned")
     beta_fast: float = 32.0
     beta_slow: float = 1.0
 
@@ -294,7 +278,6 @@ class Llama3(Extension):
     compared with ``L0 / high_freq_factor`` and ``L0 / low_freq_factor``)."""
 
     hf_rope_type: ClassVar[str | None] = "llama3"
-    published_gains: ClassVar[tuple[str, ...]] = ("zero_shot",)
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
 
