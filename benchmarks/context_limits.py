@@ -25,6 +25,7 @@ import time
 
 from transformers_jax.cli import build_configs
 from transformers_jax.plan import compile_train, tpu_target
+from transformers_jax.sweep.provenance import code_state, describe
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true",
           "--model.remat=full", "--model.attention=chunked", "--train.strategy=jit",
@@ -145,6 +146,7 @@ def main() -> int:
     if args.table:
         print(table(args.table))
         return 0
+    commit = describe(code_state())  # recorded in each row: which code planned it
     done = set()
     if args.skip_done and args.out and os.path.exists(args.out):
         with open(args.out) as f:
@@ -154,8 +156,10 @@ def main() -> int:
             for context in (1, args.contexts):
                 if (name, target_name, context) in done:
                     continue
-                row = longest(name, target_name, context, args.start,
-                              log=lambda text, n=name: print(f"  {n}: {text}", file=sys.stderr))
+                row = {**longest(name, target_name, context, args.start,
+                                 log=lambda text, n=name: print(f"  {n}: {text}",
+                                                                file=sys.stderr)),
+                       "commit": commit}
                 print(json.dumps(row), flush=True)
                 if args.out:
                     with open(args.out, "a") as f:

@@ -322,25 +322,24 @@ def main() -> int:
         return 0
     rows = []
     commit = describe(code_state())  # recorded in each row: which code planned it
+
+    def add(row: dict) -> None:
+        rows.append({**row, "commit": commit})
+        print(json.dumps(rows[-1]), flush=True)
+
     for name in args.only.split(",") if args.only else RUNS:
         env_name, flags = flags_env(RUNS[name])
         if flags and os.environ.get(env_name) != flags:
-            rows.append({**in_process_with(name, env_name, flags, args.hlo_dir),
-                         "commit": commit})
-            print(json.dumps(rows[-1]), flush=True)
+            add(in_process_with(name, env_name, flags, args.hlo_dir))
             continue
         try:
-            rows.append(plan_run(name, args.hlo_dir, args.per_device))
+            add(plan_run(name, args.hlo_dir, args.per_device))
         except Exception as err:  # noqa: BLE001 - one failed run must not lose the others
-            rows.append({"name": name, **{k: v for k, v in RUNS[name].items() if k != "argv"},
-                         "error": f"{type(err).__name__}: {err}"[:500]})
-        rows[-1]["commit"] = commit
-        print(json.dumps(rows[-1]), flush=True)
+            add({"name": name, **{k: v for k, v in RUNS[name].items() if k != "argv"},
+                 "error": f"{type(err).__name__}: {err}"[:500]})
         for env_name, flags in RUNS[name].get("what_if", ()):
             if not os.environ.get(env_name):  # (not again in the process planning it)
-                rows.append({**in_process_with(name, env_name, flags, args.hlo_dir),
-                             "commit": commit})
-                print(json.dumps(rows[-1]), flush=True)
+                add(in_process_with(name, env_name, flags, args.hlo_dir))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"runs": rows}, f, indent=1)

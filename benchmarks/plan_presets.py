@@ -58,17 +58,20 @@ def row(name: str, target_name: str, attention: str) -> dict:
            "plan_s": time.perf_counter() - wall}
     if best is not None:
         out.update(mesh=best["mesh"], remat=best["remat"], params=best["params"],
-                   bytes_per_chip=best["memory"]["total_bytes"] * target.devices_per_chip,
-                   hbm_per_chip=target.chip.hbm_bytes,
-                   step_s=best["roofline"]["step_s"], mfu=best["roofline"]["mfu"],
-                   mfu_causal_half=best["roofline"]["mfu_causal_half"],
-                   bound=best["roofline"]["bound"], split=best["roofline"]["split"],
-                   top_ops=best["roofline"]["top_ops"][:3],
-                   whole_program={k: best["roofline"]["whole_program"][k] for k in (
-                       "step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound")},
-                   tokens_per_s=best["tokens_per_s"],
-                   ici_bytes_per_device=best["ici_bytes_per_device"])
+                   hbm_per_chip=target.chip.hbm_bytes, **_figures(best, target))
     return out
+
+
+def _figures(planned: dict, target) -> dict:
+    """The figures a row keeps of one planned train step: memory, roofline and traffic."""
+    line = planned["roofline"]
+    return dict(bytes_per_chip=planned["memory"]["total_bytes"] * target.devices_per_chip,
+                step_s=line["step_s"], mfu=line["mfu"], mfu_causal_half=line["mfu_causal_half"],
+                bound=line["bound"], split=line["split"], top_ops=line["top_ops"][:3],
+                whole_program={k: line["whole_program"][k] for k in (
+                    "step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound")},
+                tokens_per_s=planned["tokens_per_s"],
+                ici_bytes_per_device=planned["ici_bytes_per_device"])
 
 
 def replan(old: dict) -> dict:
@@ -77,9 +80,7 @@ def replan(old: dict) -> dict:
     compile. The remat policies are tried in the search's order from the cheapest, as
     ``--search`` does on one mesh, so a row whose policy a model change made costlier or
     cheaper follows it; the search's own choice stays under ``searched_remat`` when it
-    differs."""
-    if not old.get("fits"):
-        return old
+    differs. Only rows that fit are planned again (``main`` skips the others)."""
     target = tpu_target(old["target"])
     argv = [a for a in old["command"].split()[5:] if a.startswith("--") and a not in (
         "--search", "--no-decode", "--preset", "--search-meshes")]
@@ -97,17 +98,10 @@ def replan(old: dict) -> dict:
     else:
         return {**old, "replan_refused": "; ".join(refused),
                 "replan_s": time.perf_counter() - wall}
-    line = got["roofline"]
     out = {k: v for k, v in old.items() if k not in (
         "replan_refused", "replan_refused_remats", "searched_remat", "step_s_overlapped",
         "mfu_overlapped")}
-    out.update(remat=remat, bytes_per_chip=got["memory"]["total_bytes"] * target.devices_per_chip,
-               whole_program={k: line["whole_program"][k] for k in (
-                   "step_s", "mfu", "step_s_overlapped", "mfu_overlapped", "bound")},
-               step_s=line["step_s"], mfu=line["mfu"], mfu_causal_half=line["mfu_causal_half"],
-               bound=line["bound"], split=line["split"], top_ops=line["top_ops"][:3],
-               tokens_per_s=got["tokens_per_s"], ici_bytes_per_device=got["ici_bytes_per_device"],
-               replan_s=time.perf_counter() - wall)
+    out.update(remat=remat, replan_s=time.perf_counter() - wall, **_figures(got, target))
     if remat != searched:
         out["searched_remat"] = searched
     return out
