@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from sweep_runs import TINY_BASE, clean_checkout, record_trained
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
 from transformers_jax.sweep import provenance, runner, stats
-from transformers_jax.sweep.cells import expand, pairs
+from transformers_jax.sweep.cells import controlled, expand, pairs
 from transformers_jax.sweep.plan import make_plan
 from transformers_jax.sweep.spec import SpecError, parse_spec
 from transformers_jax.train_options import build_configs
@@ -343,6 +344,7 @@ SPEC_DICT = st.fixed_dictionaries({}, optional={
     "heldout": _section(spec_module.HELDOUT_KEYS), "eval": _section(spec_module.EVAL_KEYS),
     "baselines": _section(spec_module.BASELINE_KEYS),
     "compare": st.one_of(st.lists(_section(spec_module.COMPARE_KEYS), max_size=3), VALUE),
+    "control": st.one_of(st.lists(_section(spec_module.CONTROL_KEYS), max_size=2), VALUE),
 })
 
 
@@ -352,6 +354,7 @@ def test_any_spec_is_read_or_refused_with_a_spec_error(raw):
     try:
         spec = spec_module.spec_from_dict(raw)
         pairs(spec, expand(spec))
+        controlled(spec, expand(spec))
     except SpecError as err:
         assert str(err)
 
@@ -417,17 +420,23 @@ def test_passkey_retrieval_is_scored_and_compared_trial_by_trial(sweep_env, caps
     text = TINY.replace("seeds = 2", "seeds = 1").replace(
         "chunk_tokens = 250", 'chunk_tokens = 250\npasskey = {lengths = ["4x"], trials = 2, '
         "depths = [0.5]}").split("[[compare]]")[0]
+    # a control no model this small passes: the passkey comparison is reported, not read
     spec.write_text(text + '[[compare]]\na = {position = "alibi"}\nb = {position = "rope"}\n'
-                    'metric = "passkey@4x"\n')
+                    'metric = "passkey@4x"\n[[control]]\ncells = {position = "rope"}\n'
+                    'metric = "passkey@4x"\nat_least = 0.5\n')
     out = tmp_path / "out"
     assert main(["sweep", str(spec), "--out", str(out)]) == 0
     scores = json.loads((out / "cells/position=alibi/seed0" / runner.SCORES_FILE).read_text())
     assert scores["passkey"]["4x"]["tokens"] == 128
     assert len(scores["passkey"]["4x"]["chunks"]) == 2
     assert set(scores["passkey"]["4x"]["chunks"]) <= {0.0, 1.0}
-    (row,) = json.loads((out / "results.json").read_text())["comparisons"]
-    assert row["better"] == "higher" and row["verdict"] != "pending"
-    assert "passkey@4x" in (out / "report.md").read_text()
+    results = json.loads((out / "results.json").read_text())
+    (row,), (control,) = results["comparisons"], results["controls"]
+    assert row["better"] == "higher" and row["read_as"] != "pending"
+    assert control["status"] == "failed" and control["per_seed"] == [0.0]
+    assert row["verdict"] == "not read: control 1 failed in position=rope"
+    report = (out / "report.md").read_text()
+    assert "passkey@4x" in report and "## Positive controls" in report
     spec.write_text(text.replace('lengths = ["4x"]', 'lengths = ["1x"]'))
     assert main(["sweep", str(spec), "--out", str(tmp_path / "out2"), "--dry-run"]) == 2
     assert "a passkey prompt needs more than 32 tokens" in capsys.readouterr().err
@@ -460,3 +469,19 @@ def test_seeds_trained_together_score_as_seeds_trained_apart(sweep_env):
                                    ).read_text())["loss"]["2x"]["mean"] for s in (0, 1)]
     assert scores["together"] == pytest.approx(scores["apart"], rel=1e-5)
     assert scores["together"][0] != scores["together"][1]  # two seeds, two models
+
+
+SPECS = sorted((Path(__file__).resolve().parents[1] / "experiments" / "specs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_every_committed_spec_expands_to_its_cells_comparisons_and_controls(path):
+    """A committed spec (some are for an accelerator and never run here) stays valid as the
+    spec language changes: every cell's options build configs, every comparison and control
+    selects cells."""
+    from transformers_jax.sweep.plan import resolve_cells
+
+    spec = parse_spec(path.read_text(), str(path))
+    cells = [c.cell for c in resolve_cells(spec)]
+    assert pairs(spec, cells)
+    assert len(controlled(spec, cells)) == len(spec.controls)

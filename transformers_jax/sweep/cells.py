@@ -10,7 +10,7 @@ import itertools
 import re
 from typing import Any
 
-from transformers_jax.sweep.spec import CELL_KEYS, Axis, Spec, SpecError, toml_text
+from transformers_jax.sweep.spec import CELL_KEYS, Axis, Control, Spec, SpecError, toml_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +221,19 @@ def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
         if not any(p.index == c.index for p in out):
             raise SpecError(f"{where}: selects only the cells relative_to names, each zero "
                             "against itself; select cells with another value of that axis")
+    return out
+
+
+def controlled(spec: Spec, cells: list[Cell]) -> list[tuple[Control, list[Cell]]]:
+    """Each ``[[control]]`` with the cells it bounds (every cell when it names none)."""
+    out = []
+    for control in spec.controls:
+        where = f"[[control]] {control.index} cells"
+        found = cells if control.cells is None else select(cells, control.cells, where,
+                                                           spec.selectable_axes())
+        if not found:
+            raise SpecError(f"{where}: selects no cell")
+        out.append((control, found))
     return out
 
 

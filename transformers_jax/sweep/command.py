@@ -208,6 +208,10 @@ def dry_run(plan: SweepPlan) -> None:
           f"length); together {(total + scored) / 60:.1f} min")
     for pair in plan.pairs:
         print(f"compare {pair.index}: {pair.title}" + (f"  ({pair.claim})" if pair.claim else ""))
+    for control, cells in plan.controls:
+        print(f"control {control.index}: {control.text} in every seed of "
+              f"{', '.join(c.name for c in cells)}"
+              + (f"  ({control.claim})" if control.claim else ""))
 
 
 def run_workers(argv: list[str], workers: int, plan: SweepPlan, depth: int | None) -> None:

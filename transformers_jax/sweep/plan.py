@@ -15,7 +15,7 @@ from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.data.sources import open_documents
 from transformers_jax.registry import FAMILIES
 from transformers_jax.runs.tokenizer import source_tokenizer, training_tokenizer
-from transformers_jax.sweep.cells import Cell, Pair, expand, pairs
+from transformers_jax.sweep.cells import Cell, Pair, controlled, expand, pairs
 from transformers_jax.sweep.context import Sources, Windows, draw_windows
 from transformers_jax.sweep.spec import Spec, SpecError
 from transformers_jax.sweep.splits import Split, make_split, overlap
@@ -82,6 +82,7 @@ class SweepPlan:
     train_N: np.ndarray  # the training text the cells read, likewise (up to READ_CAP)
     train_complete: bool  # whether train_N holds all of it
     context: Windows | None = None  # [eval.context]'s windows, intact and perturbed
+    controls: list = dataclasses.field(default_factory=list)  # (Control, [Cell]) pairs
 
     @property
     def data_sha256(self) -> str:
@@ -296,6 +297,7 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
     _same(cells, ("data", "data_dir", "text_key"), "their data")
     _same(cells, ("tokenizer", "tokenizer_vocab"), "their tokenizer")
     compared = pairs(spec, [c.cell for c in cells])
+    controls = controlled(spec, [c.cell for c in cells])
     first = cells[0].train
     split = make_split(first.data, seed=spec.heldout_seed, heldout_bytes=spec.heldout_bytes,
                        root=data_root)
@@ -339,7 +341,7 @@ def make_plan(spec: Spec, data_root: str) -> SweepPlan:
     context = _context_windows(spec, cells, tokenizer, train_N, heldout_N) if spec.context \
         else None
     return SweepPlan(spec, cells, compared, split, overlap(train_texts, split.heldout),
-                     tokenizer, heldout_N, train_N, complete, context)
+                     tokenizer, heldout_N, train_N, complete, context, controls)
 
 
 def _task_plan(spec: Spec, cells: list[PlannedCell]) -> SweepPlan:
@@ -349,7 +351,8 @@ def _task_plan(spec: Spec, cells: list[PlannedCell]) -> SweepPlan:
     compared = pairs(spec, [c.cell for c in cells])
     tokenizer = training_tokenizer(cells[0].train.replace(run_dir=None))
     empty = np.zeros(0, np.int32)
-    return SweepPlan(spec, cells, compared, None, {}, tokenizer, empty, empty, True)
+    return SweepPlan(spec, cells, compared, None, {}, tokenizer, empty, empty, True,
+                     controls=controlled(spec, [c.cell for c in cells]))
 
 
 def _context_windows(spec: Spec, cells: list[PlannedCell], tokenizer, train_N: np.ndarray,

@@ -20,6 +20,7 @@ import shlex
 import numpy as np
 
 from transformers_jax.sweep import stats
+from transformers_jax.sweep.cells import lineage
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
 from transformers_jax.sweep.runner import read_scores, train_args, write_json
 from transformers_jax.sweep.spec import Metric
@@ -103,6 +104,44 @@ def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
                    low=low, high=high,
                    verdict=verdict(low, high, row["a"], row["b"], metric, row["better"]))
     return rows
+
+
+def controls(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
+    """Each positive control on each cell it bounds: the metric per seed, and "passed" when
+    every seed reaches the bound ("failed" otherwise, "pending" until every seed is scored)."""
+    rows = []
+    for control, cells in plan.controls:
+        for cell in cells:
+            row = {"control": control.index, "claim": control.claim, "cell": cell.name,
+                   "metric": control.metric.text, "bound": control.text}
+            by_seed = scored.get(cell.name, {})
+            if not all(s in by_seed for s in plan.spec.seeds):
+                rows.append({**row, "status": "pending"})
+                continue
+            values = [metric_mean(by_seed[s], control.metric) for s in plan.spec.seeds]
+            rows.append({**row, "per_seed": values, "mean": float(np.mean(values)),
+                         "status": "passed" if all(map(control.passes, values)) else "failed"})
+    return rows
+
+
+def gate(plan: SweepPlan, comparisons: list[dict], control_rows: list[dict]) -> None:
+    """A comparison whose metric is of a kind a control bounds (passkey, exact, ...) is not
+    read where that control failed, or is still pending, on one of its cells or a cell they
+    started from: its verdict says so (its interval stays, and in Holm's family)."""
+    cells = [p.cell for p in plan.cells]
+    kinds = {c.index: c.metric.kinds for c, _ in plan.controls}
+    for row, pair in zip(comparisons, plan.pairs, strict=True):
+        if row["verdict"] == "pending":
+            continue
+        chain = {x.name for cell in (pair.a, pair.b, pair.a_ref, pair.b_ref) if cell is not None
+                 for x in (cell, *lineage(cells, cell))}
+        blocking = [c for c in control_rows if c["cell"] in chain
+                    and kinds[c["control"]] & pair.metric.kinds and c["status"] != "passed"]
+        if blocking:
+            first = blocking[0]
+            row["read_as"] = row["verdict"]
+            row["verdict"] = (f"not read: control {first['control']} {first['status']} in "
+                              f"{first['cell']}")
 
 
 def context_summary(plan: SweepPlan, scores: dict[int, dict]) -> dict:
@@ -263,6 +302,7 @@ def markdown(plan: SweepPlan, results: dict) -> str:
                       "them says little about the switch: train longer or on more data."]
     if spec.context is not None:
         lines += context_markdown(plan, results)
+    lines += control_markdown(results)
     lines += ["", "## Comparisons", "",
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
               "reported, each a paired difference a - b over seeds x held-out chunks of "
@@ -280,6 +320,23 @@ RELATIVE_NOTE = ("\"X - Y\" as a or b (relative_to): cell X's values minus its r
                  "Y's, chunk by chunk, so a - b compares the two changes. ")
 HOLM_NOTE = ("The interval is drawn at the level Holm's procedure tests it at (family-wise 95% "
              "over the scored ones); \"inconclusive\" when it holds zero.")
+
+
+def control_markdown(results: dict) -> list[str]:
+    """The positive controls' table: each bound on each cell, per seed (none: nothing)."""
+    rows = results.get("controls") or []
+    if not rows:
+        return []
+    lines = ["", "## Positive controls", "",
+             "Declared before the runs: every seed of the cell must reach the bound, else the "
+             "comparisons of that score on it, and on the cells started from it, are not read "
+             "(their intervals are shown, and stay in Holm's family).", "",
+             "| # | claim | cell | bound | per seed | status |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        seeds = ", ".join(_fmt(v) for v in r.get("per_seed", ()))
+        lines.append(f"| {r['control']} | {r['claim']} | {r['cell']} | {r['bound']} | "
+                     f"{seeds} | {r['status']} |")
+    return lines
 
 
 def comparison_rows(results: dict) -> list[str]:
@@ -326,6 +383,7 @@ def task_markdown(plan: SweepPlan, results: dict, code: str) -> list[str]:
             entries.append("pending" if not e["per_seed"] else
                            f"{_fmt(e['mean'], 2)} ± {_fmt(e['std'], 2)}")
         lines.append(f"| {n} | " + " | ".join(entries) + " |")
+    lines += control_markdown(results)
     lines += ["", "## Comparisons", "",
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
               "reported, each a paired difference a - b of exact match over seeds x test "
@@ -509,7 +567,9 @@ def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: st
         "baselines": baseline_losses,
         "cells": [cell_summary(plan, p, scored[p.cell.name]) for p in plan.cells],
         "comparisons": compare(plan, scored),
+        "controls": controls(plan, scored),
     }
+    gate(plan, results["comparisons"], results["controls"])
     results["plots"] = plots(plan, results, out)
     write_json(os.path.join(out, "results.json"), results)
     tmp = os.path.join(out, f"report.md.tmp{os.getpid()}")

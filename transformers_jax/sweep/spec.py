@@ -50,6 +50,11 @@ fix for a bad one; nothing here imports JAX.
     metric = "loss@1x"
     relative_to = {learning_rate = "0.002"}     # what a higher rate costs each, compared
 
+    [[control]]                                 # a positive control: every seed of each
+    cells = {stage = "base"}                    # cell (default: all) must reach the bound,
+    metric = "passkey@1x"                       # else comparisons of that score on it and
+    at_least = 0.9                              # the cells started from it are not read
+
 ``[[cell]]`` tables list cells by hand (each ``name`` and its options) instead of, or beside,
 the product. A cell may start from another cell's runs, seed by seed (``from = "base"``): a
 fine-tune trains from the parent's run of the same seed with a budget of its own (``tokens``
@@ -88,7 +93,7 @@ from transformers_jax.overrides import closest
 from transformers_jax.sweep.context import PERTURBATIONS
 
 SECTIONS = {"title", "seeds", "base", "axes", "cell", "stage", "heldout", "eval", "baselines",
-            "compare"}
+            "compare", "control"}
 CELL_KEYS = {"name", "from", "train", "tokens"}  # besides model.FIELD / train.FIELD options
 OPTION = re.compile(r"(model|train)\.[a-z_][a-z0-9_.]*")
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
@@ -99,6 +104,7 @@ TASK_KEYS = {"lengths", "examples", "seed"}
 TEXT_EVAL_KEYS = EVAL_KEYS - {"task"}  # what a task sweep does not use (its batch: examples)
 BASELINE_KEYS = {"ngram"}
 COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better", "relative_to"}
+CONTROL_KEYS = {"cells", "metric", "at_least", "at_most", "claim"}
 PASSKEY_KEYS = {"lengths", "trials", "depths", "digits"}
 CONTEXT_KEYS = {"window", "target", "distances", "perturbations", "windows", "span", "seed"}
 METRIC = re.compile(r"^(loss|sliding|passkey)@(\d+(?:\.\d+)?x|\d+)$")
@@ -175,6 +181,11 @@ class Metric:
         return "higher" if accuracy or self.per_window else "lower"
 
     @property
+    def kinds(self) -> set[str]:
+        """The kinds of score its terms read (``loss``, ``passkey``, ``exact``, ...)."""
+        return {kind for kind, _ in self.terms}
+
+    @property
     def against_zero(self) -> bool:
         """Whether the metric is a difference, so that ``a`` alone can test it against zero."""
         return len(self.terms) == 2 or self.per_window
@@ -247,6 +258,28 @@ class Compare:
 
 
 @dataclasses.dataclass(frozen=True)
+class Control:
+    """A positive control: every seed of each cell it selects (``cells``; None: every cell)
+    must reach ``bound`` on ``metric`` before a comparison of the same kind of score is read
+    on that cell or a cell started from it (a passkey test means nothing about lengths past
+    training where the model does not retrieve within it)."""
+
+    cells: dict[str, str] | str | None
+    metric: Metric
+    bound: float
+    at_least: bool  # False: at most (a loss)
+    claim: str
+    index: int  # its place in the spec, from 1
+
+    def passes(self, value: float) -> bool:
+        return value >= self.bound if self.at_least else value <= self.bound
+
+    @property
+    def text(self) -> str:
+        return f"{self.metric.text} {'>=' if self.at_least else '<='} {self.bound:g}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Spec:
     path: str
     text: str  # the file as read (recorded with the results)
@@ -274,6 +307,7 @@ class Spec:
     slid: tuple[Length, ...] | None = None  # the lengths scored sliding too (None: all)
     context: Context | None = None  # [eval.context]; None: no context usage
     task: TaskEval | None = None  # [eval.task]: exact match of task cells, no held-out text
+    controls: tuple[Control, ...] = ()  # [[control]] tables: positive controls
 
     @property
     def sliding_lengths(self) -> tuple[Length, ...]:
@@ -673,6 +707,30 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
             isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 8 for k in orders):
         raise SpecError(f"[baselines] ngram = {orders!r}: a list of orders in 1-8 ([] for none)")
 
+    def check_terms(metric: Metric, where: str) -> None:
+        """Each term of ``metric`` is one this spec's evaluation scores."""
+        for kind, length in metric.terms:
+            if kind == "exact" or task is not None:
+                _check_exact_term(kind, length, task, f"{where}: {metric.text!r}")
+                continue
+            if kind.startswith("context:"):
+                _check_context_term(kind, length, context, f"{where}: {metric.text!r}")
+                continue
+            if kind == "sliding" and not sliding:
+                raise SpecError(f"{where}: {metric.text!r} needs sliding windows; set "
+                                "[eval] sliding = true")
+            if kind == "passkey" and passkey is None:
+                raise SpecError(f"{where}: {metric.text!r} needs passkey retrieval; set "
+                                "[eval] passkey = true (or a table of its settings)")
+            scored = (passkey["lengths"] if kind == "passkey" else
+                      slid if kind == "sliding" and slid is not None else lengths)
+            if not any(length.text == x.text for x in scored):
+                table = ("[eval] passkey lengths" if kind == "passkey" else "[eval] sliding"
+                         if kind == "sliding" and slid is not None else "[eval] lengths")
+                raise SpecError(f"{where}: {metric.text!r} needs length {length.text}, which "
+                                f"{table} ({[x.text for x in scored]}) does not score; add it "
+                                "there")
+
     compares = []
     for i, c in enumerate(_tables(raw, "compare"), 1):
         where = f"[[compare]] {i}"
@@ -718,30 +776,33 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
             raise SpecError(f"{where}: {metric.text!r} subtracts exact match example by example,"
                             " so it needs ranges of as many lengths on both sides (e.g. "
                             f"\"exact@{first} - exact@{lo}-{lo + widths[0]}\")")
-        for kind, length in metric.terms:
-            if kind == "exact" or task is not None:
-                _check_exact_term(kind, length, task, f"{where}: {metric.text!r}")
-                continue
-            if kind.startswith("context:"):
-                _check_context_term(kind, length, context, f"{where}: {metric.text!r}")
-                continue
-            if kind == "sliding" and not sliding:
-                raise SpecError(f"{where}: {metric.text!r} needs sliding windows; set "
-                                "[eval] sliding = true")
-            if kind == "passkey" and passkey is None:
-                raise SpecError(f"{where}: {metric.text!r} needs passkey retrieval; set "
-                                "[eval] passkey = true (or a table of its settings)")
-            scored = (passkey["lengths"] if kind == "passkey" else
-                      slid if kind == "sliding" and slid is not None else lengths)
-            if not any(length.text == x.text for x in scored):
-                table = ("[eval] passkey lengths" if kind == "passkey" else "[eval] sliding"
-                         if kind == "sliding" and slid is not None else "[eval] lengths")
-                raise SpecError(f"{where}: {metric.text!r} needs length {length.text}, which "
-                                f"{table} ({[x.text for x in scored]}) does not score; add it "
-                                "there")
+        check_terms(metric, where)
         compares.append(Compare(_selector(c.get("a"), f"{where} a"),
                                 _selector(c.get("b"), f"{where} b"), against, metric,
                                 str(c.get("claim", "")), better, i, relative_to))
+
+    controls = []
+    for i, c in enumerate(_tables(raw, "control"), 1):
+        where = f"[[control]] {i}"
+        _unknown(c, CONTROL_KEYS, where)
+        if "metric" not in c:
+            raise SpecError(f"{where}: give the metric every seed must reach "
+                            "(\"passkey@1x\")")
+        metric = parse_metric(c["metric"], f"{where} metric")
+        bounds = [k for k in ("at_least", "at_most") if k in c]
+        if len(bounds) != 1:
+            raise SpecError(f"{where}: give one bound, at_least (an accuracy: at_least = 0.9) "
+                            "or at_most (a loss)")
+        bound = c[bounds[0]]
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+            raise SpecError(f"{where} {bounds[0]} = {bound!r}: a number")
+        if len(metric.terms) != 1 or metric.per_window:
+            raise SpecError(f"{where}: {metric.text!r} is a difference; a control bounds one "
+                            "score (\"passkey@1x\", \"exact@1-20\", \"loss@1x\")")
+        check_terms(metric, where)
+        controls.append(Control(_selector(c.get("cells"), f"{where} cells"), metric,
+                                float(bound), bounds[0] == "at_least",
+                                str(c.get("claim", "")), i))
 
     title = raw.get("title", "")
     if not isinstance(title, str):
@@ -751,7 +812,8 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
                 bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
                 passkey,
                 _positive_int(ev.get("batch_size", 8), "[eval] batch_size"), max_tokens,
-                tuple(orders), tuple(compares), tuple(stages), slid, context, task)
+                tuple(orders), tuple(compares), tuple(stages), slid, context, task,
+                tuple(controls))
 
 
 def _task_lengths(value: Any, where: str) -> tuple[int, ...]:
