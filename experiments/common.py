@@ -297,7 +297,7 @@ def write_results(name: str, payload: dict, table: str, figure=None,
     from transformers_jax.sweep.splits import environment
 
     # time since the process started (a resumed run reads shorter; with several result files
-    # per process, as attention_variants' parts, each counts everything before it too)
+    # per process, each counts everything before it too)
     if not rebuilt:
         payload = {"command": command_line(), **environment(), **_cores_used(),
                    "device": jax.devices()[0].device_kind,
@@ -428,26 +428,3 @@ def fit_ylim(ax, values, pad: float = 0.08) -> tuple[float, float]:
     margin = pad * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1e-3)
     ax.set_ylim(lo - margin, hi + margin)
     return ax.get_ylim()
-
-
-def reference_lines(ax, refs: dict[str, float]) -> None:
-    """Baselines as dashed lines after the limits are set; those outside the limits are named
-    (with their values) in one note at the edge they lie beyond, not drawn by stretching the
-    axis."""
-    lo, hi = ax.get_ylim()
-    beyond: dict[str, list[str]] = {"above": [], "below": []}
-    for i, (name, value) in enumerate(refs.items()):
-        if value is None or not np.isfinite(value):
-            continue
-        if lo <= value <= hi:
-            ax.axhline(value, color="black", linestyle=(0, (4, 2 + 2 * i)), linewidth=0.8)
-            ax.annotate(f"{name} {value:.2f}", (0.01, value), xycoords=("axes fraction", "data"),
-                        fontsize=7, va="bottom")
-        else:
-            beyond["above" if value > hi else "below"].append(f"{name} {value:.2f}")
-    for side, names in beyond.items():
-        if names:
-            ax.annotate(f"{'↑' if side == 'above' else '↓'} {side}: " + ", ".join(names),
-                        (0.01, 0.98 if side == "above" else 0.02), xycoords="axes fraction",
-                        fontsize=7, va="top" if side == "above" else "bottom")
-    ax.set_ylim(lo, hi)

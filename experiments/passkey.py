@@ -19,7 +19,8 @@ after the query were right at chance rate (0.02-0.28 per digit over 40 windows p
 whole key), at L=64 and on the training text itself. Copying needs an induction circuit (a
 previous-token head and a head that attends to what followed the earlier marker), which this
 budget does not grow at any of those densities; so the control fails at the default scale, and
-retrieval is read at ``--scale large`` (an accelerator's budget).
+retrieval is read at an accelerator's budget: ``experiments/specs/passkey.toml``, a sweep
+behind a positive control at the training length.
 
 Easier forms fail the same way (2026-12-03, same model, seed 0): a one-digit key with every
 digit taken out of the text (the key the only digit in its window, one attention from the
@@ -46,7 +47,8 @@ below the 4-gram's 1.426) and then rises to 1.918: the 552 KB training text is r
 and its keys can be learned by heart. With ``copies=20`` (each epoch its own keys: nothing to
 learn by heart) 10.2M tokens stayed at chance too (per digit 0.09-0.11). So retrieval starts
 near 4x the default budget, where this corpus already over-fits: the control needs a larger
-corpus or model (``--scale large``: 82M tokens at width 512), not more steps here.
+corpus or model (the sweep above: 200M tokens of a 240 MB corpus at width 512), not more
+steps here.
 
 Why not ``tjax eval --passkey`` (``transformers_jax.evaluation.passkey_accuracy``): its needle
 and question are the original prompt's sentences, over 100 bytes together, so no pair fits the

@@ -275,116 +275,6 @@ def finding_attention_heads(out: dict) -> str:
     return " ".join(parts)
 
 
-def finding_attention_window(out: dict) -> str:
-    res = out["results"]
-    loss = {int(v["window"]): _mean(r["eval_loss"] for r in v["runs"]) for v in res.values()}
-    windows = sorted(loss)
-    full = loss[windows[-1]]
-    best = min(loss, key=loss.get)
-    parts = ["Held-out loss by window: "
-             + _listing([f"{w} {loss[w]:.3f}" for w in windows])
-             + f" (the last is the full causal mask at {out['seq_len']} tokens)."]
-    steps = list(zip(windows, windows[1:], strict=False))
-    comparisons = out.get("comparisons", {})
-    if comparisons:  # the paired intervals decide; the heuristics below are for old results
-        said = [f"window {w} {_paired(comparisons, f'{w} - full', +1)}" for w in windows[:-1]
-                if f"{w} - full" in comparisons]
-        parts.append("Minus full attention, paired (95%; \"as published\": the window costs "
-                     "loss): " + _listing(said) + ".")
-        costly = [w for w in windows[:-1] if f"{w} - full" in comparisons
-                  and comparisons[f"{w} - full"]["low"] > 0]
-        if not costly:
-            parts.append(f"No window from {windows[0]} keys on costs a measurable loss at this "
-                         "scale: the model uses little beyond its nearest tokens, so the "
-                         "expected cost of small windows needs a model that uses distant "
-                         "context (--scale large).")
-        return " ".join(parts)
-    if all(loss[a] >= loss[b] - 0.01 for a, b in steps):
-        within = [w for w in windows if loss[w] <= full + 0.02]
-        parts.append(f"Loss falls as the window grows, as expected: the smallest window "
-                     f"({windows[0]}) costs {loss[windows[0]] - full:+.3f} nats, and windows "
-                     f"from {within[0]} keys on are within 0.02 nats of full attention.")
-    elif best != windows[-1]:
-        trend = ("falls monotonically as the window shrinks"
-                 if all(loss[a] <= loss[b] + 0.01 for a, b in steps) else "is not monotone")
-        parts.append(f"Unexpectedly, loss {trend}: the best is window {best}, "
-                     f"{full - loss[best]:.3f} nats below full attention. At this training "
-                     "budget the model does not yet profit from distant context, and the "
-                     "restriction to nearby tokens likely acts as a helpful local bias; the "
-                     "expected cost of small windows needs a model trained long enough to use "
-                     "distant context (--scale large).")
-    else:
-        parts.append("Full attention is best, but loss is not monotone in the window at this "
-                     "noise level.")
-    return " ".join(parts)
-
-
-def finding_attention_prefix(out: dict) -> str:
-    res = out["results"]
-    em = {k: _mean(r["exact_match"] for r in v["runs"]) for k, v in res.items()}
-    loss = {k: _mean(r["eval_loss"] for r in v["runs"]) for k, v in res.items()}
-    order = sorted(res, key=lambda k: (-em[k], loss[k]))
-    parts = [f"On {out['task']['name']} (lengths 1-{out['task']['train_max']}, "
-             f"{out['task']['steps']} steps): "
-             + _listing([f"{k} exact match {em[k]:.3f}, loss {loss[k]:.3f}" for k in order])
-             + "."]
-    if all(v >= 0.99 for v in em.values()):  # a ceiling ranks nothing: loss near 0 is noise
-        parts.append("Every model solves the task at this budget (exact match at least 0.99), "
-                     "so the comparison with Raffel et al. 2020 (encoder-decoder > prefix LM > "
-                     "causal LM) is inconclusive here: the task is too easy to separate them "
-                     "(--scale large trains longer strings).")
-    elif {"prefix LM", "causal LM"} <= set(res):
-        better = (em["prefix LM"], -loss["prefix LM"]) > (em["causal LM"], -loss["causal LM"])
-        parts.append(f"The prefix LM {'beats' if better else 'does not beat'} the causal LM "
-                     f"on the same data ({'as' if better else 'unlike'} Raffel et al. 2020: "
-                     "encoder-decoder > prefix LM > causal LM).")
-    # A seed that has not converged at this budget can decide the ranking: say so.
-    spread = {k: [r["exact_match"] for r in v["runs"]] for k, v in res.items()}
-    unsteady = [k for k, v in spread.items() if len(v) > 1 and max(v) - min(v) > 0.1]
-    if unsteady:
-        parts.append("The seeds disagree (" + "; ".join(
-            f"{k} exact match per seed " + ", ".join(f"{x:.3f}" for x in spread[k])
-            for k in unsteady) + "): at this budget a run that has not converged decides the "
-            "ranking, so it is not a result; more steps or seeds (--scale large) settle it.")
-    return " ".join(parts)
-
-
-def finding_attention_stability(out: dict) -> str:
-    lrs = out["lrs"]
-    res = out["results"]
-    loss = {k: {lr: _mean(r["eval_loss"] for r in v[str(lr)]) for lr in lrs}
-            for k, v in res.items()}
-    div = {k: [lr for lr in lrs if any(r["diverged"] for r in v[str(lr)])]
-           for k, v in res.items()}
-    top = lrs[-1]
-    parts = [f"At the highest learning rate ({top:g}): "
-             + _listing([f"{k} {loss[k][top]:.3f}" for k in sorted(res,
-                                                               key=lambda k: loss[k][top])])
-             + "."]
-    spread = {k: max(v.values()) - min(v.values()) for k, v in loss.items()}
-    parts.append("Loss range across learning rates (sensitivity): "
-                 + _listing([f"{k} {spread[k]:.3f}" for k in sorted(spread, key=spread.get)])
-                 + " nats.")
-    failed = {k: v for k, v in div.items() if v}
-    parts.append("Above the unigram baseline (diverged): "
-                 + (_listing([f"{k} at lr {', '.join(f'{x:g}' for x in v)}"
-                              for k, v in failed.items()]) if failed else "none") + ".")
-    comparisons = out.get("comparisons", {})
-    if comparisons:  # Wortsman et al.: QK-norm (and capping) help at high learning rates
-        said = [f"{k} at lr {lr:g} {_paired(comparisons, f'{k} - baseline @ {lr}', -1)}"
-                for k in res if k != "baseline" for lr in lrs[1:]
-                if f"{k} - baseline @ {lr}" in comparisons]
-        if said:
-            parts.append("Minus the baseline at the same rate, paired (95%; \"as published\": "
-                         "the variant is better): " + _listing(said) + ".")
-    elif "baseline" in loss and "qk_norm" in loss:
-        ok = loss["qk_norm"][top] < loss["baseline"][top]
-        parts.append(f"QK-norm {'lowers' if ok else 'does not lower'} the high-rate loss "
-                     f"({loss['qk_norm'][top] - loss['baseline'][top]:+.3f} nats; "
-                     f"{'as' if ok else 'unlike'} Wortsman et al. 2023).")
-    return " ".join(parts)
-
-
 # ------------------------------------------------------------------------------ registry
 
 
@@ -405,8 +295,8 @@ class Experiment:
     runtime: str
     workers: bool = False  # takes --workers N: its runs train in N processes at once (CPU)
     superseded_by: str | None = None  # the sweep under results/sweeps/ that replaces it
-    # (spec file in experiments/specs/, the parts it declares): specs not yet run, which will
-    # replace it
+    # (spec file in experiments/specs/, what it measures): the sweeps that took over parts of
+    # it, each shown by its report once one is committed, else by its command
     specs: tuple[tuple[str, str], ...] = ()
 
 
@@ -434,31 +324,22 @@ EXPERIMENTS = (
     ),
     Experiment(
         "attention_variants", "Attention variants",
-        "Four parts, selectable with --part: MHA vs GQA vs MQA (held-out loss after the same "
-        "training; KV-cache decoding tokens/s); sliding-window size (held-out loss vs window); "
-        "prefix-LM vs causal LM on a conditional task (reverse, same data and budget, with an "
-        "encoder-decoder for reference); QK-norm and attention logit soft-capping under a "
-        "learning-rate sweep (1x, 10x, 100x the default).",
+        "MHA vs GQA vs MQA: held-out loss after the same training, and KV-cache decoding speed "
+        "(tokens/s at batch 1 and a larger batch, long cache) with the cache bytes per token. "
+        "The script's other parts (sliding windows, prefix-LM vs causal LM, QK-norm and "
+        "soft-capping under a learning-rate sweep) are sweeps only, listed below; their old "
+        "results on the built-in corpus: `git show 030c6ad:experiments/README.md`.",
         "Ainslie et al. 2023 (GQA, T5-XXL; time per sample / average score): MHA 1.51 s / 47.2, "
-        "GQA-8 0.28 s / 47.1, MQA 0.24 s / 46.6: GQA keeps MHA quality at close to MQA speed. "
-        "Raffel et al. 2020 (T5 Table 2): encoder-decoder 83.28 > prefix LM 81.82 > causal LM "
-        "74.70. Wortsman et al. 2023: QK-layernorm makes small models far less sensitive to "
-        "high learning rates (no attention-logit blow-up); Gemma 2 soft-caps attention logits "
-        "at 50.",
-        (Section("attention_variants_heads", "MHA vs GQA vs MQA", finding_attention_heads),
-         Section("attention_variants_window", "Sliding-window size", finding_attention_window),
-         Section("attention_variants_prefix", "Prefix LM vs causal LM",
-                 finding_attention_prefix),
-         Section("attention_variants_stability", "QK-norm and soft-cap under a learning-rate "
-                 "sweep", finding_attention_stability)),
-        "45 text runs of 2.0M tokens (3 seeds) and 9 task runs: 55 min measured on 2 CPU "
-        "cores (2026-11-30, load average about 2); the committed text parts were re-run "
-        "(2026-12-04) on one core each beside another experiment: stability 64 min, window "
-        "29, heads 15 (its decoding then re-timed on 2 quiet cores); resumable",
-        specs=(("attention_variants.toml", "heads and window"),
+        "GQA-8 0.28 s / 47.1, MQA 0.24 s / 46.6: GQA keeps MHA quality at close to MQA speed.",
+        (Section("attention_variants_heads", None, finding_attention_heads),),
+        "9 text runs of 2.0M tokens (3 seeds), about 65 s each on 2 quiet CPU cores, then "
+        "decoding timed on each model; the committed runs trained on one core beside another "
+        "experiment (2026-12-04, 15 min), their decoding re-timed on 2 quiet cores; resumable",
+        specs=(("attention_variants.toml", "the heads' loss at matched parameters, and sliding "
+                "windows"),
+               ("attention_prefix.toml", "prefix-LM vs causal LM"),
                ("attention_stability.toml", "stability, each rate against the variant's own "
-                "converged loss"),
-               ("attention_prefix.toml", "prefix")),
+                "converged loss")),
     ),
 )
 
@@ -532,10 +413,10 @@ def build_readme(results: str, readme: str = README) -> str:
             f"[`{exp.module}.py`]({exp.module}.py).",
             "",
         ]
-        if exp.specs:  # its tjax sweep form, declared before any run
-            lines += ["**Declared as sweeps** (not yet run; docs/experiments.md): " + "; ".join(
-                f"{part}: `tjax sweep experiments/specs/{spec} --out sweeps/"
-                f"{spec.removesuffix('.toml')}`" for spec, part in exp.specs) + ".", ""]
+        if exp.specs:
+            lines += ["**Sweeps** on the research corpus (docs/experiments.md): "
+                      + "; ".join(_spec_entry(results, rel, spec, what)
+                                  for spec, what in exp.specs) + ".", ""]
         for section in exp.sections:
             if section.title:
                 lines += [f"### {section.title}", ""]
@@ -556,13 +437,20 @@ def build_readme(results: str, readme: str = README) -> str:
                 if payload.get("shuffle_rows") == 0:  # text trained on unshuffled rows
                     lines += [UNSHUFFLED_CAVEAT, ""]
             if not shown:
-                part = section.name[len(exp.module) + 1:]
-                flag = f" --part {part}" if part else ""
-                lines += [f"Not run yet: `{command}{flag}`", ""]
+                lines += [f"Not run yet: `{command}`", ""]
     text = "\n".join(lines).rstrip() + "\n"
     with open(readme, "w") as f:
         f.write(text)
     return text
+
+
+def _spec_entry(results: str, rel: str, spec: str, what: str) -> str:
+    """A spec's report once committed under ``results/sweeps/``, else the command to run it."""
+    name = spec.removesuffix(".toml")
+    if os.path.exists(os.path.join(results, "sweeps", name, "report.md")):
+        return f"{what}: [report]({rel}/sweeps/{name}/report.md) (`experiments/specs/{spec}`)"
+    return (f"{what}: `tjax sweep experiments/specs/{spec} --out sweeps/{name}` "
+            "(not yet run)")
 
 
 def _sweep_reports(results: str, rel: str) -> list[str]:
@@ -595,17 +483,12 @@ def _anchor(title: str) -> str:
 # ------------------------------------------------------------------------------ main
 
 
-# the experiment modules an experiment imports besides the shared ones
-DEPENDS_ON = {"attention_variants": ("synthetic_generalisation.py",)}
-
-
 def _done_key(name: str, scale: str) -> str:
     """What a finished experiment depended on: its source, the shared code, the scale."""
     import hashlib
 
     digest = hashlib.sha256(scale.encode())
-    for part in (f"{name}.py", *DEPENDS_ON.get(name, ()), "common.py", "splits.py", "stats.py",
-                 "ngram.py"):
+    for part in (f"{name}.py", "common.py", "splits.py", "stats.py", "ngram.py"):
         path = os.path.join(HERE, part)
         if os.path.exists(path):
             with open(path, "rb") as f:
@@ -654,21 +537,16 @@ def run_experiments(names: list[str], scale: str, results: str,
 
 
 def replot_experiments(names: list[str], scale: str, results: str) -> dict[str, dict]:
-    """``python -m experiments.NAME --scale S --replot`` (``--part`` the parts found) for each
-    experiment with results at ``scale`` in ``results``; the others are skipped."""
+    """``python -m experiments.NAME --scale S --replot`` for each experiment with results at
+    ``scale`` in ``results``; the others are skipped."""
     root = os.path.dirname(HERE)
     env = {**os.environ, "TJAX_RESULTS_DIR": os.path.abspath(results)}
     status = {}
     for name in names:
-        found = sorted(glob.glob(os.path.join(results, f"{name}_*{scale}.json")))
-        parts = [os.path.basename(f)[len(name) + 1 : -len(f"_{scale}.json")] for f in found
-                 if os.path.basename(f).endswith(f"_{scale}.json")]
-        if not found:
+        if not glob.glob(os.path.join(results, f"{name}_*{scale}.json")):
             print(f"== {name}: no {scale} results in {results}; nothing to replot", flush=True)
             continue
         cmd = [sys.executable, "-m", f"experiments.{name}", "--scale", scale, "--replot"]
-        if any(parts):  # an experiment in parts (attention_variants): the ones found
-            cmd += ["--part", ",".join(p for p in parts if p)]
         print(f"== {' '.join(cmd[1:])}", flush=True)
         rc = subprocess.call(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL)
         status[name] = {"returncode": rc, "wall_s": 0.0}

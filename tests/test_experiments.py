@@ -119,8 +119,8 @@ def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
 
 
 def _fake_results(folder):
-    """Minimal default-scale results of every experiment but one attention part (whose tiny
-    result, like every tiny result, must not be shown)."""
+    """Minimal default-scale results of every experiment, and a tiny one (which, like every
+    tiny result, must not be shown)."""
     nan = float("nan")
     payloads = {
         "synthetic_generalisation_default": {
@@ -135,18 +135,7 @@ def _fake_results(folder):
                 "decode": {"batch_1": {"decode_tokens_per_s": 100.0},
                            "batch_8": {"decode_tokens_per_s": speed}}} for name, loss, speed in (
                     ("MHA", 2.00, 400.0), ("GQA-2", 2.01, 700.0), ("MQA", 2.05, 800.0))}},
-        "attention_variants_prefix_default": {
-            "task": {"name": "reverse", "train_max": 6, "steps": 10}, "results": {
-                name: {"runs": [{"exact_match": em, "eval_loss": loss} for em in ems]}
-                for name, ems, loss in (
-                    ("causal LM", (0.5,), 0.4), ("prefix LM", (0.8, 0.6), 0.2),
-                    ("encoder-decoder", (0.9,), 0.1))}},
-        "attention_variants_stability_default": {
-            "lrs": [0.01, 0.1], "results": {name: {
-                "0.01": [{"eval_loss": 2.0, "diverged": False}],
-                "0.1": [{"eval_loss": high, "diverged": high > 3}]} for name, high in (
-                    ("baseline", 3.5), ("qk_norm", 2.2))}},
-        "attention_variants_window_tiny": {"results": {}},
+        "attention_variants_heads_tiny": {"results": {}},
     }
     for name, payload in payloads.items():
         command = f"python -m experiments.{name.rsplit('_', 1)[0]}"
@@ -173,22 +162,19 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     # the findings are computed from the JSON
     assert "none 0.25" in text  # mean exact match over lengths 3-4
     assert "GQA-2 is within 2% of MHA's loss" in text
-    assert "The prefix LM beats the causal LM" in text
-    assert "The seeds disagree (prefix LM exact match per seed 0.800, 0.600)" in text
-    assert "QK-norm lowers the high-rate loss" in text and "baseline at lr 0.1" in text
-    for name in ("attention_variants_heads", "attention_variants_prefix",
-                 "attention_variants_stability"):
-        assert f"| FAKE {name}_default |" in text
-    # missing results say how to produce them; tiny results are never shown
-    assert "Not run yet: `python -m experiments.attention_variants --part window`" in text
-    assert "FAKE attention_variants_window_tiny" not in text
-    assert text.count("Not run yet") == 1
+    assert "| FAKE attention_variants_heads_default |" in text
+    assert "FAKE attention_variants_heads_tiny" not in text  # tiny results are never shown
+    assert "Not run yet" not in text
     # a caveat under the one result trained on unshuffled rows, and only there
     assert text.count(run_all.UNSHUFFLED_CAVEAT) == 1
-    heads = text[text.index("### MHA vs GQA vs MQA"):text.index("### Sliding-window size")]
-    assert run_all.UNSHUFFLED_CAVEAT in heads
+    assert run_all.UNSHUFFLED_CAVEAT in text[text.index("## 2. Attention variants"):]
     # no sweep report, no experiment superseded: neither is mentioned
     assert "Sweeps on the research corpus" not in text and "Superseded" not in text
+    # missing results say how to produce them (a tiny result does not count)
+    (results / "attention_variants_heads_default.json").unlink()
+    text = run_all.build_readme(str(results), str(readme))
+    assert "Not run yet: `python -m experiments.attention_variants`\n" in text
+    assert text.count("Not run yet") == 1 and "FAKE attention_variants_heads" not in text
 
 
 def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_path,
@@ -215,13 +201,23 @@ def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_p
     section = text[text.index("## 1."):text.index("## 2.")]
     assert "**Superseded** by the sweep [`demo`](results/sweeps/demo/report.md)" in section
     assert text.count("**Superseded**") == 1
-    # specs declared, not yet run: named with their commands under their experiment only
+    # the sweeps that took over an experiment's parts, under that experiment only: by their
+    # command while no report is committed, then by their report
     attention = text[text.index("## 2. Attention variants"):]
     assert ("stability, each rate against the variant's own converged loss: `tjax sweep "
-            "experiments/specs/attention_stability.toml --out sweeps/attention_stability`"
-            ) in attention
-    assert "prefix: `tjax sweep experiments/specs/attention_prefix.toml" in attention
-    assert text.count("**Declared as sweeps**") == 1
+            "experiments/specs/attention_stability.toml --out sweeps/attention_stability` (not "
+            "yet run)") in attention
+    assert ("prefix-LM vs causal LM: `tjax sweep experiments/specs/attention_prefix.toml "
+            "--out sweeps/attention_prefix` (not yet run)") in attention
+    assert text.count("**Sweeps** on the research corpus") == 1
+    (results / "sweeps" / "attention_prefix").mkdir()
+    (results / "sweeps" / "attention_prefix" / "report.md").write_text("# Prefix\n")
+    text = run_all.build_readme(str(results), str(tmp_path / "README.md"))
+    attention = text[text.index("## 2. Attention variants"):]
+    assert ("prefix-LM vs causal LM: [report](results/sweeps/attention_prefix/report.md) "
+            "(`experiments/specs/attention_prefix.toml`)") in attention
+    assert "--out sweeps/attention_prefix` (not yet run)" not in text
+    assert "--out sweeps/attention_stability` (not yet run)" in attention
 
 
 def test_the_committed_readme_is_built_from_the_committed_results(tmp_path):
@@ -235,11 +231,15 @@ def test_the_committed_readme_is_built_from_the_committed_results(tmp_path):
         assert f.read() == built, ("experiments/README.md is stale: rebuild it with "
                                    "python -m experiments.run_all --rebuild-only")
     assert "](results/sweeps/context_usage/report.md)" in built
+    # the attention script's retired parts point at their sweeps' reports
+    attention = built[built.index("## 2. Attention variants"):]
+    for name in ("attention_variants", "attention_prefix"):
+        assert f"[report](results/sweeps/{name}/report.md)" in attention
 
 
 def test_findings_read_the_paired_intervals():
     """Results with paired intervals: GQA is an equivalence claim (within 2% of MHA's loss),
-    MQA, the stability variants, the windows and the synthetic rankings sign claims."""
+    MQA and the synthetic rankings sign claims."""
     from experiments import run_all
 
     def iv(mean, half):
@@ -254,14 +254,7 @@ def test_findings_read_the_paired_intervals():
     assert "GQA-2 +0.010 [+0.000, +0.020] nats: as published" in text  # within +-0.040
     assert "GQA-4 +0.200 [+0.150, +0.250] nats: unlike the paper" in text
     assert "MQA +0.050 [+0.040, +0.060] nats: as published" in text
-    stability = {"lrs": [0.01, 0.1], "results": {name: {
-        "0.01": [{"eval_loss": 2.0, "diverged": False}],
-        "0.1": [{"eval_loss": high, "diverged": False}]} for name, high in (
-            ("baseline", 2.5), ("qk_norm", 2.2))},
-        "comparisons": {"qk_norm - baseline @ 0.1": iv(-0.3, 0.1),
-                        "qk_norm - baseline @ 0.01": iv(float("nan"), 0.0)}}
-    text = run_all.finding_attention_stability(stability)
-    assert "qk_norm at lr 0.1 -0.300 [-0.400, -0.200] nats: as published" in text
+
     def copy_runs(exact_at_3):  # train_max 2: lengths 3-4 are the near test lengths
         return [{"exact": {"1": 1.0, "2": 1.0, "3": x, "4": x / 2}} for x in exact_at_3]
 
@@ -276,21 +269,6 @@ def test_findings_read_the_paired_intervals():
     synthetic["results"]["gpt"]["copy"]["rope"][2]["exact"]["1"] = 0.0  # another: 0.5
     text = run_all.finding_synthetic_generalisation(synthetic)
     assert "Caveat: rope did not fit" in text and "rope 2 of 3)" in text
-    window = {"seq_len": 64, "results": {str(w): {"window": w, "full": w == 64, "runs": [
-        {"eval_loss": loss}]} for w, loss in ((4, 1.6), (16, 1.5), (64, 1.5))},
-        "comparisons": {"4 - full": iv(0.1, 0.05), "16 - full": iv(0.0, 0.02)}}
-    text = run_all.finding_attention_window(window)
-    assert "window 4 +0.100 [+0.050, +0.150] nats: as published" in text
-    assert "window 16 +0.000 [-0.020, +0.020] nats: inconclusive" in text
-    assert "falls as the window grows" not in text and "No window" not in text
-    window["comparisons"]["4 - full"] = iv(-0.004, 0.01)
-    assert "No window from 4 keys on costs a measurable loss" in \
-        run_all.finding_attention_window(window)
-    prefix = {"task": {"name": "reverse", "train_max": 12, "steps": 600}, "results": {
-        name: {"runs": [{"exact_match": 1.0, "eval_loss": loss}]} for name, loss in (
-            ("causal LM", 0.011), ("prefix LM", 0.004), ("encoder-decoder", 0.002))}}
-    text = run_all.finding_attention_prefix(prefix)
-    assert "Every model solves the task at this budget" in text and "beats" not in text
 
 
 def test_findings_give_no_verdict_without_paired_intervals():
@@ -340,16 +318,15 @@ def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypa
     calls = []
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env, stdout: calls.append(cmd[1:]) or 0)
-    for name in ("synthetic_generalisation_tiny", "attention_variants_window_tiny",
-                 "attention_variants_heads_tiny", "attention_variants_prefix_default"):
+    for name in ("synthetic_generalisation_tiny", "attention_variants_heads_tiny",
+                 "attention_variants_heads_default"):
         (tmp_path / f"{name}.json").write_text("{}")
     readme = tmp_path / "README.md"
     assert run_all.main(["--replot", "--scale", "tiny", "--results", str(tmp_path),
                          "--readme", str(readme)]) == 0
-    assert calls == [  # only what has tiny results, attention_variants only its parts found
+    assert calls == [  # only what has tiny results
         ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--replot"],
-        ["-m", "experiments.attention_variants", "--scale", "tiny", "--replot",
-         "--part", "heads,window"]]
+        ["-m", "experiments.attention_variants", "--scale", "tiny", "--replot"]]
     assert readme.exists() and "nothing to replot" not in capsys.readouterr().out
     calls.clear()  # no large results at all: nothing runs, and each experiment says so
     assert run_all.main(["--replot", "--scale", "large", "--results", str(tmp_path),
