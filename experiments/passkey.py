@@ -32,10 +32,9 @@ ALiBi and learned positions at chance, and so did the plain PyTorch GPT of
 ``benchmarks/torch_gpt.py`` on the same text: not a defect of this library, a plateau longer than
 the budget. Random strings of 6-19 characters written twice stayed uncopied after 3,000 steps
 (loss 3.32; copying gives about 1.75), while strings of one fixed length were copied after 600
-(by their fixed offset, not by content). Nor does the learning rate at which
-``synthetic_generalisation``'s 4-layer models learn to copy help (2026-12-04, lr 1e-3, seed 0,
-3.1M tokens, pairs every 128 bytes (6%) or every 32 (12%)): no key of 200 at L=64, per digit
-0.08-0.15.
+(by their fixed offset, not by content). Nor does the learning rate at which 4-layer models
+learn the synthetic copy task help (2026-12-04, lr 1e-3, seed 0, 3.1M tokens, pairs every 128
+bytes (6%) or every 32 (12%)): no key of 200 at L=64, per digit 0.08-0.15.
 
 How many tokens it would take (2026-12-04, ``experiments.passkey_budget``: one run of the
 default base model with pairs every 32 bytes, lr 1e-3 warmup-cosine over the whole run, a

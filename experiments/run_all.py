@@ -2,7 +2,7 @@
 
     python -m experiments.run_all --workers 2          # default scale, on 2 CPU cores
     python -m experiments.run_all --scale large        # accelerator-sized runs
-    python -m experiments.run_all --only synthetic_generalisation,attention_variants
+    python -m experiments.run_all --only attention_variants
     python -m experiments.run_all --rebuild-only       # only regenerate the README
     python -m experiments.run_all --replot             # every table and plot from its JSON,
                                                        # then the README (trains nothing)
@@ -52,13 +52,6 @@ def _mean(values) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
-def _family(name: str):
-    """The registry entry of a model family (what a finding asks of it, never its name)."""
-    from transformers_jax.registry import FAMILIES
-
-    return FAMILIES.get(name)
-
-
 def _paired(comparisons: dict, key: str, published_sign: int) -> str | None:
     """"d [low, high]: verdict" for a stored paired interval (None when not stored)."""
     from experiments.stats import Interval, verdict
@@ -90,140 +83,6 @@ def _listing(items: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------ findings
-
-
-def _exact_match_interval(out: dict, a: str, b: str, L: int, hi: int):
-    """The paired 95% interval of scheme ``a``'s exact match minus ``b``'s (decoder-only),
-    over seeds x (task, length) for lengths L+1..hi: both were scored on the same examples.
-    None when the results lack per-seed lengths or the seeds do not pair."""
-    from experiments.stats import paired_interval
-
-    rows: dict[int, list[float]] = {}
-    decoder_only = [f for f in out["results"] if not _family(f).cross_attention]
-    for schemes in (out["results"][decoder_only[0]] if decoder_only else {}).values():
-        runs_a, runs_b = schemes.get(a), schemes.get(b)
-        if not runs_a or not runs_b or len(runs_a) != len(runs_b):
-            return None
-        for seed, (ra, rb) in enumerate(zip(runs_a, runs_b, strict=True)):
-            for n in range(L + 1, hi + 1):
-                xa, xb = ra.get("exact", {}).get(str(n)), rb.get("exact", {}).get(str(n))
-                if xa is None or xb is None:
-                    return None
-                rows.setdefault(seed, []).append(float(xa) - float(xb))
-    if not rows:
-        return None
-    return paired_interval(np.array([rows[s] for s in sorted(rows)]))
-
-
-def _unfit_runs(out: dict, schemes) -> dict[str, tuple[int, int]]:
-    """Per decoder-only scheme: (runs whose mean exact match over lengths 1..L is below 0.9,
-    runs), over seeds and tasks: a scheme that fails in some seeds reads apart from one that
-    fits in none."""
-    from experiments.synthetic_generalisation import summarise_bins
-
-    L, test_max = out["train_max"], out["test_max"]
-    counts = {}
-    for scheme in schemes:  # a run's first bin is its training lengths 1..L
-        fits = [next(iter(summarise_bins(r["exact"], L, test_max).values()))
-                for family, tasks in out["results"].items() if not _family(family).cross_attention
-                for runs in (t.get(scheme, []) for t in tasks.values()) for r in runs]
-        counts[scheme] = (sum(f < 0.9 for f in fits), len(fits))
-    return counts
-
-
-def finding_synthetic_generalisation(out: dict) -> str:
-    from experiments.synthetic_generalisation import (
-        bin_means,
-        bin_name,
-        length_bins,
-        near_token_accuracy,
-    )
-
-    L, test_max = out["train_max"], out["test_max"]
-    names = [bin_name(lo, hi, L) for lo, hi in length_bins(L, test_max)]
-    train_bin, ood = names[0], names[1:]
-    near = [bin_name(lo, hi, L) for lo, hi in length_bins(L, test_max)[1:] if hi <= 2 * L]
-    hi_near = min(2 * L, test_max)
-    parts = []
-    anything = False
-    has_tokens = all("token_accuracy" in r for f in out["results"].values()
-                     for t in f.values() for runs in t.values() for r in runs)
-    token_acc = near_token_accuracy(out) if has_tokens else {}
-    decoder_gen: dict = {}  # scheme -> near-OOD exact match per decoder-only task
-    decoder_fit: dict = {}  # scheme -> in-distribution exact match per decoder-only task
-    for family, tasks in bin_means(out).items():
-        encdec = _family(family).cross_attention
-        label = "encoder-decoder" if encdec else "decoder-only"
-        for task, schemes in tasks.items():
-            ind = {s: v[train_bin] for s, v in schemes.items()}
-            gen = {s: _mean(v[b] for b in near) for s, v in schemes.items()
-                   if not math.isnan(_mean(v[b] for b in near))}
-            first = {s: v[ood[0]] for s, v in schemes.items() if not math.isnan(v[ood[0]])}
-            if not encdec:
-                for scheme in gen:
-                    decoder_gen.setdefault(scheme, []).append(gen[scheme])
-                for scheme in ind:
-                    decoder_fit.setdefault(scheme, []).append(ind[scheme])
-            fitted = [s for s, a in ind.items() if a >= 0.9]
-            text = (f"{task} ({label}): {len(fitted)}/{len(ind)} schemes reach >= 0.9 exact "
-                    f"match at the training lengths")
-            if len(fitted) < len(ind):
-                text += (" (not: " + _listing([f"{s} {a:.2f}" for s, a in ind.items()
-                                               if a < 0.9]) + ")")
-            if gen:
-                ranked = sorted(gen, key=gen.get, reverse=True)
-                text += (f"; mean exact match over lengths {L + 1}-{hi_near}: "
-                         + _listing([f"{s} {gen[s]:.2f}" for s in ranked]))
-                top = max(first.values()) if first else 0.0
-                anything |= top >= 0.05
-                if first and top > 0:
-                    text += (f"; at length(s) {ood[0]} the best is "
-                             f"{max(first, key=first.get)} with {top:.2f}")
-            tok = {k: v for k, v in token_acc.get(family, {}).get(task, {}).items()
-                   if not math.isnan(v)}
-            if tok:
-                text += (f"; answer-token accuracy over {L + 1}-{hi_near}: "
-                         + _listing([f"{k} {tok[k]:.2f}" for k in sorted(tok, key=tok.get,
-                                                                         reverse=True)]))
-            parts.append(text + ".")
-    if not anything:
-        parts.append("At this scale no scheme generalises past the training lengths (exact "
-                     "match below 0.05 just beyond L).")
-    gen_mean = {k: _mean(v) for k, v in decoder_gen.items()}
-    if len(gen_mean) > 1:
-        ranked = sorted(gen_mean, key=gen_mean.get, reverse=True)
-        parts.append(f"Decoder-only, averaged over tasks (exact match over {L + 1}-{hi_near}): "
-                     + _listing([f"{k} {gen_mean[k]:.2f}" for k in ranked]) + ".")
-        checks = []
-        for better, worse in (("t5", "rope"), ("t5", "sinusoidal"), ("alibi", "rope"),
-                              ("alibi", "sinusoidal"), ("t5", "alibi"), ("none", "rope"),
-                              ("none", "alibi")):
-            if better in gen_mean and worse in gen_mean:
-                interval = _exact_match_interval(out, better, worse, L, hi_near)
-                if interval is None:  # no per-seed lengths, or unpaired seeds: no verdict
-                    checks.append(f"{better} vs {worse}: no paired interval in these results "
-                                  "(re-run python -m experiments.synthetic_generalisation)")
-                else:
-                    from experiments.stats import verdict
-
-                    checks.append(f"{better} better than {worse}: {verdict(interval, +1)} "
-                                  f"({interval})")
-        if checks:
-            parts.append("Against Kazemnejad et al. 2023 (decoder-only exact match over "
-                         f"{L + 1}-{hi_near}, paired over seeds x tasks x lengths, 95%): "
-                         + "; ".join(checks) + ".")
-        unfit = [k for k, v in decoder_fit.items() if _mean(v) < 0.9]
-        if unfit:
-            failed = _unfit_runs(out, unfit)
-            parts.append(f"Caveat: {_listing(unfit)} did not fit the training lengths at this "
-                         "budget (exact match below 0.9 there; runs below 0.9, of seeds x "
-                         "tasks: " + _listing([f"{k} {failed[k][0]} of {failed[k][1]}"
-                                               for k in unfit])
-                         + f"), so {'its' if len(unfit) == 1 else 'their'} extrapolation is not "
-                         "tested here; a longer run (--scale large) is needed.")
-    parts.append("Published (Kazemnejad et al. 2023, decoder-only): NoPE and T5 bias "
-                 "generalise best, ALiBi in between, sinusoidal and rotary worst.")
-    return " ".join(parts)
 
 
 def finding_attention_heads(out: dict) -> str:
@@ -301,27 +160,6 @@ class Experiment:
 
 
 EXPERIMENTS = (
-    Experiment(
-        "synthetic_generalisation", "Length generalisation on synthetic tasks",
-        "Models are trained on task lengths 1..L and scored by exact match at every length up "
-        "to 4L (2L at --scale large). Default: copy and reverse with L=8, decoder-only GPTs "
-        "(causal mask, as in the paper) with no positions, sinusoidal, RoPE, ALiBi and T5 bias, "
-        "and encoder-decoders with RoPE and T5 bias on reverse, 5 seeds; --scale large adds "
-        "addition, learned and FIRE and every scheme for the encoder-decoder, with 3 seeds "
-        "(its runs are longer and many more). Exact match is the "
-        "teacher-forced argmax over the answer and its eos, which equals greedy decoding; the "
-        "share of answer tokens right just past L gives partial credit. A prefix-LM or an "
-        "encoder without positions is permutation-invariant over the prompt, so NoPE is only "
-        "meaningful as a causal decoder.",
-        "Kazemnejad et al. 2023 (decoder-only, copy, reverse, addition, sorting, ..., trained "
-        "to L of about 20, tested to 2L): NoPE and T5 bias generalise best, ALiBi in between, "
-        "sinusoidal and rotary worst.",
-        (Section("synthetic_generalisation", None, finding_synthetic_generalisation),),
-        "60 runs (5 seeds, 4-layer models): about 61 min on 2 CPU cores with `--workers 2` "
-        "(2026-12-04, in two passes: 24 runs in 24.0 min and 24 in 25.4 min, the other 12 read "
-        "from the cache of earlier runs of the same config; resumable)",
-        workers=True,
-    ),
     Experiment(
         "attention_variants", "Attention variants",
         "MHA vs GQA vs MQA: held-out loss after the same training, and KV-cache decoding speed "

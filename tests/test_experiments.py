@@ -50,7 +50,7 @@ def test_run_workers_starts_one_process_per_shard_then_only_reads(results_dir, m
     monkeypatch.setattr(workers.subprocess, "Popen", Proc)
     monkeypatch.setattr(common, "READ_ONLY", False)  # restored after the test
     monkeypatch.setattr(common, "WORKER_CORES", None)
-    module = "experiments.synthetic_generalisation"
+    module = "experiments.demo"
     with pytest.raises(SystemExit, match="worker 1/2 \\(exit 3\\) failed"):
         common.run_workers(module, ["--seeds", "2"], 2)
     assert started == [[module, "--seeds", "2", f"--shard={s}"] for s in ("0/2", "1/2")]
@@ -118,17 +118,28 @@ def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
     assert sum(map(len, c.train_texts())) + c.meta()["heldout_bytes"] == one.stat().st_size
 
 
+def _with_a_second_experiment(monkeypatch):
+    """run_all's registry holds one experiment now; what it does across several (their order,
+    one section each, skipping those it finished) is tested with a stand-in second one,
+    ``demo``, whose finding reads its JSON."""
+    import dataclasses
+
+    from experiments import run_all
+
+    demo = dataclasses.replace(
+        run_all.EXPERIMENTS[0], module="demo", title="A demo experiment", specs=(),
+        tests="What the demo tests.", published="Demo et al. 2026: a published demo result.",
+        sections=(run_all.Section("demo", None, lambda out: f"demo scored {out['score']}."),),
+        workers=True)  # trains its runs in worker processes, unlike attention_variants
+    monkeypatch.setattr(run_all, "EXPERIMENTS", (demo, *run_all.EXPERIMENTS))
+    return run_all
+
+
 def _fake_results(folder):
-    """Minimal default-scale results of every experiment, and a tiny one (which, like every
-    tiny result, must not be shown)."""
-    nan = float("nan")
+    """Minimal default-scale results of each experiment (the real one and ``demo``), and a
+    tiny one (which, like every tiny result, must not be shown)."""
     payloads = {
-        "synthetic_generalisation_default": {
-            "train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
-                "none": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.5, "4": 0.0},
-                          "token_accuracy": {"1": 1.0, "2": 1.0, "3": 0.8, "4": 0.4}}],
-                "learned": [{"exact": {"1": 1.0, "2": 0.5, "3": nan, "4": nan},
-                             "token_accuracy": {"1": 1.0, "2": 0.7, "3": nan, "4": nan}}]}}}},
+        "demo_default": {"score": 0.25},
         "attention_variants_heads_default": {  # trained on unshuffled rows: the README says so
             "shuffle_rows": 0, "decode_batches": [1, 8], "results": {name: {
                 "runs": [{"eval_loss": loss}],
@@ -141,12 +152,11 @@ def _fake_results(folder):
         command = f"python -m experiments.{name.rsplit('_', 1)[0]}"
         (folder / f"{name}.json").write_text(json.dumps({"command": command, **payload}))
         (folder / f"{name}.md").write_text(f"Command: `{command}`\n\n| FAKE {name} |")
-    (folder / "synthetic_generalisation_default.png").write_bytes(b"\x89PNG fake")
+    (folder / "attention_variants_heads_default.png").write_bytes(b"\x89PNG fake")
 
 
-def test_run_all_rebuilds_the_readme_from_results(tmp_path):
-    from experiments import run_all
-
+def test_run_all_rebuilds_the_readme_from_results(tmp_path, monkeypatch):
+    run_all = _with_a_second_experiment(monkeypatch)
     results = tmp_path / "results"
     results.mkdir()
     _fake_results(results)
@@ -156,11 +166,12 @@ def test_run_all_rebuilds_the_readme_from_results(tmp_path):
     text = readme.read_text()
     for exp in run_all.EXPERIMENTS:
         assert f". {exp.title}" in text and exp.published[:40] in text
-    assert "| FAKE synthetic_generalisation_default |" in text
-    assert "![synthetic_generalisation (default)](results/synthetic_generalisation_default.png)" \
-        in text
+    assert "| FAKE demo_default |" in text
+    assert ("![attention_variants_heads (default)](results/attention_variants_heads_default.png)"
+            in text)
+    assert text.count("![") == 1  # demo has no plot: none shown for it
     # the findings are computed from the JSON
-    assert "none 0.25" in text  # mean exact match over lengths 3-4
+    assert "**Finding.** demo scored 0.25." in text
     assert "GQA-2 is within 2% of MHA's loss" in text
     assert "| FAKE attention_variants_heads_default |" in text
     assert "FAKE attention_variants_heads_tiny" not in text  # tiny results are never shown
@@ -183,8 +194,7 @@ def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_p
     experiment replaced by a sweep says so above its own (older) results."""
     import dataclasses
 
-    from experiments import run_all
-
+    run_all = _with_a_second_experiment(monkeypatch)
     results = tmp_path / "results"
     (results / "sweeps" / "demo").mkdir(parents=True)
     (results / "sweeps" / "demo" / "report.md").write_text(
@@ -232,14 +242,14 @@ def test_the_committed_readme_is_built_from_the_committed_results(tmp_path):
                                    "python -m experiments.run_all --rebuild-only")
     assert "](results/sweeps/context_usage/report.md)" in built
     # the attention script's retired parts point at their sweeps' reports
-    attention = built[built.index("## 2. Attention variants"):]
+    attention = built[built.index("## 1. Attention variants"):]
     for name in ("attention_variants", "attention_prefix"):
         assert f"[report](results/sweeps/{name}/report.md)" in attention
 
 
 def test_findings_read_the_paired_intervals():
     """Results with paired intervals: GQA is an equivalence claim (within 2% of MHA's loss),
-    MQA and the synthetic rankings sign claims."""
+    MQA a sign claim."""
     from experiments import run_all
 
     def iv(mean, half):
@@ -255,77 +265,47 @@ def test_findings_read_the_paired_intervals():
     assert "GQA-4 +0.200 [+0.150, +0.250] nats: unlike the paper" in text
     assert "MQA +0.050 [+0.040, +0.060] nats: as published" in text
 
-    def copy_runs(exact_at_3):  # train_max 2: lengths 3-4 are the near test lengths
-        return [{"exact": {"1": 1.0, "2": 1.0, "3": x, "4": x / 2}} for x in exact_at_3]
-
-    synthetic = {"train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
-        "t5": copy_runs((0.9, 0.8, 0.85)), "rope": copy_runs((0.1, 0.2, 0.1)),
-        "alibi": copy_runs((0.5, 0.1, 0.9))}}}}
-    text = run_all.finding_synthetic_generalisation(synthetic)
-    assert "t5 better than rope: as published (+0.538 [" in text
-    assert "alibi better than rope: inconclusive" in text  # one seed below rope
-    assert "Caveat" not in text  # every run fits lengths 1-2
-    synthetic["results"]["gpt"]["copy"]["rope"][1]["exact"]["2"] = 0.5  # one seed: 0.75 on 1-2
-    synthetic["results"]["gpt"]["copy"]["rope"][2]["exact"]["1"] = 0.0  # another: 0.5
-    text = run_all.finding_synthetic_generalisation(synthetic)
-    assert "Caveat: rope did not fit" in text and "rope 2 of 3)" in text
-
-
-def test_findings_give_no_verdict_without_paired_intervals():
-    """Synthetic results whose seeds do not pair get no threshold verdict on means: the
-    finding asks for a re-run (with intervals they are read, above)."""
-    from experiments import run_all
-
-    synthetic = {"train_max": 2, "test_max": 4, "results": {"gpt": {"copy": {
-        "t5": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.9, "4": 0.5}}] * 2,
-        "rope": [{"exact": {"1": 1.0, "2": 1.0, "3": 0.1, "4": 0.0}}]}}}}  # unpaired seeds
-    text = run_all.finding_synthetic_generalisation(synthetic)
-    assert "t5 vs rope: no paired interval in these results (re-run" in text
-    assert "as published" not in text.split("Published")[0]
-
 
 def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
-    from experiments import run_all
-
+    run_all = _with_a_second_experiment(monkeypatch)
     calls = []
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env: calls.append((cmd[1:], env)) or 0)
     readme = tmp_path / "README.md"
-    assert run_all.main(["--only", "attention_variants,synthetic_generalisation", "--scale",
+    assert run_all.main(["--only", "attention_variants,demo", "--scale",
                          "tiny", "--results", str(tmp_path), "--readme", str(readme)]) == 0
     assert [c[0] for c in calls] == [
-        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny"],
+        ["-m", "experiments.demo", "--scale", "tiny"],
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_RESULTS_DIR"] == str(tmp_path) for _, env in calls)
     assert readme.exists()
     calls.clear()  # --workers reaches only the experiments that train in parallel processes
-    assert run_all.main(["--only", "synthetic_generalisation,attention_variants", "--scale",
+    assert run_all.main(["--only", "demo,attention_variants", "--scale",
                          "tiny", "--results", str(tmp_path), "--readme", str(readme),
                          "--workers", "2"]) == 0
     assert calls == []  # both finished above: skipped
-    assert run_all.main(["--only", "synthetic_generalisation,attention_variants", "--scale",
+    assert run_all.main(["--only", "demo,attention_variants", "--scale",
                          "tiny", "--results", str(tmp_path), "--readme", str(readme),
                          "--workers", "2", "--fresh"]) == 0
     assert [c[0] for c in calls] == [
-        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--workers", "2"],
+        ["-m", "experiments.demo", "--scale", "tiny", "--workers", "2"],
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_FRESH"] == "1" for _, env in calls)
 
 
 def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypatch, capsys):
-    from experiments import run_all
-
+    run_all = _with_a_second_experiment(monkeypatch)
     calls = []
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env, stdout: calls.append(cmd[1:]) or 0)
-    for name in ("synthetic_generalisation_tiny", "attention_variants_heads_tiny",
+    for name in ("demo_tiny", "attention_variants_heads_tiny",
                  "attention_variants_heads_default"):
         (tmp_path / f"{name}.json").write_text("{}")
     readme = tmp_path / "README.md"
     assert run_all.main(["--replot", "--scale", "tiny", "--results", str(tmp_path),
                          "--readme", str(readme)]) == 0
     assert calls == [  # only what has tiny results
-        ["-m", "experiments.synthetic_generalisation", "--scale", "tiny", "--replot"],
+        ["-m", "experiments.demo", "--scale", "tiny", "--replot"],
         ["-m", "experiments.attention_variants", "--scale", "tiny", "--replot"]]
     assert readme.exists() and "nothing to replot" not in capsys.readouterr().out
     calls.clear()  # no large results at all: nothing runs, and each experiment says so
@@ -337,18 +317,17 @@ def test_run_all_replot_replots_what_it_finds_then_the_readme(tmp_path, monkeypa
 
 
 def test_run_all_skips_experiments_it_finished(tmp_path, monkeypatch):
-    from experiments import run_all
-
-    calls, rcs = [], {"experiments.synthetic_generalisation": 0,
+    run_all = _with_a_second_experiment(monkeypatch)
+    calls, rcs = [], {"experiments.demo": 0,
                       "experiments.attention_variants": 1}
     monkeypatch.setattr(run_all.subprocess, "call",
                         lambda cmd, cwd, env: calls.append(cmd[2]) or rcs[cmd[2]])
-    argv = ["--only", "attention_variants,synthetic_generalisation", "--scale", "tiny",
+    argv = ["--only", "attention_variants,demo", "--scale", "tiny",
             "--results", str(tmp_path), "--readme", str(tmp_path / "README.md")]
     assert run_all.main(argv) == 1  # attention_variants failed
     assert run_all.main(argv) == 1  # an interrupted/failed run_all continues where it stopped
-    assert calls == ["experiments.synthetic_generalisation", "experiments.attention_variants",
+    assert calls == ["experiments.demo", "experiments.attention_variants",
                      "experiments.attention_variants"]
     calls.clear()
     run_all.main([*argv, "--fresh"])
-    assert calls == ["experiments.synthetic_generalisation", "experiments.attention_variants"]
+    assert calls == ["experiments.demo", "experiments.attention_variants"]
