@@ -3,7 +3,6 @@ and writing results (JSON, a markdown table headed by the exact command, a PNG p
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -23,26 +22,17 @@ import numpy as np
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.config import SHUFFLE_ROWS
 from transformers_jax.loop import train
-from transformers_jax.registry import POSITIONS
 from transformers_jax.runs import load_run
 from transformers_jax.sweep.plan import token_stream
-from transformers_jax.sweep.workers import (
-    own_cores,
-    parse_shard,
-    run_shards,
-    without_option,
-    worker_cores,
-)
+from transformers_jax.sweep.workers import own_cores
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
 FRESH = os.environ.get("TJAX_FRESH", "") not in ("", "0")  # ignore cached runs
-READ_ONLY = False  # set after run_workers: a run missing from the cache is an error, not a run
-WORKER_CORES: list[list[int]] | None = None  # set by run_workers: the cores of each worker
 _STARTED = time.monotonic()  # the experiment process started about here: its measured time
 
 
 def elapsed_s() -> float:
-    """Seconds since this experiment process started (with --workers: theirs included)."""
+    """Seconds since this experiment process started."""
     return time.monotonic() - _STARTED
 
 
@@ -70,10 +60,6 @@ def cached_run(experiment: str, key: str, compute: Callable[[], dict]) -> dict:
     if not FRESH and os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    if READ_ONLY:
-        raise RuntimeError(f"{experiment}: run {key} is not in {os.path.dirname(path)} after the "
-                           "workers finished; they wrote another cache (a different "
-                           "TJAX_RESULTS_DIR or --data path?): run once without --workers")
     result = compute()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -88,11 +74,6 @@ def command_line() -> str:
     args = " ".join(shlex.quote(a) for a in sys.argv[1:])
     module = os.path.splitext(os.path.relpath(sys.argv[0]))[0].replace(os.sep, ".")
     return f"python -m {module} {args}".strip()
-
-
-def in_shard(k: int, shard: tuple[int, int] | None) -> bool:
-    """Whether run number ``k`` belongs to ``shard`` (every run when there is none)."""
-    return shard is None or k % shard[1] == shard[0]
 
 
 def add_shuffle_rows_option(parser) -> None:
@@ -117,60 +98,6 @@ def rows_line(shuffle_rows: int) -> str:
         return f"training rows shuffled in windows of {shuffle_rows} (--shuffle-rows)"
     return ("training rows unshuffled: a batch held mostly one document's neighbouring windows "
             "(--shuffle-rows 0)")
-
-
-def run_workers(module: str, argv: Sequence[str], workers: int) -> None:
-    """Compute an experiment's runs in ``workers`` processes at once (``module`` with ``argv``
-    and ``--shard i/workers`` each, in this process's directory and environment), and return
-    once all have finished: every run is then in the cache (``cached_run``), and the caller's
-    own pass only reads and reports (``READ_ONLY``). Small models leave cores idle: two runs
-    at once, one core each, trained 1.26x faster than one (``git show 896af77:BENCHMARKS.md``,
-    section 2d)."""
-    global READ_ONLY, WORKER_CORES
-    WORKER_CORES = worker_cores(workers)
-    failed = run_shards([sys.executable, "-m", module, *argv], WORKER_CORES)
-    if failed:
-        raise SystemExit(f"{module}: worker {', '.join(failed)} failed (its output is above); "
-                         "finished runs are cached, so running the same command again resumes")
-    READ_ONLY = True
-
-
-def add_worker_options(parser, help_workers: str) -> None:
-    """``--fresh``, ``--workers N`` and the hidden ``--shard i/n`` that ``--workers`` sets for
-    each worker process (``worker_shard`` reads them)."""
-    parser.add_argument("--fresh", action="store_true", help="ignore cached runs")
-    parser.add_argument("--workers", type=int, default=1, help=help_workers)
-    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # set by --workers
-
-
-def worker_shard(parser, args, module: str,
-                 argv: Sequence[str] | None) -> tuple[int, int] | None:
-    """Act on ``add_worker_options``' flags: ``--fresh`` recomputes; with ``--workers N`` (and
-    no ``--shard``, so not in a worker) N workers of ``module`` with the same arguments less
-    ``--workers``, after which the caller's own pass only reads the cache. Returns this
-    process's shard (None: every run)."""
-    global FRESH
-    if args.fresh:
-        FRESH = True
-    if args.workers < 1:
-        parser.error(f"--workers {args.workers}: must be at least 1")
-    try:
-        shard = parse_shard(args.shard)
-    except ValueError as e:
-        parser.error(str(e))
-    if args.workers > 1 and shard is None:
-        run_workers(module, without_option(sys.argv[1:] if argv is None else argv, "--workers"),
-                    args.workers)
-        FRESH = False  # what the workers just computed is what the report reads
-    return shard
-
-
-def position_for(scheme: str, train_len: int, max_eval: int) -> dict:
-    """The position config of ``scheme`` trained at ``train_len`` and evaluated up to
-    ``max_eval`` (recorded in the JSON and the tables): the entry's own ``length_settings``
-    (T5's buckets reach only as far as the training length, FIRE's threshold starts there,
-    randomized positions draw from the longest evaluated length)."""
-    return {"name": scheme, **POSITIONS.get(scheme).length_settings(train_len, max_eval)}
 
 
 def train_and_load(model_cfg: ModelConfig, train_cfg: TrainConfig, run_dir: str | None = None):
@@ -280,8 +207,6 @@ def core_count() -> int | None:
 def _cores_used() -> dict:
     """The cores the runs trained on (the thread count changes float rounding, so the last
     digits of a result depend on it)."""
-    if WORKER_CORES is not None:
-        return {"worker_cores": WORKER_CORES}
     cores = core_count()
     return {"cores": cores} if cores else {}
 
@@ -400,23 +325,6 @@ def baselines_line(base: dict) -> str:
 
 
 # ------------------------------------------------------------------------------ plots
-
-
-def plot_seeds(ax, xs: Sequence[float], ys_SX, label: str, **style):
-    """The mean over seeds as a line with markers, and the range over seeds as a band
-    (min to max: with 3-5 seeds every seed is shown rather than a standard error). Returns the
-    line (for a legend), or None where every value is NaN (nothing drawn)."""
-    ys = np.asarray(ys_SX, np.float64).reshape(-1, len(xs))
-    keep = ~np.isnan(ys).all(axis=0)
-    if not keep.any():
-        return None
-    x = np.asarray(xs, np.float64)[keep]
-    y = ys[:, keep]
-    (line,) = ax.plot(x, np.nanmean(y, axis=0), marker="o", markersize=3, label=label, **style)
-    if y.shape[0] > 1:
-        ax.fill_between(x, np.nanmin(y, axis=0), np.nanmax(y, axis=0), color=line.get_color(),
-                        alpha=0.2, linewidth=0)
-    return line
 
 
 def fit_ylim(ax, values, pad: float = 0.08) -> tuple[float, float]:

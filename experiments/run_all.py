@@ -1,6 +1,6 @@
 """Run every ablation experiment, then rebuild ``experiments/README.md`` from the results.
 
-    python -m experiments.run_all --workers 2          # default scale, on 2 CPU cores
+    python -m experiments.run_all                      # default scale (a 2-core CPU)
     python -m experiments.run_all --scale large        # accelerator-sized runs
     python -m experiments.run_all --only attention_variants
     python -m experiments.run_all --rebuild-only       # only regenerate the README
@@ -152,7 +152,6 @@ class Experiment:
     published: str
     sections: tuple[Section, ...]
     runtime: str
-    workers: bool = False  # takes --workers N: its runs train in N processes at once (CPU)
     superseded_by: str | None = None  # the sweep under results/sweeps/ that replaces it
     # (spec file in experiments/specs/, what it measures): the sweeps that took over parts of
     # it, each shown by its report once one is committed, else by its command
@@ -335,13 +334,12 @@ def _done_key(name: str, scale: str) -> str:
 
 
 def run_experiments(names: list[str], scale: str, results: str,
-                    fresh: bool = False, workers: int = 1) -> dict[str, dict]:
+                    fresh: bool = False) -> dict[str, dict]:
     """Run each experiment as its own process from the repository root, writing to
     ``results``; returns the exit status and wall time of each. An experiment that finished
     with the same code and scale is skipped (``results/.cache/run_all.json``), and wired
     experiments resume inside from their per-run cache, so an interrupted ``run_all``
-    continues where it stopped; ``fresh`` recomputes everything. ``workers`` > 1 goes to the
-    experiments that train their runs in parallel processes (``Experiment.workers``)."""
+    continues where it stopped; ``fresh`` recomputes everything."""
     root = os.path.dirname(HERE)
     env = {**os.environ, "TJAX_RESULTS_DIR": os.path.abspath(results)}
     if fresh:
@@ -359,8 +357,6 @@ def run_experiments(names: list[str], scale: str, results: str,
             status[name] = {"returncode": 0, "wall_s": 0.0, "skipped": True}
             continue
         cmd = [sys.executable, "-m", f"experiments.{name}", "--scale", scale]
-        if workers > 1 and any(e.workers for e in EXPERIMENTS if e.module == name):
-            cmd += ["--workers", str(workers)]
         print(f"== {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
         rc = subprocess.call(cmd, cwd=root, env=env)
@@ -406,13 +402,7 @@ def main(argv=None) -> int:
     parser.add_argument("--readme", default=README)
     parser.add_argument("--fresh", action="store_true",
                         help="rerun finished experiments and cached runs")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="on CPUs: train this many runs at once where an experiment can "
-                             f"({', '.join(e.module for e in EXPERIMENTS if e.workers)}; 2 on "
-                             "2 cores); 1 on an accelerator")
     args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error(f"--workers {args.workers}: must be at least 1")
     results = args.results or _results_dir()
     if args.replot and args.rebuild_only:
         parser.error("--replot already rebuilds the README: give one of --replot, "
@@ -428,7 +418,7 @@ def main(argv=None) -> int:
     if args.replot:
         status = replot_experiments(names, args.scale, results)
     elif not args.rebuild_only:
-        status = run_experiments(names, args.scale, results, args.fresh, args.workers)
+        status = run_experiments(names, args.scale, results, args.fresh)
     build_readme(results, args.readme)
     print(f"wrote {args.readme}")
     failed = [n for n, s in status.items() if s["returncode"]]

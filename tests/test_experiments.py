@@ -1,5 +1,6 @@
-"""The experiments' shared pieces (the run cache, worker processes, held-out scoring, the split)
-and run_all, which runs each experiment and rebuilds experiments/README.md from the results."""
+"""The experiments' shared pieces (the run cache, held-out scoring, the split), the sweep's
+worker processes, and run_all, which runs each experiment and rebuilds experiments/README.md
+from the results."""
 
 import json
 import os
@@ -24,42 +25,15 @@ def test_cached_run_resumes_by_key(results_dir, monkeypatch):
     assert common.cached_run("x", key, lambda: {"loss": 2.0}) == {"loss": 2.0}
 
 
-def test_run_workers_starts_one_process_per_shard_then_only_reads(results_dir, monkeypatch):
-    """``run_workers``: one process per shard with the same arguments; a failed worker stops
-    the experiment naming it; after the workers the cache is read only, so a run missing from
-    it is an error, not a silent retrain."""
-    assert common.parse_shard("1/2") == (1, 2) and common.parse_shard(None) is None
+def test_shard_and_worker_arguments():
+    """What ``tjax sweep --workers`` hands each worker: its shard ``i/n``, parsed strictly, and
+    the command's arguments less ``--workers``, in either spelling."""
+    assert workers.parse_shard("1/2") == (1, 2) and workers.parse_shard(None) is None
     for bad in ("2/2", "1", "a/b", "-1/2"):
         with pytest.raises(ValueError, match="expected i/n"):
-            common.parse_shard(bad)
+            workers.parse_shard(bad)
     argv = ["--seeds", "2", "--workers", "2", "--workers=3", "--scale", "tiny"]
-    assert common.without_option(argv, "--workers") == ["--seeds", "2", "--scale", "tiny"]
-    started, failing = [], {"--shard=1/2"}
-
-    class Proc:
-        def __init__(self, command):
-            started.append(command[command.index("-m") + 1:])
-            self.code = 3 if command[-1] in failing else 0
-
-        def wait(self):
-            return self.code
-
-        def poll(self):
-            return self.code
-
-    monkeypatch.setattr(workers.subprocess, "Popen", Proc)
-    monkeypatch.setattr(common, "READ_ONLY", False)  # restored after the test
-    monkeypatch.setattr(common, "WORKER_CORES", None)
-    module = "experiments.demo"
-    with pytest.raises(SystemExit, match="worker 1/2 \\(exit 3\\) failed"):
-        common.run_workers(module, ["--seeds", "2"], 2)
-    assert started == [[module, "--seeds", "2", f"--shard={s}"] for s in ("0/2", "1/2")]
-    assert not common.READ_ONLY
-    failing.clear()
-    common.run_workers(module, ["--seeds", "2"], 2)
-    assert common.READ_ONLY and len(common.WORKER_CORES) == 2
-    with pytest.raises(RuntimeError, match="not in .* after the workers finished"):
-        common.cached_run("x", "missing", lambda: pytest.fail("computed a missing run"))
+    assert workers.without_option(argv, "--workers") == ["--seeds", "2", "--scale", "tiny"]
 
 
 def test_workers_get_disjoint_cores(monkeypatch):
@@ -129,8 +103,7 @@ def _with_a_second_experiment(monkeypatch):
     demo = dataclasses.replace(
         run_all.EXPERIMENTS[0], module="demo", title="A demo experiment", specs=(),
         tests="What the demo tests.", published="Demo et al. 2026: a published demo result.",
-        sections=(run_all.Section("demo", None, lambda out: f"demo scored {out['score']}."),),
-        workers=True)  # trains its runs in worker processes, unlike attention_variants
+        sections=(run_all.Section("demo", None, lambda out: f"demo scored {out['score']}."),))
     monkeypatch.setattr(run_all, "EXPERIMENTS", (demo, *run_all.EXPERIMENTS))
     return run_all
 
@@ -279,16 +252,15 @@ def test_run_all_runs_each_experiment_as_its_own_command(tmp_path, monkeypatch):
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_RESULTS_DIR"] == str(tmp_path) for _, env in calls)
     assert readme.exists()
-    calls.clear()  # --workers reaches only the experiments that train in parallel processes
+    calls.clear()
     assert run_all.main(["--only", "demo,attention_variants", "--scale",
-                         "tiny", "--results", str(tmp_path), "--readme", str(readme),
-                         "--workers", "2"]) == 0
+                         "tiny", "--results", str(tmp_path), "--readme", str(readme)]) == 0
     assert calls == []  # both finished above: skipped
     assert run_all.main(["--only", "demo,attention_variants", "--scale",
                          "tiny", "--results", str(tmp_path), "--readme", str(readme),
-                         "--workers", "2", "--fresh"]) == 0
+                         "--fresh"]) == 0
     assert [c[0] for c in calls] == [
-        ["-m", "experiments.demo", "--scale", "tiny", "--workers", "2"],
+        ["-m", "experiments.demo", "--scale", "tiny"],
         ["-m", "experiments.attention_variants", "--scale", "tiny"]]
     assert all(env["TJAX_FRESH"] == "1" for _, env in calls)
 
