@@ -436,36 +436,49 @@ ROPE_SPEC = os.path.join(os.path.dirname(__file__), "..", "experiments", "specs"
 
 
 def test_the_rope_extension_spec_plans_without_training(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
+    from transformers_jax.sweep.plan import resolve_cells
+
     spec = read_spec(ROPE_SPEC)
-    plan = make_plan(spec, str(tmp_path / "data"))
-    names = [p.cell.name for p in plan.cells]
+    planned = resolve_cells(spec)
+    names = [p.cell.name for p in planned]
     scalings = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3"]
     assert names == ["rope"] + [f"stage={s},scaling={x}" for s in ("zero-shot", "fine-tuned")
                                 for x in scalings]
-    base = plan.cells[0]
+    base = planned[0]
     assert (base.train.seq_len, base.model.dims_per_head, base.model.position.base) == (
         512, 64, 10000.0)
-    for planned in plan.cells[1:]:
-        assert planned.parent is base and planned.lengths(spec) == [512, 1024, 2048, 4096,
-                                                                     8192]
-        scaling = planned.model.position.scaling
+    assert base.train.data == "tfds:tjax_linux_source/docs"
+    for cell in planned[1:]:
+        assert cell.parent is base and cell.lengths(spec) == [512, 1024, 2048, 4096, 8192]
+        scaling = cell.model.position.scaling
         if scaling.name != "none":
             assert (scaling.factor, scaling.original_max_len) == (4.0, 512)
-        if planned.zero_shot:
-            assert planned.tokens == 0 and planned.train == base.train
+        if cell.zero_shot:
+            assert cell.tokens == 0 and cell.train == base.train
         else:
-            assert planned.train.seq_len == 2048 and planned.train.init_from is None
-    assert max(p.tokens_seen for p in plan.cells) <= plan.train_N.size  # within one epoch
-    claims = [p for p in plan.pairs if p.claim.startswith(("Peng", "Chen"))]
+            assert cell.train.seq_len == 2048 and cell.train.init_from is None
+            # a fine-tune's tokens count with its parent's against the one-epoch limit: the
+            # base's 977 whole steps of 2048 and its own 128
+            assert cell.tokens_seen == (977 + 128) * 2048
+    claims = [p for p in pairs(spec, expand(spec)) if p.claim.startswith(("Peng", "Chen"))]
     assert [(p.a.name, p.b.name, p.metric.text) for p in claims] == [
         ("stage=fine-tuned,scaling=yarn", "stage=fine-tuned,scaling=linear", "loss@4x"),
         ("stage=fine-tuned,scaling=yarn", "stage=fine-tuned,scaling=ntk", "loss@4x"),
         ("stage=fine-tuned,scaling=linear", "stage=fine-tuned,scaling=none", "sliding@4x")]
-    against = [p for p in plan.pairs if p.index in (1, 2)]
+    against = [p for p in pairs(spec, expand(spec)) if p.index in (1, 2)]
     assert len(against) == 20 and all(p.b.values["scaling"] == "none" for p in against)
 
-    # the dry run prints every cell (timings stubbed: nothing compiles here)
+    # The dry run prints every cell. The corpus is not prepared here: the built-in text and
+    # byte tokens stand in, with budgets cut to fit it (timings stubbed: nothing compiles).
+    monkeypatch.setenv("TJAX_SPLIT_CACHE", str(tmp_path / "splits"))
+    text = open(ROPE_SPEC).read()
+    text = text.replace("--data tfds:tjax_linux_source/docs --train.tokenizer=sentencepiece_bpe"
+                        " \\\n  --train.tokenizer_vocab=4096", "--train.tokenizer=byte")
+    text = text.replace("tokens = 2_000_000", "tokens = 20_000").replace(
+        "tokens = 262_144", "tokens = 4096").replace("bytes = 400_000", "bytes = 40_000")
+    assert "tjax_linux_source" not in text.split("[base]")[1]
+    plan = make_plan(parse_spec(text), str(tmp_path / "data"))
+    assert [c.cell.name for c in plan.cells] == names
     monkeypatch.setattr(command, "_step_seconds", lambda planned, tokenizer: 0.5)
     monkeypatch.setattr(command, "_eval_seconds", lambda planned, plan, cache: 1.0)
     command.dry_run(plan)
