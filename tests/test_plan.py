@@ -354,6 +354,29 @@ def test_plan_command_prints_the_plan_json(capsys):
     assert result["train"]["mesh"] == "data=2,fsdp=2,tensor=1"
 
 
+@needs_libtpu
+@pytest.mark.slow
+def test_plan_leaves_a_persistent_cache_alone(tmp_path):
+    """With JAX's cache set (as on many TPU VMs), `tjax plan` writes nothing there: it could
+    not load a TPU program back, and each later plan would warn about every one."""
+    import subprocess
+    import sys
+
+    from subprocess_env import single_device_env
+
+    cache = tmp_path / "cache"
+    env = {**single_device_env(), "JAX_COMPILATION_CACHE_DIR": str(cache),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "transformers_jax.cli", "plan", "--target", TOPOLOGY, "--mesh",
+         "data=4", "--batch", "4", "--seq-len", "32", "--model.d_model=32",
+         "--model.n_layers=1", "--model.n_heads=2", "--no-decode"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["train"]["memory"]["fits"]
+    assert not cache.exists() or not os.listdir(cache)
+
+
 def _sharded_attention_grad_hlo(topology: str, implementation: str, t: int,
                                 window: int | None = None, **options) -> str:
     """The compiled text of the gradient of ``implementation`` with a causal mask (and

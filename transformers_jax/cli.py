@@ -15,7 +15,7 @@ import shlex
 import sys
 
 from transformers_jax.backends import prepare_host
-from transformers_jax.compile_cache import use_compile_cache
+from transformers_jax.compile_cache import use_compile_cache, without_persistent_cache
 from transformers_jax.config import ConfigError
 from transformers_jax.overrides import CommandParser, closest, int_list, print_json
 from transformers_jax.registry import FAMILIES, UnknownNameError
@@ -424,8 +424,10 @@ def cmd_sweep(argv: list[str]) -> int:
 def cmd_plan(argv: list[str]) -> int:
     from transformers_jax.plan import main as plan_main
 
-    # The config is read by build_configs, as for tjax train (--preset, --model.*, --train.*)
-    return plan_main(argv, build_configs)
+    # The config is read by build_configs, as for tjax train (--preset, --model.*, --train.*);
+    # its programs are for a TPU or GPU, which this process could not load from a cache
+    with without_persistent_cache():
+        return plan_main(argv, build_configs)
 
 
 COMMANDS = {"train": cmd_train, "sample": cmd_sample, "bench": cmd_bench, "eval": cmd_eval,

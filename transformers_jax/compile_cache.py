@@ -5,7 +5,8 @@ A researcher runs the same program many times: every seed of an ablation, every 
 model: 3-4 s on a 2-core CPU; a GPT-2-sized step for a TPU: minutes), unless JAX's persistent
 cache holds the executable: then a new process loads it (the same model: under a second).
 
-``tjax train``, ``sample``, ``eval`` and ``fill-mask`` turn it on, first setting found wins:
+``tjax train``, ``sample``, ``eval``, ``fill-mask`` and ``sweep`` turn it on, first setting found
+wins (``tjax plan`` turns JAX's off: see ``without_persistent_cache``):
 
 1. ``TJAX_COMPILE_CACHE=DIR`` (``off`` turns tjax's cache off);
 2. JAX's own setting (``JAX_COMPILATION_CACHE_DIR``, or ``jax_compilation_cache_dir`` set in
@@ -24,9 +25,10 @@ it never stops a run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 ENV = "TJAX_COMPILE_CACHE"
 OFF = ("off", "none", "0", "false", "")
@@ -89,6 +91,23 @@ def use_compile_cache(explicit: str | None = None, *, every_compile: bool = Fals
     if every_compile:
         _every_compile(jax)
     return directory
+
+
+@contextlib.contextmanager
+def without_persistent_cache() -> Iterator[None]:
+    """JAX's persistent cache off inside, whatever the environment sets: for ``tjax plan``,
+    which compiles for a TPU or GPU it has not got. JAX would write those executables and, on the
+    next plan, fail to load each one with a warning (a compile-only client cannot load them)
+    and compile it again. Decided at a process's first compile: a process that compiled with
+    the cache before keeps using it."""
+    import jax
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
 
 
 def _cache_opened() -> bool:
