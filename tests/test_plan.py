@@ -8,9 +8,12 @@ roofline tests need nothing.
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import pytest
+from subprocess_env import single_device_env
 
 from transformers_jax import plan as planning
 from transformers_jax.cli import main
@@ -359,11 +362,6 @@ def test_plan_command_prints_the_plan_json(capsys):
 def test_plan_leaves_a_persistent_cache_alone(tmp_path):
     """With JAX's cache set (as on many TPU VMs), `tjax plan` writes nothing there: it could
     not load a TPU program back, and each later plan would warn about every one."""
-    import subprocess
-    import sys
-
-    from subprocess_env import single_device_env
-
     cache = tmp_path / "cache"
     env = {**single_device_env(), "JAX_COMPILATION_CACHE_DIR": str(cache),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}

@@ -460,12 +460,13 @@ def test_the_rope_extension_spec_plans_without_training(tmp_path, monkeypatch, c
             # a fine-tune's tokens count with its parent's against the one-epoch limit: the
             # base's 977 whole steps of 2048 and its own 128
             assert cell.tokens_seen == (977 + 128) * 2048
-    claims = [p for p in pairs(spec, expand(spec)) if p.claim.startswith(("Peng", "Chen"))]
+    found = pairs(spec, expand(spec))
+    claims = [p for p in found if p.claim.startswith(("Peng", "Chen"))]
     assert [(p.a.name, p.b.name, p.metric.text) for p in claims] == [
         ("stage=fine-tuned,scaling=yarn", "stage=fine-tuned,scaling=linear", "loss@4x"),
         ("stage=fine-tuned,scaling=yarn", "stage=fine-tuned,scaling=ntk", "loss@4x"),
         ("stage=fine-tuned,scaling=linear", "stage=fine-tuned,scaling=none", "sliding@4x")]
-    against = [p for p in pairs(spec, expand(spec)) if p.index in (1, 2)]
+    against = [p for p in found if p.index in (1, 2)]
     assert len(against) == 20 and all(p.b.values["scaling"] == "none" for p in against)
 
     # The dry run prints every cell. The corpus is not prepared here: the built-in text and
