@@ -2,7 +2,10 @@
 
 Prints one JSON object: time to first token (prefill), decode tokens/s at batch 1 and 8 (one
 compiled loop), and the cost of one new token at growing prefix lengths with and without the
-cache. Compilation is excluded from every timing (each function runs once before timing).
+cache. Compilation is excluded from those timings (each function runs once before timing);
+``new_settings`` times ``generate``'s first call and then calls with another temperature,
+top-k and top-p, which run the program already compiled (what ``tjax sample`` and the lm-eval
+adapter do when their settings change).
 
     python benchmarks/decode.py [--layers 4 --width 128 --heads 4 --new-tokens 240]
 """
@@ -21,6 +24,7 @@ import numpy as np
 from transformers_jax import ModelConfig, build_model
 from transformers_jax.bench import bench_decoding
 from transformers_jax.nn.kvcache import init_cache
+from transformers_jax.sample import SamplingConfig, generate
 
 
 def best_time(fn, repeats: int = 5) -> float:
@@ -31,6 +35,22 @@ def best_time(fn, repeats: int = 5) -> float:
         jax.block_until_ready(fn())
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def time_new_settings(model, params, prompt: int, new_tokens: int) -> dict[str, float]:
+    """Seconds of ``generate``'s first call (it compiles) and of calls with settings it has
+    not seen: what changing the temperature or the filters costs."""
+    settings = {"first_call_s": dict(temperature=0.8),
+                "new_temperature_s": dict(temperature=0.9),
+                "new_top_k_s": dict(temperature=0.9, top_k=20),
+                "new_top_p_s": dict(temperature=0.9, top_p=0.95)}
+    seconds = {}
+    for name, values in settings.items():
+        start = time.perf_counter()
+        generate(model, params, [[1] * prompt], SamplingConfig(max_new_tokens=new_tokens,
+                                                               **values))
+        seconds[name] = time.perf_counter() - start
+    return seconds
 
 
 def main() -> None:
@@ -54,6 +74,7 @@ def main() -> None:
               "device": jax.devices()[0].device_kind, "jax": jax.__version__}
 
     result.update(bench_decoding(cfg, args.prompt, args.new_tokens))
+    result["new_settings"] = time_new_settings(model, params, args.prompt, args.new_tokens)
 
     # One new token at prefix length L: cached step (cache of 1024 slots, L filled) versus a
     # full forward pass over the L-token prefix (what decoding without a cache repeats).

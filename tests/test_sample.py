@@ -36,6 +36,49 @@ def test_top_p_keeps_the_smallest_nucleus():
     np.testing.assert_array_equal(kept[0], [False, False, False, True])  # top token always kept
 
 
+def test_filters_take_traced_settings_and_none_keeps_every_token():
+    """The settings may be traced values (what the compiled decoder passes): the same sets as
+    with Python numbers, and 0 / 1 (no top-k / no nucleus) keep every token."""
+    logits = jnp.array([[0.1, 3.0, 2.0, -1.0, 2.5]])
+    traced = jax.jit(filter_logits)
+    for top_k, top_p in [(2, 1.0), (0, 0.5), (3, 0.9), (0, 1.0), (9, 1.0)]:
+        python = filter_logits(logits, top_k or None, top_p if top_p < 1 else None)
+        np.testing.assert_array_equal(np.asarray(traced(logits, top_k, top_p)),
+                                      np.asarray(python))
+    np.testing.assert_array_equal(np.asarray(traced(logits, 0, 1.0)), np.asarray(logits))
+
+
+def test_new_sampling_settings_run_the_program_already_compiled():
+    """Temperature, top-k and top-p reach the decoder as values: after the first call, greedy,
+    another temperature, a top-k and a nucleus lower nothing more (a lowering is counted
+    whether XLA then compiles it or finds it in the persistent cache), and each setting
+    still acts (greedy is the argmax, top_k=1 equals greedy)."""
+    cfg = tiny(init_std=0.5)
+    model, params, _ = init(cfg)
+    lowerings = []
+
+    def count(event, *args, **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowerings.append(event)
+
+    def run(**settings):
+        return generate(model, params, [[1, 2, 3]],
+                        SamplingConfig(max_new_tokens=5, **settings), seed=3)
+
+    run(temperature=1.0)
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        greedy = run(temperature=0.0)
+        hot = run(temperature=2.5)
+        top1 = run(temperature=0.7, top_k=1)
+        run(temperature=1.3, top_p=0.5)
+        run(temperature=0.9, top_k=4, top_p=0.9)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert lowerings == []
+    assert top1 == greedy and hot != greedy
+
+
 def test_sampled_tokens_stay_inside_the_allowed_set():
     cfg = tiny(init_std=0.5)
     model, params, _ = init(cfg)
@@ -123,13 +166,12 @@ def test_the_decoding_loop_compiles_without_splitting_its_small_passes_over_thre
     greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
     args = (model, params, prompts, lengths, jax.random.key(0))
 
-    def splits(fn) -> int:
-        text = fn.lower(*args, cfg=greedy).compile().as_text()
-        return text.count('"outer_dimension_partitions":["')
+    def splits(lowered) -> int:
+        return lowered.compile().as_text().count('"outer_dimension_partitions":["')
 
     plain = jax.jit(generate_tokens.__wrapped__, static_argnames=("model", "cfg", "on_token"))
-    assert splits(plain) > 0
-    assert splits(generate_tokens) == 0
+    assert splits(plain.lower(*args, greedy.values(), cfg=greedy.shape())) > 0
+    assert splits(generate_tokens.lower(*args, cfg=greedy)) == 0
     # inside a caller's jit (JAX takes compile options on the outermost jit only) it is part
     # of the caller's program, with the same tokens
     top = generate_tokens(*args, cfg=greedy)

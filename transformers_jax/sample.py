@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,15 @@ from transformers_jax.models import FAMILIES, family_of
 from transformers_jax.nn.kvcache import KVCache, check_decoding
 
 NEG_INF = -1e30
+
+
+class SamplingValues(NamedTuple):
+    """The settings that reach the compiled decoder as values, not as part of its shape: any
+    temperature, top-k or top-p runs the program already compiled (scalars, one per batch)."""
+
+    temperature: jax.Array  # float32; 0 is greedy
+    top_k: jax.Array  # int32; 0 keeps every token
+    top_p: jax.Array  # float32; 1 keeps every token
 
 
 @dataclass(frozen=True)
@@ -57,32 +67,54 @@ class SamplingConfig:
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p}: must be in (0, 1] or None")
 
+    def values(self) -> SamplingValues:
+        """Temperature, top-k and top-p as the values the compiled decoder takes."""
+        return SamplingValues(jnp.float32(self.temperature), jnp.int32(self.top_k or 0),
+                              jnp.float32(1.0 if self.top_p is None else self.top_p))
 
-def filter_logits(logits_BV: jax.Array, top_k: int | None, top_p: float | None) -> jax.Array:
-    """Set every token outside the top-k / nucleus to -inf (the most likely is always kept)."""
-    if top_k is not None and top_k < logits_BV.shape[-1]:
-        kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
-        logits_BV = jnp.where(logits_BV < kth, NEG_INF, logits_BV)
-    if top_p is not None and top_p < 1.0:
-        order = jnp.argsort(-logits_BV, axis=-1)
-        sorted_logits = jnp.take_along_axis(logits_BV, order, axis=-1)
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        # keep a token while the mass of the tokens strictly before it is below top_p
-        before = jnp.cumsum(probs, axis=-1) - probs
-        keep_sorted = before < top_p
-        keep = jnp.zeros_like(keep_sorted).at[
-            jnp.arange(logits_BV.shape[0])[:, None], order
-        ].set(keep_sorted)
-        logits_BV = jnp.where(keep, logits_BV, NEG_INF)
-    return logits_BV
+    def shape(self) -> SamplingConfig:
+        """What the decoder is compiled for: these settings less the values (``values``), so
+        that every temperature, top-k and top-p shares one program."""
+        return replace(self, temperature=1.0, top_k=None, top_p=None)
 
 
-def choose_tokens(logits_BV: jax.Array, key: jax.Array, cfg: SamplingConfig) -> jax.Array:
-    """Next token per row, ``[B]`` int32."""
-    if cfg.temperature == 0.0:
+def filter_logits(logits_BV: jax.Array, top_k, top_p) -> jax.Array:
+    """Set every token outside the top-k / nucleus to -inf (the most likely is always kept).
+    ``top_k`` and ``top_p`` may be traced; None (or 0 and 1) keeps every token."""
+    V = logits_BV.shape[-1]
+    k = jnp.asarray(0 if top_k is None else top_k, jnp.int32)
+    k = jnp.where((k <= 0) | (k > V), V, k)
+    p = jnp.asarray(1.0 if top_p is None else top_p, jnp.float32)
+    order_BV = jnp.argsort(-logits_BV, axis=-1)
+    sorted_BV = jnp.take_along_axis(logits_BV, order_BV, axis=-1)
+    # top-k keeps every token tied with the k-th largest
+    kth_B1 = jax.lax.dynamic_index_in_dim(sorted_BV, k - 1, axis=-1, keepdims=True)
+    sorted_BV = jnp.where(sorted_BV < kth_B1, NEG_INF, sorted_BV)
+    # the nucleus, among those: keep a token while the mass strictly before it is below top_p
+    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+    keep_sorted_BV = (sorted_BV > NEG_INF) & ((before_BV < p) | (p >= 1.0))
+    keep_BV = jnp.zeros_like(keep_sorted_BV).at[
+        jnp.arange(logits_BV.shape[0])[:, None], order_BV
+    ].set(keep_sorted_BV)
+    return jnp.where(keep_BV, logits_BV, NEG_INF)
+
+
+def choose_tokens(logits_BV: jax.Array, key: jax.Array, values: SamplingValues) -> jax.Array:
+    """Next token per row, ``[B]`` int32. The branches are ``lax.cond``s on the values, so a
+    greedy or unfiltered step pays for no sampling or sort it does not use."""
+
+    def sample(logits_BV):
+        scaled_BV = logits_BV / values.temperature
+        filtered_BV = jax.lax.cond(
+            (values.top_k > 0) | (values.top_p < 1.0),
+            lambda x: filter_logits(x, values.top_k, values.top_p), lambda x: x, scaled_BV)
+        return jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
+
+    def greedy(logits_BV):
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    logits_BV = filter_logits(logits_BV / cfg.temperature, cfg.top_k, cfg.top_p)
-    return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
+
+    return jax.lax.cond(values.temperature == 0.0, greedy, sample, logits_BV)
 
 
 def check_decode_length(config: ModelConfig, total_len: int) -> None:
@@ -118,7 +150,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, multiple: int = 1
     return tokens, np.array([len(p) for p in prompts], np.int32)
 
 
-def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig, on_token):
+def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig,
+                 values: SamplingValues, on_token):
     """Sample the first token from ``first_logits_BV``, then loop (``lax.while_loop``) on
     ``step_fn(cache, tokens_B) -> (logits_BV, cache)`` until ``max_new_tokens`` or every row
     has emitted a stop token; rows that stopped get ``pad_id``. Returns ``[B, max_new]``."""
@@ -132,7 +165,7 @@ def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig, on_t
         return token_B, done_B | jnp.isin(token_B, stops)
 
     key, sub = jax.random.split(key)
-    first_B, done_B = emit(0, choose_tokens(first_logits_BV, sub, cfg), jnp.zeros((B,), bool))
+    first_B, done_B = emit(0, choose_tokens(first_logits_BV, sub, values), jnp.zeros((B,), bool))
     out_BN = jnp.full((B, cfg.max_new_tokens), cfg.pad_id, jnp.int32).at[:, 0].set(first_B)
 
     def cond(carry):
@@ -143,7 +176,7 @@ def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig, on_t
         step, token_B, cache, done_B, out_BN, key = carry
         logits_BV, cache = step_fn(cache, token_B)
         key, sub = jax.random.split(key)
-        token_B, new_done = emit(step, choose_tokens(logits_BV, sub, cfg), done_B)
+        token_B, new_done = emit(step, choose_tokens(logits_BV, sub, values), done_B)
         out_BN = out_BN.at[:, step].set(token_B)
         return step + 1, token_B, cache, new_done, out_BN, key
 
@@ -172,13 +205,14 @@ def decode_step(model, params, tokens_B: jax.Array, cache: KVCache) -> tuple[jax
 
 
 def _generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, key: jax.Array,
-                     *, cfg: SamplingConfig, on_token: Callable | None = None) -> jax.Array:
+                     values: SamplingValues, *, cfg: SamplingConfig,
+                     on_token: Callable | None = None) -> jax.Array:
     first_BV, cache = prefill(model, params, prompts_BP, lengths_B, cfg.max_new_tokens,
                               bos_id=cfg.bos_id)
     def step_fn(cache, tokens_B):
         return decode_step(model, params, tokens_B, cache)
 
-    return _decode_loop(step_fn, first_BV, cache, key, cfg, on_token)
+    return _decode_loop(step_fn, first_BV, cache, key, cfg, values, on_token)
 
 
 _STATIC = ("model", "cfg", "on_token")
@@ -199,7 +233,8 @@ def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, 
                     *, cfg: SamplingConfig, on_token: Callable | None = None) -> jax.Array:
     """The compiled decoder: prefill, then one compiled loop of ``decode_step``; returns the
     new tokens ``[B, max_new_tokens]`` (``pad_id`` after a row stops). What ``generate`` and
-    the benchmarks run.
+    the benchmarks run. Temperature, top-k and top-p reach the program as values
+    (``SamplingConfig.values``), so a new setting runs the program already compiled.
 
     Called on arrays it compiles with the decoding options of the backend compiled for
     (``backends.current()``: the mesh in context, else JAX's default backend; XLA:CPU keeps
@@ -209,7 +244,8 @@ def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, 
     ``generate_tokens.lower`` (``trace``, ``eval_shape``) lowers the top-level version."""
     nested = _inside_a_trace(params, prompts_BP, lengths_B, key)
     run = _generate_nested if nested else _generate_top_level(backends.current())
-    return run(model, params, prompts_BP, lengths_B, key, cfg=cfg, on_token=on_token)
+    return run(model, params, prompts_BP, lengths_B, key, cfg.values(), cfg=cfg.shape(),
+               on_token=on_token)
 
 
 def _inside_a_trace(*args) -> bool:
@@ -224,8 +260,9 @@ def _inside_a_trace(*args) -> bool:
 
 
 def _top_level_method(name: str) -> Callable:
-    def method(*args, **kwargs):
-        return getattr(_generate_top_level(backends.current()), name)(*args, **kwargs)
+    def method(*args, cfg: SamplingConfig, **kwargs):
+        jitted = _generate_top_level(backends.current())
+        return getattr(jitted, name)(*args, cfg.values(), cfg=cfg.shape(), **kwargs)
 
     method.__name__ = name
     method.__doc__ = f"``{name}`` of the top-level decoder for the backend compiled for."
