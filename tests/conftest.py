@@ -43,6 +43,7 @@ if OWN_CACHE:
 os.environ.setdefault("TJAX_COMPILE_CACHE", "off")
 
 import jax  # noqa: E402
+import profiles  # noqa: E402,F401  (the hypothesis profiles: TJAX_TEST_PROFILE=ci|thorough)
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
