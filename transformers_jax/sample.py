@@ -68,9 +68,10 @@ class SamplingConfig:
             raise ValueError(f"top_p={self.top_p}: must be in (0, 1] or None")
 
     def values(self) -> SamplingValues:
-        """Temperature, top-k and top-p as the values the compiled decoder takes."""
-        return SamplingValues(jnp.float32(self.temperature), jnp.int32(self.top_k or 0),
-                              jnp.float32(1.0 if self.top_p is None else self.top_p))
+        """Temperature, top-k and top-p as the values the compiled decoder takes (NumPy
+        scalars: no device is touched, so a compile-only TPU mesh can lower the decoder)."""
+        return SamplingValues(np.float32(self.temperature), np.int32(self.top_k or 0),
+                              np.float32(1.0 if self.top_p is None else self.top_p))
 
     def shape(self) -> SamplingConfig:
         """What the decoder is compiled for: these settings less the values (``values``), so
