@@ -2,6 +2,7 @@
 keep fewer activations for the backward pass, and shard like any other parameters."""
 
 import dataclasses
+import functools
 import io
 from contextlib import redirect_stdout
 
@@ -71,6 +72,26 @@ def saved_residual_count(fn, *args) -> int:
     return len([line for line in out.getvalue().splitlines() if line.strip()])
 
 
+@functools.cache
+def plain_run(cfg: ModelConfig):
+    """The plain loop model of ``cfg`` (no remat, no scan): its initial parameters, loss,
+    gradients and saved-residual count, computed once for the tests below."""
+    plain = build_model(cfg.replace(remat="none", scan_layers=False))
+    params = unboxed_init(plain)
+    loss, grads = jax.jit(jax.value_and_grad(loss_fn(plain)))(params)
+    return params, loss, grads, saved_residual_count(loss_fn(plain), params)
+
+
+@functools.cache
+def remat_run(cfg: ModelConfig, remat: str):
+    """The unscanned model of ``cfg`` with ``remat``, at ``plain_run``'s parameters: loss,
+    gradients and saved-residual count."""
+    params = plain_run(cfg)[0]
+    model = build_model(cfg.replace(remat=remat, scan_layers=False))
+    loss, grads = jax.jit(jax.value_and_grad(loss_fn(model)))(params)
+    return loss, grads, saved_residual_count(loss_fn(model), params)
+
+
 def test_policy_names():
     assert remat_policy("none") is None
     assert remat_policy("dots_saveable") is jax.checkpoint_policies.dots_saveable
@@ -89,20 +110,21 @@ def test_decay_mask_sees_through_the_stacked_layer_axis():
     assert decay_mask(stacked) == {"layers": {"w": True, "scale": False}, "head": True}
 
 
+@pytest.mark.slow
 def test_remat_keeps_params_and_gradients_and_saves_less():
     plain = StackLM(CFG)
-    params = unboxed_init(plain)
-    loss, grads = jax.jit(jax.value_and_grad(loss_fn(plain)))(params)
-    kept = {"none": saved_residual_count(loss_fn(plain), params)}
+    params, loss, grads, kept_plain = plain_run(CFG)
+    kept = {"none": kept_plain}
     for policy in ("full", "dots_saveable", "dots_with_no_batch_dims_saveable"):
         model = StackLM(CFG, remat=policy)
         # Same parameter tree: remat changes the backward pass, not the model.
         assert param_shapes(model) == param_shapes(plain)
-        kept[policy] = saved_residual_count(loss_fn(model), params)
         if policy == "dots_with_no_batch_dims_saveable":
-            continue  # (its gradients are checked below with full and dots_saveable)
+            # (its gradients are checked below with full and dots_saveable)
+            kept[policy] = saved_residual_count(loss_fn(model), params)
+            continue
         # Same loss and gradients, dropout included (the recomputation replays the same mask).
-        loss_r, grads_r = jax.jit(jax.value_and_grad(loss_fn(model)))(params)
+        loss_r, grads_r, kept[policy] = remat_run(CFG, policy)
         np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
         assert max_diff(grads_r, grads) < 1e-6
     # Keeping matmul outputs keeps more than keeping none; full keeps only the layer inputs.
@@ -110,6 +132,7 @@ def test_remat_keeps_params_and_gradients_and_saves_less():
     assert kept["dots_with_no_batch_dims_saveable"] > kept["full"]
 
 
+@pytest.mark.slow
 def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
     """The scanned (and rematted) stack on a data x fsdp x tensor mesh, started from the loop
     model's parameters restacked, trains exactly like the loop model on one device; the
@@ -151,6 +174,7 @@ def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
 TRANSFORMERS = [name for name, family in FAMILIES.items() if not family.recurrent]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", TRANSFORMERS)
 @pytest.mark.parametrize("remat, scan", [("full", False), ("save_attention_out", False),
                                          ("dots_saveable", True)])
@@ -160,20 +184,20 @@ def test_every_family_runs_its_layers_through_the_one_stack(family, remat, scan)
     parameter tree (scan: stacked under ``layers``)."""
     cfg = dataclasses.replace(CFG, family=family, mask=FAMILIES.get(family).default_mask,
                               dropout=0.0 if scan else 0.1)  # scan splits dropout keys anew
-    plain = build_model(cfg)
-    params = unboxed_init(plain)
-    loss, grads = jax.jit(jax.value_and_grad(loss_fn(plain)))(params)
+    params, loss, grads, kept_plain = plain_run(cfg)  # the plain loop model, once per cfg
     other = build_model(cfg.replace(remat=remat, scan_layers=scan))
     if scan:
         params = _stack_every_side(params, cfg)
-    loss_r, grads_r = jax.jit(jax.value_and_grad(loss_fn(other)))(params)
+        loss_r, grads_r = jax.jit(jax.value_and_grad(loss_fn(other)))(params)
+        kept = saved_residual_count(loss_fn(other), params)
+    else:  # (gpt with full remat: the test above's run)
+        loss_r, grads_r, kept = remat_run(cfg, remat)
     assert jax.tree.structure(param_shapes(other)) == jax.tree.structure(params)
     np.testing.assert_allclose(loss_r, loss, rtol=1e-5)
     if scan:
         grads_r = _unstack_every_side(grads_r, cfg)
     assert max_diff(grads_r, grads) < 1e-5
-    assert saved_residual_count(loss_fn(other), params) < saved_residual_count(
-        loss_fn(plain), _unstack_every_side(params, cfg) if scan else params)
+    assert kept < kept_plain
 
 
 def _sides(params):

@@ -179,6 +179,7 @@ def test_a_mesh_axis_collective_rings_over_that_axis_only():
 # libtpu: a real compile for TPU v5e 2x2 ---------------------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu not installed (pip install -e '.[tpu]')")
+@pytest.mark.slow
 def test_a_compiled_step_splits_into_operations_that_sum_to_the_step():
     tiny = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                        max_len=128, dtype="bfloat16", dropout=0.0, scan_layers=True)
