@@ -5,6 +5,12 @@ parameters' per-leaf checksums; process 0 alone writes ``metrics.jsonl`` and ``p
     python tests/multihost_worker.py --coordinator 127.0.0.1:PORT --num-processes 2 \\
         --process-id 0 --local-devices 2 --mesh data=2,fsdp=2 --out DIR
 
+    python tests/multihost_worker.py tjax-train ARGS...
+
+runs ``tjax train ARGS`` (``python -m transformers_jax.cli train``) with the CPU's peak FLOP/s
+given instead of measured (a timed 2048^3 matmul in every process of every launch, for MFU
+figures no multi-host test reads).
+
 Only numpy at import time: the JAX device count must be set before JAX is imported.
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -96,5 +103,18 @@ def main() -> None:
     }), flush=True)
 
 
+def tjax_train(argv: list[str]) -> int:
+    """``tjax train ARGV`` as ``python -m transformers_jax.cli train ARGV`` runs it, the peak
+    FLOP/s a fixed figure (MFU is no part of what the tests check)."""
+    from transformers_jax.train import loop
+
+    loop.device_peak = lambda dtype="float32": (1e12, "a test figure")
+    from transformers_jax import cli
+
+    return cli.main(["train", *argv])
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["tjax-train"]:
+        sys.exit(tjax_train(sys.argv[2:]))
     main()

@@ -34,9 +34,12 @@ from transformers_jax.train.optim import make_optimizer
 
 B, T = 4, 64
 GPT = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, max_len=T)
-# Every scheme runs twice; the fast set by every method (and mesh). Each case is about three
-# tiny compiles (one device, the mesh), so the rest is marked slow.
+# Every scheme runs twice; the fast set by every method (and mesh). Each mesh case is a
+# compile of its own (the one-device reference and the parameters are built once per config);
+# the quick tier keeps one case per method (QUICK), each with a scheme of another kind (no
+# positions, rotary, a bias); the rest is marked slow.
 FAST = ("none", "rope", "alibi")
+QUICK = {("none", "all_gather"), ("rope", "ring_zigzag"), ("alibi", "ring")}
 METHODS = {"ring": "data=2,context=4", "all_gather": "context=4",
            "ring_zigzag": "data=2,context=4"}
 
@@ -56,14 +59,23 @@ def _batch(extra: str | None = None) -> dict:
 
 
 @functools.cache
-def _run(cfg: ModelConfig, mesh_spec: str | None, method: str = "all_gather",
-         extra: str | None = None):
-    """(logits, loss, grads) of the mean next-token loss in training mode (randomized schemes
-    draw their positions), on one device or traced under ``mesh_spec``."""
+def _setup(cfg: ModelConfig, extra: str | None = None):
+    """(model, batch, its model keys, params): built and initialised once per config and
+    batch, shared by the one-device reference and every method's mesh run."""
     model = build_model(cfg)
     batch = _batch(extra)
     keys = {k: batch[k] for k in ("positions", "segment_ids", "prefix_len") if k in batch}
     params = jax.jit(lambda: model.init(jax.random.key(0), batch["inputs"], **keys))()["params"]
+    return model, batch, keys, params
+
+
+@functools.cache
+def _run(cfg: ModelConfig, mesh_spec: str | None, method: str = "all_gather",
+         extra: str | None = None):
+    """(logits, loss, grads) of the mean next-token loss in training mode (randomized schemes
+    draw their positions), on one device or traced under ``mesh_spec``; memoised, so the
+    one-device reference of a config is computed once for all its methods."""
+    model, batch, keys, params = _setup(cfg, extra)
 
     def loss(p):
         logits = model.apply({"params": p}, batch["inputs"], **keys, deterministic=False,
@@ -77,11 +89,12 @@ def _run(cfg: ModelConfig, mesh_spec: str | None, method: str = "all_gather",
     else:
         mesh = make_mesh(mesh_spec, devices=jax.devices()[: _size(mesh_spec)])
         with mesh_rules(mesh, LOGICAL_RULES, method):
-            (value, logits), grads = step(params)
+            lowered = step.lower(params)  # traced and lowered once: checked, then compiled
             # the hook ran (not GSPMD on its own): the method's collective is in the program
             collective = {"ring": "collective_permute", "all_gather": "all_gather",
                           "ring_zigzag": "collective_permute"}[method]
-            assert collective in step.lower(params).as_text()
+            assert collective in lowered.as_text()
+            (value, logits), grads = lowered.compile()(params)
     return np.asarray(logits), float(value), jax.tree.map(np.asarray, grads)
 
 
@@ -107,7 +120,7 @@ def _cases():
     for i, name in enumerate(POSITIONS.names()):
         methods = list(METHODS) if name in FAST else ["ring_zigzag", ("ring", "all_gather")[i % 2]]
         for method in methods:
-            marks = () if name in FAST else (pytest.mark.slow,)
+            marks = () if (name, method) in QUICK else (pytest.mark.slow,)
             yield pytest.param(name, method, marks=marks, id=f"{name}-{method}")
 
 
@@ -132,6 +145,7 @@ def test_context_parallel_masks(mask, method):
     _assert_same(_run(cfg, "data=2,context=4", method, extra), _run(cfg, None, extra=extra))
 
 
+@pytest.mark.slow
 def test_train_steps_equal_one_device():
     """Two AdamW steps of the jit strategy on data=2 x context=4 (ring): the losses and
     parameters of one device."""
@@ -143,12 +157,13 @@ def test_train_steps_equal_one_device():
         trainer = make_trainer(strategy, model, optimizer, batch, mesh=mesh,
                                context_attention="ring")
         state, losses = trainer.init_state(0), []
+        if strategy == "jit":  # the ring runs: its hops are in the step's program (lowered
+            # for this state and batch, the lowering the step then reuses)
+            lowered = trainer.lower(state, trainer.place_batch(batch))
+            assert "collective_permute" in lowered.as_text()
         for _ in range(2):
             state, metrics = trainer.step(state, batch)
             losses.append(float(metrics["loss"]))
-        if strategy == "jit":  # the ring ran: its hops are in the step's program
-            lowered = trainer.lower(trainer.abstract_state(), trainer.abstract_batch(batch))
-            assert "collective_permute" in lowered.as_text()
         runs[strategy] = losses, jax.tree.map(np.asarray, trainer.unreplicate(state).params)
     np.testing.assert_allclose(runs["jit"][0], runs["single"][0], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
@@ -259,8 +274,10 @@ def _tiles_with_a_visible_pair(dense, ways: int, zigzag: bool) -> np.ndarray:
                       for step in range(ways)] for i in range(ways)])
 
 
-@pytest.mark.parametrize("kind", ["causal", "window", "prefix", "bidirectional", "packed",
-                                  "dense"])
+# causal (the exact counts of both orders) in the quick tier; each kind is two compiles
+@pytest.mark.parametrize("kind", ["causal", *(pytest.param(k, marks=pytest.mark.slow) for k in
+                                              ("window", "prefix", "bidirectional", "packed",
+                                               "dense"))])
 def test_ring_computes_only_the_tiles_the_mask_shows(kind):
     """Each device counts the tiles it computed at each ring step (a ``lax.cond`` skips the
     others): exactly those in which the dense mask has a visible pair, decided from
@@ -292,6 +309,7 @@ def test_ring_computes_only_the_tiles_the_mask_shows(kind):
             np.testing.assert_array_equal(tiles, want_tiles)
 
 
+@pytest.mark.slow
 def test_ring_backward_keeps_no_scores():
     """The ring's steps are rematerialised: what the forward keeps for the backward (``jax.vjp``'s
     residuals) no longer grows with the scores, ``[q, K]`` per device, and the compiled

@@ -113,13 +113,24 @@ def test_initialize_wants_all_three_or_none():
 # CPU on a loaded 2-core machine is not declared dead before the kill.
 HEARTBEAT_S = 20
 EXIT_BOUND_S = HEARTBEAT_S + 30  # a survivor must be gone by then (heartbeat + shutdown slack)
+# Every step is logged, so every step after a checkpoint is there to compare once replayed. A
+# fault comes at step KILL_AT (logged) or just after: past the second checkpoint's save, which
+# waits for the first one's commit, so a committed checkpoint is there to resume from; the
+# runs' RUN_STEPS leave room for the steps a kill takes to land (a few; the waiter polls every
+# 20 ms) and bound what a rerun trains again (a save costs as much as tens of tiny steps).
+CHECKPOINT_EVERY = 10
+KILL_AT = 2 * CHECKPOINT_EVERY + 1
+RUN_STEPS = 40
 
 
 def train_command(run_dir: Path, port: int, process_id: int, steps: int) -> list[str]:
-    return [sys.executable, "-m", "transformers_jax.cli", "train", "--model.n_layers=1",
+    """``tjax train`` (``python -m transformers_jax.cli train``: multihost_worker.py's
+    ``tjax-train`` runs it with the peak FLOP/s given, not measured) without TensorBoard."""
+    return [sys.executable, str(WORKER), "tjax-train", "--model.n_layers=1",
             "--model.d_model=32", "--model.n_heads=2", "--model.max_len=64",
             "--train.batch_size=4", "--train.seq_len=32", f"--steps={steps}",
-            "--train.checkpoint_every=20", "--train.log_every=10", "--train.eval_every=1000",
+            f"--train.checkpoint_every={CHECKPOINT_EVERY}", "--train.log_every=1",
+            "--train.eval_every=1000", "--train.tensorboard=false",
             "--train.strategy=jit", f"--train.coordinator=127.0.0.1:{port}",
             "--train.num_processes=2", f"--train.process_id={process_id}",
             "--train.progress=false", "--run-dir", str(run_dir)]
@@ -165,7 +176,7 @@ def wait_for_step(procs: list, run_dir: Path, tmp: Path, step: int) -> None:
         ended = [i for i, p in enumerate(procs) if p.poll() is not None]
         assert not ended, f"worker {ended} ended before step {step} (rc " + ", ".join(
             f"{procs[i].returncode}:\n{worker_log(tmp, 'first', i)}" for i in ended)
-        time.sleep(0.2)
+        time.sleep(0.02)
     pytest.fail(f"the 2-process run never reached step {step}")
 
 
@@ -178,10 +189,10 @@ def test_sigterm_to_one_process_stops_both_after_one_checkpoint(tmp_path):
 
     from transformers_jax.runs.checkpoint import Checkpointer
 
-    run_dir, steps = tmp_path / "run", 400
+    run_dir, steps = tmp_path / "run", RUN_STEPS
     procs = start_pair(run_dir, free_port(), steps, tmp_path, "first")
     try:
-        wait_for_step(procs, run_dir, tmp_path, 30)
+        wait_for_step(procs, run_dir, tmp_path, KILL_AT)
         procs[1].send_signal(signal.SIGTERM)
         rcs = [p.wait(timeout=EXIT_BOUND_S + 60) for p in procs]
     finally:
@@ -191,7 +202,7 @@ def test_sigterm_to_one_process_stops_both_after_one_checkpoint(tmp_path):
                 p.wait()
     assert rcs == [0, 0], "\n".join(worker_log(tmp_path, "first", i) for i in range(2))
     stops = [r for r in train_records(run_dir) if r["kind"] == "stop"]
-    assert len(stops) == 1 and 30 <= stops[0]["step"] < steps, stops
+    assert len(stops) == 1 and KILL_AT <= stops[0]["step"] < steps, stops
     assert Checkpointer(str(run_dir)).latest_step() == stops[0]["step"]
     err = (tmp_path / "first0.err").read_text()
     assert f"saved step {stops[0]['step']}, stopping" in err, err[-2000:]
@@ -207,10 +218,10 @@ def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path, victim):
     import time
 
     survivor = 1 - victim
-    run_dir, steps, port = tmp_path / "run", 200, free_port()
+    run_dir, steps, port = tmp_path / "run", RUN_STEPS, free_port()
     procs = start_pair(run_dir, port, steps, tmp_path, "first")
     try:
-        wait_for_step(procs, run_dir, tmp_path, 50)  # past a checkpoint (every 20) and a log
+        wait_for_step(procs, run_dir, tmp_path, KILL_AT)  # past a committed checkpoint
         procs[victim].kill()
         killed_at = time.monotonic()
         rc = procs[survivor].wait(timeout=EXIT_BOUND_S + 60)
@@ -241,7 +252,8 @@ def test_killed_worker_stops_the_other_and_rerun_resumes(tmp_path, victim):
     resumed = [r for r in records if r["kind"] == "resume"]
     assert len(resumed) == 1
     start = resumed[0]["step"]
-    assert 20 <= start <= max(before) and start % 20 == 0  # steps lost: none beyond the save
+    # steps lost: none beyond the save
+    assert CHECKPOINT_EVERY <= start <= max(before) and start % CHECKPOINT_EVERY == 0
     after = {r["step"]: r["loss"] for r in records[records.index(resumed[0]):]
              if r["kind"] == "train"}
     replayed = sorted(s for s in before if s > start)
