@@ -5,6 +5,9 @@ never another exception, never a hang, never a NaN.
 
 Reproducible: ``derandomize=True`` (the examples are a function of the test), no example
 database. ``TJAX_FUZZ_STATS=FILE`` writes how many inputs each category tried (README figures).
+How many each test draws: ``profiles.examples`` -- CI's number by default, the full search with
+``TJAX_TEST_PROFILE=thorough``. The tests that compile or train (tiny models, sampling, the
+CLI on a trained run) are left out of the quick tier (``slow``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig, apply_overrides
 from transformers_jax.config import check_lengths as check_seq_len
@@ -162,7 +166,7 @@ def build(model_text: dict[str, str], train_text: dict[str, str]):
     return model, train
 
 
-@settings(max_examples=400, **SETTINGS)
+@settings(max_examples=examples(ci=100, thorough=400), **SETTINGS)
 @given(overrides(MODEL_TEXT), overrides(TRAIN_TEXT))
 @example({"d_model": "nan"}, {})
 @example({}, {"learning_rate": "nan"})
@@ -211,7 +215,7 @@ MODEL_KWARGS = {
 }
 
 
-@settings(max_examples=400, **SETTINGS)
+@settings(max_examples=examples(ci=100, thorough=400), **SETTINGS)
 @given(overrides(MODEL_KWARGS))
 @example({"d_model": "32"})
 @example({"init_std": math.nan})
@@ -285,10 +289,12 @@ def tiny_batch(model_cfg: ModelConfig, seq_len: int) -> dict:
             **family_of(model_cfg).inputs_for(model_cfg, inputs)}
 
 
-_STEPS: dict = {}  # (model config, train config) -> jitted (init, step)
+_STEPS: dict = {}  # (model config, train config) -> jitted (init + forward, step)
 
 
 def jitted_steps(model_cfg: ModelConfig, train_cfg: TrainConfig):
+    """``(start, step)``: ``start(batch) -> (state, forward pass of the initial params over the
+    batch)``, one program (initialising traces the forward pass anyway), and the train step."""
     from transformers_jax.models import build_model
     from transformers_jax.train.objectives import objective_for
     from transformers_jax.train.optim import make_optimizer
@@ -299,15 +305,20 @@ def jitted_steps(model_cfg: ModelConfig, train_cfg: TrainConfig):
         model = build_model(model_cfg)
         objective = objective_for(model_cfg.family)
         optimizer = make_optimizer(train_cfg)
-        _STEPS[key] = (
-            model, objective,
-            jax.jit(lambda batch: init_state(model, optimizer, 0, batch, objective)),
-            jax.jit(make_train_step(model, optimizer, objective=objective)),
-        )
+
+        def start(batch):
+            state = init_state(model, optimizer, 0, batch, objective)
+            out = model.apply({"params": state.params}, batch["inputs"],
+                              **objective.inputs(batch))
+            return state, out
+
+        _STEPS[key] = (jax.jit(start),
+                       jax.jit(make_train_step(model, optimizer, objective=objective)))
     return _STEPS[key]
 
 
-@settings(max_examples=40, **SETTINGS)
+@pytest.mark.slow
+@settings(max_examples=examples(ci=12, thorough=40), **SETTINGS)
 @given(overrides({**TINY_MODEL}).map(lambda d: d), st.fixed_dictionaries({}, optional=TINY_TRAIN))
 @example({"norm": {"name": "rmsnorm", "eps": -1.0}}, {})
 @example({}, {"b1": 1.5})
@@ -323,10 +334,9 @@ def test_tiny_configs_train_one_finite_step_or_name_a_field(model_kwargs, train_
         assert_names_a_field(error)
         TRIED["config: tiny models, refused with ConfigError"] += 1
         return
-    model, objective, init, step = jitted_steps(model_cfg, train_cfg)
+    start, step = jitted_steps(model_cfg, train_cfg)
     batch = tiny_batch(model_cfg, train_cfg.seq_len)
-    state = init(batch)
-    out = model.apply({"params": state.params}, batch["inputs"], **objective.inputs(batch))
+    state, out = start(batch)
     assert np.isfinite(np.asarray(out, np.float32)).all(), "forward pass is not finite"
     state, metrics = step(state, batch)
     assert math.isfinite(float(metrics["loss"])), f"loss {float(metrics['loss'])}"
@@ -366,7 +376,8 @@ PROMPTS = st.one_of(st.binary(min_size=1, max_size=24),  # arbitrary bytes, most
                     st.just(b""), st.just(b"\xff\xfe\x00"))
 
 
-@settings(max_examples=60, **SETTINGS)
+@pytest.mark.slow
+@settings(max_examples=examples(ci=20, thorough=60), **SETTINGS)
 @given(position=st.sampled_from(["learned", "rope"]), prompt=PROMPTS,
        max_new_tokens=mostly(st.integers(1, 12), st.integers(-2, 0) | st.sampled_from(
            [2.5, "3", None])),
@@ -442,7 +453,8 @@ CLI_OPTIONS = {"--max-new-tokens": mostly(st.integers(1, 8).map(str), CLI_VALUE)
                    lambda b: b.decode("utf-8", "surrogateescape")))}
 
 
-@settings(max_examples=40, **SETTINGS)
+@pytest.mark.slow
+@settings(max_examples=examples(ci=12, thorough=40), **SETTINGS)
 @given(overrides(CLI_OPTIONS))
 @example({"--prompt": "x" * 40})  # longer than the 32 learned positions
 @example({"--num-samples": "0"})
@@ -504,7 +516,8 @@ def eval_files(tmp_path_factory):
             "broken": str(root / "broken.jsonl"), "mixed": str(root / "mixed")}
 
 
-@settings(max_examples=30, **SETTINGS)
+@pytest.mark.slow
+@settings(max_examples=examples(ci=8, thorough=30), **SETTINGS)
 @given(overrides(EVAL_OPTIONS))
 @example({})
 @example({"--lengths": "8,16", "--data": "{text}", "--batches": "1"})
@@ -588,7 +601,7 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integer
                         st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
-@settings(max_examples=80, **SETTINGS)
+@settings(max_examples=examples(ci=30, thorough=80), **SETTINGS)
 @given(how=st.sampled_from(["truncate", "garbage", "retype", "drop"]), where=st.floats(0, 1),
        value=JSON_VALUES, junk=st.binary(min_size=1, max_size=16))
 @example(how="truncate", where=0.5, value=None, junk=b"x")
@@ -625,7 +638,7 @@ def test_converter_damaged_config_json(hf_dir, tmp_path_factory, how, where, val
         pytest.fail(f"{how} {key}={value!r}: {type(error).__name__}: {error}")
 
 
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=examples(ci=30, thorough=60), **SETTINGS)
 @given(how=st.sampled_from(["truncate", "flip_header", "header_len", "shape", "offsets",
                             "dtype"]),
        where=st.floats(0, 1), byte=st.integers(0, 255))
@@ -724,7 +737,8 @@ LM_EVAL_OPTIONS = {
 }
 
 
-@settings(max_examples=6, **SETTINGS)
+@pytest.mark.slow
+@settings(max_examples=examples(ci=2, thorough=6), **SETTINGS)
 @given(overrides(LM_EVAL_OPTIONS))
 @example({"--lm-eval": "fuzz_mc,fuzz_gen,fuzz_rolling", "--include-path": "{tasks}"})
 @example({"--lm-eval": "fuzz_gen", "--include-path": "{tasks}", "--max-length": "8"})

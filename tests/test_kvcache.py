@@ -1,33 +1,52 @@
-"""Decoding with the KV cache gives the same logits as a full forward pass over the prefix."""
+"""Decoding with the KV cache gives the same logits as a full forward pass over the prefix.
+
+Each model config is initialised once and its full forward pass computed once
+(``decode_fixtures.built`` / ``full_logits``); the cached steps run through one module-level
+jitted ``decode_step`` taking the params as an argument, compiled once per config and shape.
+The quick tier (``-m "not slow"``) keeps one case of each kind of check; CI runs them all.
+"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_helpers import POSITIONS, init, mask_settings, tiny
+from decode_fixtures import apply, built, decode_step, full_logits, init_params
+from model_helpers import POSITIONS, mask_settings, tiny
 from model_helpers import attention as attention_switch
 
+from transformers_jax import ModelConfig, build_model, sample
 from transformers_jax.nn.kvcache import init_cache, plan_write
 
+slow = pytest.mark.slow
+# sample.py's prefill and decoding step, compiled once per model and shape
+_prefill = jax.jit(sample.prefill, static_argnums=(0, 4))
+_decode_step = jax.jit(sample.decode_step, static_argnums=0)
 
-def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size, one_row=False):
-    """Prefill right-padded prompts of different lengths, then feed the rest one at a time.
+
+def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size, one_row=False,
+                  width=None):
+    """Prefill prompts of different lengths, right-padded to ``width`` (default: the longest),
+    then feed the rest one at a time.
 
     Returns logits [B, T, V] at every position, each computed through the cache. ``one_row``
     decodes each row as a batch of one (steps then read the cache before writing to it:
-    ``RowSlot.read_first``), otherwise all rows together (write, then read).
+    ``RowSlot.read_first``), its prompt padded as in the batch (one compiled prefill for all
+    rows); otherwise all rows together (write, then read).
     """
     if one_row:
         return np.concatenate([
             cached_logits(model, params, cfg, tokens[b : b + 1], prompt_lengths[b : b + 1],
-                          cache_size) for b in range(tokens.shape[0])])
+                          cache_size, width=int(max(prompt_lengths)))
+            for b in range(tokens.shape[0])])
     B, T = tokens.shape
-    P = int(max(prompt_lengths))
+    P = width or int(max(prompt_lengths))
     lengths = jnp.asarray(prompt_lengths, jnp.int32)
     prompt = jnp.where(jnp.arange(P)[None] < lengths[:, None], tokens[:, :P], 0)
     cache = init_cache(cfg, B, cache_size)
-    step = jax.jit(lambda c, t, n: model.apply({"params": params}, t, c, n,
-                                               method="decode_step"))
+
+    def step(cache, tokens, lengths):
+        return decode_step(model, params, cache, tokens, lengths)
+
     logits, cache = step(cache, prompt, lengths)
     out = np.zeros((B, T, cfg.vocab_size), np.float32)
     for b in range(B):
@@ -43,27 +62,40 @@ def cached_logits(model, params, cfg, tokens, prompt_lengths, cache_size, one_ro
     return out
 
 
-@pytest.mark.parametrize("one_row", [False, True], ids=["batch", "one-row"])
-@pytest.mark.parametrize("position", POSITIONS)
+QUICK_POSITION = "rope"  # the quick tier decodes this scheme; CI decodes every one
+
+
+def _position_cases():
+    """Every registered scheme, decoded as a batch and row by row. The quick tier keeps rope
+    as a batch, and the schemes that refuse a cache (no compile: cheap)."""
+    for position in POSITIONS:
+        for one_row, name in ((False, "batch"), (True, "one-row")):
+            quick = (position == QUICK_POSITION and not one_row
+                     or not tiny(position=position).position.cacheable)
+            yield pytest.param(position, one_row, id=f"{position}-{name}",
+                               marks=() if quick else slow)
+
+
+@pytest.mark.parametrize(("position", "one_row"), _position_cases())
 def test_cached_decoding_equals_full_forward(position, one_row):
     cfg = tiny(position=position, n_kv_heads=2, init_std=0.1)
     if not cfg.position.cacheable:  # it says so: making a cache fails, naming the fix
         with pytest.raises(ValueError, match="cannot reproduce"):
             init_cache(cfg, 2, 12)
         return  # (its cacheable setting is checked in test_positions_new.py)
-    model, params, tokens = init(cfg, T=12)
-    full = np.asarray(model.apply({"params": params}, tokens))
+    model, params, tokens = built(cfg, T=12)
     cached = cached_logits(model, params, cfg, tokens, [4, 7], cache_size=12, one_row=one_row)
-    np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(cached, full_logits(cfg, T=12), atol=2e-5, rtol=1e-5)
 
 
+@slow
 @pytest.mark.parametrize("one_row", [False, True], ids=["batch", "one-row"])
 @pytest.mark.parametrize("attention", ["reference", "chunked"])
 def test_sliding_window_ring_cache_holds_only_the_window(attention, one_row):
     cfg = tiny(mask={"name": "sliding_window", "window": 4}, position="alibi",
                attention=attention_switch(attention), init_std=0.1)
-    model, params, tokens = init(cfg, T=14)
-    full = np.asarray(model.apply({"params": params}, tokens))
+    model, params, tokens = built(cfg, T=14)
+    full = full_logits(cfg, T=14)
     size = cfg.mask.cache_slots(14)
     assert size == 4
     # a prompt longer than the ring: only its last 4 tokens stay in the cache
@@ -71,16 +103,17 @@ def test_sliding_window_ring_cache_holds_only_the_window(attention, one_row):
     np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
 
 
+@slow
 def test_rope_scaling_and_gqa_in_cache():
     cfg = tiny(n_kv_heads=1, position={"name": "rope", "scaling": {
                    "name": "yarn", "factor": 2.0, "original_max_len": 8}},
                mlp="swiglu", norm="rmsnorm", qk_norm=True, init_std=0.1)
-    model, params, tokens = init(cfg, T=10)
-    full = np.asarray(model.apply({"params": params}, tokens))
+    model, params, tokens = built(cfg, T=10)
     cached = cached_logits(model, params, cfg, tokens, [1, 5], cache_size=10)
-    np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(cached, full_logits(cfg, T=10), atol=2e-5, rtol=1e-5)
 
 
+@slow
 @pytest.mark.parametrize("length", ["position", "sequence"])
 def test_dynamic_ntk_per_position_decodes_as_the_full_forward_pass(length):
     """Dynamic NTK's base grows with the current length. With ``length='position'`` every
@@ -90,8 +123,8 @@ def test_dynamic_ntk_per_position_decodes_as_the_full_forward_pass(length):
     cfg = tiny(position={"name": "rope", "scaling": {
                    "name": "dynamic_ntk", "factor": 4.0, "original_max_len": 4,
                    "length": length}}, init_std=0.3)
-    model, params, tokens = init(cfg, T=12)
-    full = np.asarray(model.apply({"params": params}, tokens))
+    model, params, tokens = built(cfg, T=12)
+    full = full_logits(cfg, T=12)
     cached = cached_logits(model, params, cfg, tokens, [1, 1], cache_size=12)
     if length == "position":
         np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
@@ -109,11 +142,9 @@ def test_plan_write_ring_order():
     assert int(plan.take[1, 2]) == 0
 
 
-@pytest.mark.parametrize("position", ["t5", "rope", "learned", "alibi"])
+@pytest.mark.parametrize("position", ["t5", *(pytest.param(p, marks=slow)
+                                             for p in ("rope", "learned", "alibi"))])
 def test_encoder_decoder_cached_decoding_equals_full_forward(position):
-    import flax.linen as nn
-
-    from transformers_jax import ModelConfig, build_model
 
     cfg = ModelConfig(family="encdec", vocab_size=32, d_model=32, n_layers=2, n_heads=4,
                       n_kv_heads=2, max_len=16, position=position, init_std=0.2)
@@ -122,24 +153,21 @@ def test_encoder_decoder_cached_decoding_equals_full_forward(position):
     tgt = jax.random.randint(jax.random.key(2), (2, 6), 0, 32)
     valid = jnp.array([[True] * 7, [True] * 4 + [False] * 3])  # second source is padded
     seg = valid.astype(jnp.int32)
-    params = nn.meta.unbox(model.init(jax.random.key(0), tgt, encoder_inputs=src)["params"])
-    full = model.apply({"params": params}, tgt, encoder_inputs=src, encoder_segment_ids=seg)
-    encoded = model.apply({"params": params}, src, encoder_segment_ids=seg, method="encode")
+    params = init_params(model, jax.random.key(0), tgt, encoder_inputs=src)
+    full = apply(model, params, tgt, encoder_inputs=src, encoder_segment_ids=seg)
+    encoded = apply(model, params, src, encoder_segment_ids=seg, method="encode")
     cache = model.init_cache(2, 7, 7).replace(encoder_valid=valid)
-    step = jax.jit(lambda c, t, e: model.apply({"params": params}, t, c, encoded=e,
-                                               method="decode_step"))
-    logits, cache = step(cache, tgt[:, :3], encoded)  # prefill 3 tokens, projects the encoder
+    # prefill 3 tokens, projecting the encoder
+    logits, cache = decode_step(model, params, cache, tgt[:, :3], encoded=encoded)
     cached = [logits]
     for t in range(3, 6):  # then one token at a time, reading the stored cross keys/values
-        logits, cache = step(cache, tgt[:, t : t + 1], None)
+        logits, cache = decode_step(model, params, cache, tgt[:, t : t + 1])
         cached.append(logits)
     np.testing.assert_allclose(jnp.concatenate(cached, 1), full, atol=2e-5, rtol=1e-5)
 
 
+@slow
 def test_encoder_decoder_generate_equals_uncached_greedy():
-    import flax.linen as nn
-
-    from transformers_jax import ModelConfig, build_model
     from transformers_jax.models.encdec import greedy_decode
     from transformers_jax.sample import SamplingConfig, generate
 
@@ -147,7 +175,7 @@ def test_encoder_decoder_generate_equals_uncached_greedy():
                       position="t5", init_std=0.3)
     model = build_model(cfg)
     src = jnp.array([[5, 6, 7, 8, 9], [3, 4, 5, 6, 7]])
-    params = nn.meta.unbox(model.init(jax.random.key(0), src, encoder_inputs=src)["params"])
+    params = init_params(model, jax.random.key(0), src, encoder_inputs=src)
     sampling = SamplingConfig(max_new_tokens=6, temperature=0.0, bos_id=1, pad_id=0)
     out = generate(model, params, src.tolist(), sampling)
     reference = greedy_decode(model, params, src, max_len=6, bos_id=1, eos_id=-1, pad_id=0)
@@ -164,24 +192,30 @@ def _decoding_masks() -> list[str]:
 def test_every_decoding_mask_kind_generates_what_the_full_forward_pass_predicts(mask):
     """For each registered mask kind that decodes (a new one is covered once registered):
     prefill a prompt, then decode greedily; every step's logits equal those of a full forward
-    pass over the prompt plus the tokens so far. A prefix-LM takes the prompt as its prefix."""
-    from transformers_jax.sample import decode_step, prefill
+    pass over the prompt plus the tokens so far. A prefix-LM takes the prompt as its prefix.
 
+    A kind that decodes lets no position see a later one, so one full pass over the final
+    sequence gives every step's logits at once (a pass per length compiled a program each);
+    a kind that leaked later tokens into earlier positions fails here."""
     cfg = tiny(mask={"name": mask, **mask_settings(mask)}, position="rope", init_std=0.3)
-    needs_prefix = cfg.mask.needs_prefix_len
     lengths = jnp.array([5], jnp.int32)
-    model, params, tokens = init(cfg, T=5, B=1, **({"prefix_len": lengths} if needs_prefix else {}))
-    logits, cache = prefill(model, params, tokens, lengths, max_new_tokens=4)
-    seq = tokens
+    inputs = {"prefix_len": lengths} if cfg.mask.needs_prefix_len else {}
+    model = build_model(cfg)
+    tokens = jax.random.randint(jax.random.key(1), (1, 5), 0, cfg.vocab_size)
+    params = init_params(model, jax.random.key(0), tokens, **inputs)
+    logits, cache = _prefill(model, params, tokens, lengths, 4)
+    seq, steps = tokens, []
     for _ in range(4):
-        inputs = {"prefix_len": lengths} if needs_prefix else {}
-        full = model.apply({"params": params}, seq, **inputs)[:, -1]
-        np.testing.assert_allclose(logits, full, atol=2e-5, rtol=1e-5)
+        steps.append(logits)
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         seq = jnp.concatenate([seq, token[:, None]], axis=1)
-        logits, cache = decode_step(model, params, token, cache)
+        logits, cache = _decode_step(model, params, token, cache)
+    full = apply(model, params, seq[:, :-1], **inputs)  # positions 0 .. 7
+    for i, logits in enumerate(steps):  # step i predicts position 5 + i from positions <= 4 + i
+        np.testing.assert_allclose(logits, full[:, 4 + i], atol=2e-5, rtol=1e-5)
 
 
+@slow
 @pytest.mark.parametrize("batch", [1, 4])
 def test_decode_loop_updates_the_cache_in_place(batch):
     """The compiled generate loop holds no copy of a layer's cache: each step's update is in
@@ -192,7 +226,7 @@ def test_decode_loop_updates_the_cache_in_place(batch):
     from transformers_jax.sample import SamplingConfig, generate_tokens
 
     cfg = tiny(max_len=64)
-    model, params, _ = init(cfg)
+    model, params, _ = built(cfg)
     prompts = jnp.ones((batch, 4), jnp.int32)
     lengths = jnp.full((batch,), 4, jnp.int32)
     hlo = generate_tokens.lower(model, params, prompts, lengths, jax.random.key(0),
