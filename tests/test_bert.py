@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from family_fixtures import jit_optimised
 from model_helpers import POSITIONS, assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
@@ -56,8 +57,11 @@ def embedding_jacobian(model, params, tokens, query: int, **inputs):
     return np.asarray(jax.grad(out)(perturbations)["encoder"]["embeddings"])
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("norm_position", ["pre", "post"])
+# quick tier: the default (pre-norm, rope); every scheme is also checked on the decoder-only
+# model's quick tier (tests/test_gpt.py)
+@pytest.mark.parametrize("position, norm_position", [
+    (p, n) if (p, n) == ("rope", "pre") else pytest.param(p, n, marks=pytest.mark.slow)
+    for n in ("pre", "post") for p in POSITIONS])
 def test_forward_deterministic_and_appended_padding_changes_nothing(position, norm_position):
     cfg = tiny(position=position, norm_position=norm_position, init_std=0.2)
     model, params, tokens = init(cfg, T=10)
@@ -86,6 +90,7 @@ def test_bidirectional_sees_both_sides_and_segments_isolate():
     assert np.all(grad[:, :6] == 0.0) and np.all(np.abs(grad[:, 6:]).sum(-1) > 0)
 
 
+@pytest.mark.slow
 def test_causal_mask_warns_and_never_leaks():
     cfg = tiny(mask="causal", position="t5")
     with pytest.warns(UserWarning, match="masked-LM"):
@@ -95,6 +100,7 @@ def test_causal_mask_warns_and_never_leaks():
     assert np.all(grad[:, 6:] == 0.0) and np.all(np.abs(grad[:, :6]).sum(-1) > 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position", ["rope", "t5", "learned"])
 def test_every_attention_implementation_gives_the_same_model(position):
     """Same logits through every implementation, with packed segments and padding; same
@@ -113,6 +119,7 @@ def test_every_attention_implementation_gives_the_same_model(position):
     assert_attention_implementations_agree(tiny, position, loss_for)
 
 
+@pytest.mark.slow
 def test_norm_layout_token_types_and_head_tying():
     _, post, _ = init(tiny(norm_position="post"))
     _, pre, _ = init(tiny(norm_position="pre"))
@@ -132,6 +139,7 @@ def test_norm_layout_token_types_and_head_tying():
     np.testing.assert_array_equal(a, model.apply({"params": params}, tokens))  # default type 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "changes",
     [
@@ -160,6 +168,7 @@ def test_block_options(changes):
 # Fine-tuning heads -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_classifiers_start_from_the_masked_lm_encoder():
     cfg = tiny(position="t5")
     mlm_model, mlm_params, tokens = init(cfg)
@@ -204,12 +213,13 @@ def train(model, params, objective, batches, lr=3e-3):
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                        opt_state=optimizer.init(params),
                        rng=jax.random.key_data(jax.random.key(0)))
-    step = jax.jit(make_train_step(model, optimizer, objective=objective))
+    step = jit_optimised(make_train_step(model, optimizer, objective=objective))
     for batch in batches:
         state, metrics = step(state, batch)
     return state.params, metrics
 
 
+@pytest.mark.slow
 def test_fine_tuning_learns_a_synthetic_classification_task():
     cfg = tiny(vocab_size=TOK.vocab_size, n_layers=1, position="rope", dropout=0.0)
     mlm_model = build_model(cfg)
@@ -225,6 +235,7 @@ def test_fine_tuning_learns_a_synthetic_classification_task():
     assert float(metrics["accuracy"]) >= 0.95, metrics
 
 
+@pytest.mark.slow
 def test_tfds_classification_loader_on_mocked_imdb(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
@@ -303,6 +314,7 @@ def classifier_runs(tmp_path_factory):
     return bert, tuned, data, json.loads(out.strip().splitlines()[-1]), err
 
 
+@pytest.mark.slow
 def test_classification_fine_tunes_a_bert_run_from_the_command_line(classifier_runs, tmp_path):
     """tjax train --train.objective=sequence_classification on labelled JSONL, from a bert
     run's encoder (its model taken from the run): accuracy reported, labels saved."""
@@ -323,6 +335,7 @@ def test_classification_fine_tunes_a_bert_run_from_the_command_line(classifier_r
                  state["params"]["encoder"], bert_params["encoder"])
 
 
+@pytest.mark.slow
 def test_a_classifier_run_loads_evaluates_and_refuses_to_generate(classifier_runs, tmp_path):
     """``load_run`` builds a classifier run's own model (its head, as wide as labels.json);
     ``tjax eval`` reports its held-out accuracy (the training loop's last eval, the same
@@ -411,6 +424,7 @@ def test_labelled_batches_resume_and_cover_each_epoch():
 # Masked-LM training end to end, and fill-mask -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_masked_lm_trains_and_fill_mask_recovers_the_masked_byte():
     corpus = TOK.encode("the cat sat on the mat; " * 40)
     cfg = tiny(vocab_size=TOK.vocab_size, d_model=64, n_layers=1, position="rope")

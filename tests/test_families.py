@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from family_fixtures import memoised
 
 from transformers_jax import ModelConfig
 from transformers_jax.config import TrainConfig
@@ -23,14 +24,18 @@ def tiny(name: str) -> ModelConfig:
                        max_len=64, mask=FAMILIES.get(name).default_mask)
 
 
+@memoised
 def apply_fn(name: str, length: int = 12):
+    """(``apply(tokens) -> logits``, example tokens ``[2, length]``) of family ``name``'s tiny
+    model, built once per family; ``apply`` is compiled once (the parameters an argument)."""
     cfg, family = tiny(name), FAMILIES.get(name)
     tokens, inputs = family.example_inputs(cfg, length)
     tokens = (jnp.arange(2 * length, dtype=jnp.int32).reshape(2, length) * 7) % 64
     inputs = family.inputs_for(cfg, tokens)
     model = family.build(cfg)
-    params = model.init(jax.random.key(0), tokens, **inputs)["params"]
-    return (lambda t: model.apply({"params": params}, t, **family.inputs_for(cfg, t))), tokens
+    params = jax.jit(model.init)(jax.random.key(0), tokens, **inputs)["params"]
+    forward = jax.jit(lambda p, t: model.apply({"params": p}, t, **family.inputs_for(cfg, t)))
+    return (lambda t: forward(params, t)), tokens
 
 
 @pytest.mark.parametrize("family", NAMES)
@@ -51,7 +56,7 @@ def test_no_output_sees_a_later_token(family):
     assert delta[6:].min() > 0.0  # the outputs from it on do
 
 
-@pytest.mark.slow
+# in the quick tier: a training step of every family through the real loop
 @pytest.mark.parametrize("family", NAMES)
 def test_trains_through_the_loop(family):
     from transformers_jax.train.loop import train
