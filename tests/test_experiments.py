@@ -203,6 +203,7 @@ def test_run_all_lists_the_sweep_reports_and_marks_a_superseded_experiment(tmp_p
     assert "--out sweeps/attention_stability` (not yet run)" in attention
 
 
+@pytest.mark.slow
 def test_the_committed_readme_is_built_from_the_committed_results(tmp_path):
     """experiments/README.md is what run_all builds from experiments/results/: a sweep report
     committed under results/sweeps/ is listed there, a retired script's section is gone."""

@@ -61,6 +61,7 @@ def assert_same_run(together: dict, alone: dict, together_dir: str, alone_dir: s
                  params_of(together_dir), params_of(alone_dir))
 
 
+@pytest.mark.slow
 def test_gpt_seeds_together_equal_solo_runs_and_resume_alone_or_together(tmp_path):
     """Two GPT seeds (dropout on) trained together for 4 steps, then continued together to 8,
     equal solo runs of 8 steps; a copy of one seed's directory continued alone does too."""
@@ -93,6 +94,7 @@ def test_gpt_seeds_together_equal_solo_runs_and_resume_alone_or_together(tmp_pat
                                                     "history": []}] * 2
 
 
+@pytest.mark.slow
 def test_bert_seeds_together_equal_solo_runs_with_grad_accum(tmp_path):
     cfg = CFG.replace(steps=3, grad_accum=2, eval_every=3, checkpoint_every=3)
     dirs = [str(tmp_path / f"seed{s}") for s in (3, 7)]
@@ -102,6 +104,7 @@ def test_bert_seeds_together_equal_solo_runs_with_grad_accum(tmp_path):
                     alone_dir)
 
 
+@pytest.mark.slow
 def test_vmap_and_map_over_seeds_step_as_solo_steps():
     """Both ways a backend maps the step over seeds (``Backend.map_seeds``: ``jax.vmap`` for
     TPU/GPU, tested here on the CPU; ``lax.map`` for XLA:CPU) give each seed its solo steps."""
@@ -149,6 +152,7 @@ print("initialised")
 """
 
 
+@pytest.mark.slow
 def test_stacked_lstm_initialisation_finishes_on_cpu():
     """A vmapped initialisation of this LSTM never finished on XLA:CPU (jax 0.10.2); the CPU
     backend maps it seed by seed, and seed 2's slice is its own init. In a process of its
@@ -158,6 +162,7 @@ def test_stacked_lstm_initialisation_finishes_on_cpu():
     assert done.returncode == 0 and "initialised" in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_seeds_over_a_seed_mesh_axis_train_as_on_one_device(tmp_path):
     """Four GPT seeds laid over a ``seed`` mesh axis of two (fake CPU) devices, two whole
     seeds on each, train as the same four seeds on one device: the same losses, evaluation and
@@ -213,6 +218,10 @@ def test_bad_requests_are_clear_errors(tmp_path):
         train_seeds(GPT, CFG, [0], str(tmp_path / "a"))
     with pytest.raises(ConfigError, match="train.strategy='jit'.*one after another"):
         train_seeds(GPT, CFG.replace(strategy="jit"), [0, 1])
+
+
+@pytest.mark.slow
+def test_runs_at_different_steps_are_refused_and_left_as_they_were(tmp_path):
     # runs at different steps cannot continue together (and nothing is written)
     done = str(tmp_path / "done")
     train(GPT, CFG.replace(steps=2, checkpoint_every=2, eval_every=2, run_dir=done))

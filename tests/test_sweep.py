@@ -173,28 +173,42 @@ def sweep_env(tmp_path, monkeypatch):
     return tmp_path, spec, code
 
 
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """The TINY sweep killed in its second cell, then started again: trained once for the
+    tests that read it. Returns ``(root, spec, code, report after the kill, seeds trained by
+    the second start)``."""
+    root = tmp_path_factory.mktemp("tiny")
+    spec = root / "tiny.toml"
+    spec.write_text(TINY)
+    out = root / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        code = clean_checkout(mp, root)
+        # killed after its first cell: the second cell's training raises
+        real = runner.train_seeds_of
+
+        def dies_in_second_cell(planned, seeds, run_dirs, log, apart=False):
+            if planned.cell.name == "position=alibi":
+                raise KeyboardInterrupt
+            return real(planned, seeds, run_dirs, log, apart)
+
+        mp.setattr(runner, "train_seeds_of", dies_in_second_cell)
+        with pytest.raises(KeyboardInterrupt):
+            main(["sweep", str(spec), "--out", str(out)])
+        killed = (out / "report.md").read_text()
+        mp.setattr(runner, "train_seeds_of", real)
+        calls = record_trained(mp)
+        assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    return root, spec, code, killed, calls
+
+
 @pytest.mark.slow
 def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
-        sweep_env, monkeypatch, capsys):
-    tmp_path, spec, code = sweep_env
+        resumed, monkeypatch, capsys):
+    tmp_path, spec, code, report, calls = resumed
     out = tmp_path / "out"
-
-    # killed after its first cell: the second cell's training raises
-    real = runner.train_seeds_of
-
-    def dies_in_second_cell(planned, seeds, run_dirs, log, apart=False):
-        if planned.cell.name == "position=alibi":
-            raise KeyboardInterrupt
-        return real(planned, seeds, run_dirs, log, apart)
-
-    monkeypatch.setattr(runner, "train_seeds_of", dies_in_second_cell)
-    with pytest.raises(KeyboardInterrupt):
-        main(["sweep", str(spec), "--out", str(out)])
-    report = (out / "report.md").read_text()
+    clean_checkout(monkeypatch, tmp_path)
     assert "1 of 2 cells finished" in report and "| pending |" in report
-    monkeypatch.setattr(runner, "train_seeds_of", real)
-    calls = record_trained(monkeypatch)
-    assert main(["sweep", str(spec), "--out", str(out)]) == 0
     assert calls == ["position=alibi/0", "position=alibi/1"]  # only what was missing
 
     results = json.loads((out / "results.json").read_text())
@@ -276,14 +290,22 @@ def test_a_dirty_checkout_is_refused(sweep_env, monkeypatch, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_dry_run_lists_cells_budgets_and_comparisons(sweep_env, capsys):
+@pytest.mark.slow
+def test_dry_run_lists_cells_budgets_and_comparisons(sweep_env, monkeypatch, capsys):
+    """The estimates are measured (a step and a batch of each length compiled and timed); the
+    two cells' models, alike in cost, are timed as one shape: each compile once."""
+    from transformers_jax.sweep import command
+
     tmp_path, spec, _ = sweep_env
+    timed = []
+    monkeypatch.setattr(command, "_shape_key", lambda model: timed.append(model) or "tiny")
     assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "2 cells x 2 seeds = 4 runs; 2 comparisons declared" in out
     assert "position=alibi" in out and "1,536" in out and "est. min" in out
     assert "compare 1: position=alibi vs position=rope: loss@2x - loss@1x" in out
     assert not (tmp_path / "out").exists()
+    assert {m.position.name for m in timed} == {"rope", "alibi"}  # both cells estimated
 
 
 def test_more_than_an_epoch_is_refused(sweep_env, capsys):
@@ -319,6 +341,7 @@ def test_a_locked_cell_is_skipped_and_a_shard_trains_its_share(sweep_env, monkey
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from profiles import examples  # noqa: E402
 
 from transformers_jax.sweep import spec as spec_module  # noqa: E402
 
@@ -348,7 +371,8 @@ SPEC_DICT = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(ci=60, thorough=300), deadline=None,
+          suppress_health_check=list(HealthCheck))
 @given(SPEC_DICT)
 def test_any_spec_is_read_or_refused_with_a_spec_error(raw):
     try:
@@ -456,17 +480,23 @@ def test_the_readme_shows_the_committed_example_spec():
 
 
 @pytest.mark.slow
-def test_seeds_trained_together_score_as_seeds_trained_apart(sweep_env):
+def test_seeds_trained_together_score_as_seeds_trained_apart(resumed, sweep_env):
+    """The ALiBi cell of the resumed sweep, its two seeds trained as one program, against the
+    same cell trained seed after seed."""
+    root, _, _, _, _ = resumed
     tmp_path, spec, _ = sweep_env
     spec.write_text(TINY.split("[[compare]]")[0].replace(
         '"model.position" = ["rope", "alibi"]', '"model.position" = ["alibi"]'))
-    scores = {}
-    for how in ("together", "apart"):
-        out = tmp_path / how
-        assert main(["sweep", str(spec), "--out", str(out)]
-                    + (["--seeds-apart"] if how == "apart" else [])) == 0
-        scores[how] = [json.loads((out / f"cells/position=alibi/seed{s}" / runner.SCORES_FILE
-                                   ).read_text())["loss"]["2x"]["mean"] for s in (0, 1)]
+    out = tmp_path / "apart"
+    assert main(["sweep", str(spec), "--out", str(out), "--seeds-apart"]) == 0
+    scores, how = {}, {}
+    for name, folder in (("together", root / "out"), ("apart", out)):
+        seeds = [folder / f"cells/position=alibi/seed{s}" for s in (0, 1)]
+        scores[name] = [json.loads((d / runner.SCORES_FILE).read_text())["loss"]["2x"]["mean"]
+                        for d in seeds]
+        how[name] = [json.loads((d / runner.DONE_FILE).read_text()).get("seeds_together")
+                     for d in seeds]
+    assert how == {"together": [2, 2], "apart": [None, None]}
     assert scores["together"] == pytest.approx(scores["apart"], rel=1e-5)
     assert scores["together"][0] != scores["together"][1]  # two seeds, two models
 

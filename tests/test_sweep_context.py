@@ -4,6 +4,8 @@ tiny sweep of a GPT and an LSTM scored and compared on the same perturbed window
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -226,6 +228,14 @@ def test_a_spec_without_context_keeps_its_score_keys():
 # ---------------------------------------------------------------------------- a whole sweep
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _log_probs(model, params, inputs_BT):
+    """The oracle's log-probabilities, traced once per model config and window shape (the
+    seeds of a cell share the trace; params are an argument)."""
+    return jax.nn.log_softmax(model.apply({"params": params}, inputs_BT), axis=-1)
+
+
+@pytest.mark.slow
 def test_a_gpt_and_an_lstm_are_scored_on_the_same_perturbed_windows(tmp_path, monkeypatch):
     import json
 
@@ -258,7 +268,7 @@ def test_a_gpt_and_an_lstm_are_scored_on_the_same_perturbed_windows(tmp_path, mo
         def targets(w_WT, model=model, params=params):
             """The last 4 targets' mean loss per window, worked here from the logits (the
             sweep's own scorer is not the oracle)."""
-            logp = jax.nn.log_softmax(model.apply({"params": params}, w_WT[:, :-1]), axis=-1)
+            logp = _log_probs(model, params, w_WT[:, :-1])
             losses = -np.take_along_axis(np.asarray(logp), w_WT[:, 1:, None], axis=-1)[..., 0]
             return losses[:, -4:].mean(1)
 

@@ -4,8 +4,10 @@ encoder-decoder beside a causal decoder."""
 
 from __future__ import annotations
 
+import functools
 import types
 
+import jax
 import numpy as np
 import pytest
 from sweep_runs import TINY_BASE
@@ -151,10 +153,15 @@ metric = "exact@1-4"
 """
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _argmax(model, params, inputs, extra):
+    """The model applied by hand, traced once per model and shape (params an argument)."""
+    return jax.numpy.argmax(model.apply({"params": params}, inputs, **extra), -1)
+
+
+@pytest.mark.slow
 def test_a_task_sweep_scores_a_prefix_lm_and_an_encoder_decoder(tmp_path, monkeypatch):
     import json
-
-    import jax
 
     from transformers_jax.cli import main
     from transformers_jax.runs.load import load_run
@@ -177,9 +184,8 @@ def test_a_task_sweep_scores_a_prefix_lm_and_an_encoder_decoder(tmp_path, monkey
             if cell == "prefix":  # [bos] n bits [sep]: the prompt the mask shows both ways
                 assert batch["prefix_len"].tolist() == [n + 2] * 8
             # the model applied by hand with the inputs its mask or encoder reads
-            logits = model.apply({"params": params}, batch["inputs"],
-                                 **{k: batch[k] for k in keys})
-            ids = np.asarray(jax.numpy.argmax(logits, -1))
+            ids = np.asarray(_argmax(model, params, batch["inputs"],
+                                     {k: batch[k] for k in keys}))
             w = batch["weights"] > 0
             right = [float((ids[i][w[i]] == batch["targets"][i][w[i]]).all()) for i in range(8)]
             assert stored[cell][str(n)]["chunks"] == right

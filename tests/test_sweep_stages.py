@@ -110,6 +110,7 @@ def copied(swept, tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------- whole sweeps
 
 
+@pytest.mark.slow
 def test_parents_train_first_and_a_zero_shot_cell_trains_nothing(swept):
     root, _, calls = swept
     out = root / "out"
@@ -153,6 +154,7 @@ def test_parents_train_first_and_a_zero_shot_cell_trains_nothing(swept):
     assert "| tuned | base (fine-tune) | 1 | 1,152 (128 own) |" in report
 
 
+@pytest.mark.slow
 def test_a_zero_shot_cell_scores_the_parents_run_with_its_model(swept):
     from transformers_jax import ModelConfig, Rope
     from transformers_jax.evaluation import stream_losses
@@ -179,6 +181,7 @@ def test_a_zero_shot_cell_scores_the_parents_run_with_its_model(swept):
         assert scores["loss"]["2x"]["mean"] != plain["loss"]["2x"]["mean"]  # the scaling acts
 
 
+@pytest.mark.slow
 def test_a_fine_tune_starts_from_the_parents_parameters(swept):
     """One step at a learning rate of 1e-9: the fine-tune's parameters are its parent's of the
     same seed, and it scores as the zero-shot cell with the same scaling does."""
@@ -206,6 +209,7 @@ def _leaves(tree) -> list:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
 def test_started_again_nothing_trains_or_rescored(copied):
     out, spec, calls = copied
     before = os.path.getmtime(out / "cells/zs/seed0" / runner.SCORES_FILE)
@@ -214,6 +218,7 @@ def test_started_again_nothing_trains_or_rescored(copied):
     assert os.path.getmtime(out / "cells/zs/seed0" / runner.SCORES_FILE) == before
 
 
+@pytest.mark.slow
 def test_a_parent_trained_again_rescores_zero_shot_and_refuses_fine_tunes(copied, capsys):
     out, spec, calls = copied
     old = json.loads((out / "cells/zs/seed0" / runner.SCORES_FILE).read_text())["key"]
@@ -226,6 +231,7 @@ def test_a_parent_trained_again_rescores_zero_shot_and_refuses_fine_tunes(copied
     assert "was fine-tuned from" in err and "trained again" in err and "cells/tuned" in err
 
 
+@pytest.mark.slow
 def test_a_parent_with_another_config_makes_its_children_refuse(copied, capsys):
     out, spec, calls = copied
     spec = out.parent / "changed.toml"
@@ -238,6 +244,7 @@ def test_a_parent_with_another_config_makes_its_children_refuse(copied, capsys):
     assert "cell zs" in err and "started from the runs of base" in err and "changed" in err
 
 
+@pytest.mark.slow
 def test_a_child_waits_for_a_parent_another_process_trains(copied):
     out, spec, _ = copied
     plan = make_plan(read_spec(str(spec)), str(out / "data"))
@@ -265,6 +272,7 @@ def test_a_child_waits_for_a_parent_another_process_trains(copied):
     assert "waiting for base" in lines[-1]
 
 
+@pytest.mark.slow
 def test_a_shard_leaves_a_child_whose_parent_is_not_trained(sweep_tmp, capsys):
     root, spec, calls = sweep_tmp
     spec.write_text(SPEC.replace("seeds = 2", "seeds = 1"))
@@ -406,6 +414,7 @@ def test_stages_take_the_product_once_each_and_pair_on_the_other_axes():
 def test_any_cell_or_stage_table_is_read_or_refused_with_a_spec_error():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
+    from profiles import examples
 
     from transformers_jax.sweep.spec import spec_from_dict
 
@@ -416,7 +425,8 @@ def test_any_cell_or_stage_table_is_read_or_refused_with_a_spec_error():
         ["name", "from", "train", "tokens", "train.steps", "train.seq_len", "seeds", "junk",
          "model.position.scaling"]), value, max_size=5)
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(ci=50, thorough=200), deadline=None,
+              suppress_health_check=list(HealthCheck))
     @given(st.lists(table, max_size=3), st.lists(table, max_size=2))
     def check(cells, stages):
         try:

@@ -112,6 +112,7 @@ def task_env(tmp_path, monkeypatch):
     return tmp_path, spec
 
 
+@pytest.mark.slow
 def test_a_task_sweep_dry_run_lists_its_test(task_env, capsys):
     tmp_path, spec = task_env
     assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
@@ -120,12 +121,12 @@ def test_a_task_sweep_dry_run_lists_its_test(task_env, capsys):
     assert "compare 1: position=none vs position=rope: exact@5-6" in out
 
 
-def greedy_right(run_dir: str, prompt: str, answer: str, steps: int) -> bool:
-    """Greedy decoding from ``[bos] prompt [sep]`` writes the answer, then eos."""
-    from transformers_jax.runs.load import load_run
+def greedy_right(run, prompt: str, answer: str, steps: int) -> bool:
+    """Greedy decoding from ``[bos] prompt [sep]`` writes the answer, then eos (``run``:
+    ``load_run``'s answer)."""
     from transformers_jax.sample import SamplingConfig, generate
 
-    model, params, tokenizer, _ = load_run(run_dir)
+    model, params, tokenizer, _ = run
     ids = [tokenizer.bos_id, *tokenizer.encode(prompt), tokenizer.sep_id]
     (new,) = generate(
         model,
@@ -136,8 +137,10 @@ def greedy_right(run_dir: str, prompt: str, answer: str, steps: int) -> bool:
     return new == [*tokenizer.encode(answer), tokenizer.eos_id]
 
 
+@pytest.mark.slow
 def test_a_task_sweep_scores_exact_match_example_by_example(task_env):
     from transformers_jax.data.synthetic import TaskSource
+    from transformers_jax.runs.load import load_run
 
     tmp_path, spec = task_env
     out = tmp_path / "out"
@@ -157,13 +160,13 @@ def test_a_task_sweep_scores_exact_match_example_by_example(task_env):
     values = [x for table in scores.values() for e in table.values() for x in e["chunks"]]
     assert set(values) == {0.0, 1.0}
     for cell, n in (("none", 2), ("rope", 5)):
-        run_dir = str(out / f"cells/position={cell}/seed0")
+        run = load_run(str(out / f"cells/position={cell}/seed0"))  # once per run
         source = TaskSource("parity", "test", lengths=(n, n), num_examples=5, seed=3)
         stored = scores[cell, 0][str(n)]["chunks"]
         assert len(stored) == 5
         for i in range(5):
             ex = source[i]
-            assert stored[i] == float(greedy_right(run_dir, ex["prompt"], ex["answer"], 3))
+            assert stored[i] == float(greedy_right(run, ex["prompt"], ex["answer"], 3))
 
     # comparisons: the mean over seeds x examples of the stored values
     def exact(cell, seed, lo, hi):
