@@ -61,6 +61,7 @@ def test_tjax_bench_bf16_reports_both_peaks_and_bert_skips_decoding(capsys):
     assert ("dtype_note" in result["training"]) == (peaks["bfloat16"] < peaks["float32"])
 
 
+@pytest.mark.slow
 def test_packed_rows_hold_documents_that_restart_their_positions(capsys):
     rng = np.random.default_rng(0)
     packed = bench.packed_documents(4, 64, rng)
@@ -153,6 +154,7 @@ def test_every_subcommand_answers_help(flag, capsys):
         assert code == 0 and ("usage" in out or "options" in out), (command, flag, out[:200])
 
 
+@pytest.mark.slow
 def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
     profile = load_benchmark("profile_step")
     events = [  # one thread: a while loop (10 us) holding a fusion (4 us) and a copy (1 us)
@@ -182,6 +184,7 @@ def test_profile_step_self_times_and_a_tiny_profile(monkeypatch, capsys):
     assert any(kind.endswith("fusion") for kind, _ in result["by_kind_ms"])
 
 
+@pytest.mark.slow
 def test_profile_step_compile_anatomy(monkeypatch, capsys):
     """The compile phases and the kernel compiles by model part, from a hand-made trace; then
     a real (tiny) compile profiled end to end."""

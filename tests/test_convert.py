@@ -78,9 +78,21 @@ def hf_model(directory):
                                                              dtype=torch.float32).eval()
 
 
+_REFERENCE_LOGITS: dict = {}
+
+
 def reference_logits(directory, tokens):
     with torch.no_grad():
         return hf_model(directory)(torch.as_tensor(tokens)).logits.numpy()
+
+
+def memoised_reference_logits(directory, tokens):
+    """``reference_logits`` of a module fixture's directory (never rewritten), computed once
+    for the attention settings that share it."""
+    key = (str(directory), np.asarray(tokens).tobytes())
+    if key not in _REFERENCE_LOGITS:
+        _REFERENCE_LOGITS[key] = reference_logits(directory, tokens)
+    return _REFERENCE_LOGITS[key]
 
 
 def our_logits(converted, tokens, attention="xla"):
@@ -88,9 +100,10 @@ def our_logits(converted, tokens, attention="xla"):
     return np.asarray(build_model(config).apply({"params": converted.params}, jnp.asarray(tokens)))
 
 
-def assert_parity(directory, tokens, attention):
+def assert_parity(directory, tokens, attention, shared=False):
+    """``shared``: ``directory`` is a module fixture's, so its reference logits are memoised."""
     converted = load_hf(directory)
-    want = reference_logits(directory, tokens)
+    want = (memoised_reference_logits if shared else reference_logits)(directory, tokens)
     got = our_logits(converted, tokens, attention)
     assert want.std() > 0.1  # logits big enough for an absolute tolerance to mean something
     diff = np.max(np.abs(got - want))
@@ -164,14 +177,15 @@ def llama_dirs(tmp_path_factory):
 # Logit parity ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("attention", ["reference", "xla"])
+@pytest.mark.parametrize("attention", [pytest.param("reference", marks=pytest.mark.slow), "xla"])
 def test_gpt2_logits_match_transformers(gpt2_dir, attention):
-    converted = assert_parity(gpt2_dir, TOKENS, attention)
+    converted = assert_parity(gpt2_dir, TOKENS, attention, shared=True)
     cfg = converted.config
     assert (cfg.position.name, cfg.norm.name, cfg.mlp.name, cfg.tie_embeddings,
             cfg.use_bias) == ("learned", "layernorm", "gelu", True, True)
 
 
+@pytest.mark.slow
 def test_gpt2_untied_relu_unscaled_logits_match(tmp_path):
     directory = make_gpt2(tmp_path, tie_word_embeddings=False, activation_function="relu",
                           scale_attn_weights=False, n_inner=96, initializer_range=0.05)
@@ -179,10 +193,11 @@ def test_gpt2_untied_relu_unscaled_logits_match(tmp_path):
     assert converted.config.attention_scale == 1.0 and converted.config.d_ff == 96
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["reference", "xla"])
 @pytest.mark.parametrize("variant", [*LLAMA_VARIANTS, "legacy_rope_scaling"])
 def test_llama_logits_match_transformers(llama_dirs, variant, attention):
-    converted = assert_parity(llama_dirs[variant], TOKENS, attention)
+    converted = assert_parity(llama_dirs[variant], TOKENS, attention, shared=True)
     cfg = converted.config
     assert (cfg.position.name, cfg.norm.name, cfg.mlp.name) == ("rope", "rmsnorm", "swiglu")
     expected_scaling = {"gqa_llama3_tied": "llama3", "gqa_llama3_untied": "llama3",
@@ -193,6 +208,7 @@ def test_llama_logits_match_transformers(llama_dirs, variant, attention):
                             or (2 if variant == "legacy_rope_scaling" else 4))
 
 
+@pytest.mark.slow
 def test_llama_with_a_tanh_gelu_gate_is_our_geglu(tmp_path):
     """The MLP comes from the registry by its Hugging Face activation: a Llama whose gate is
     the tanh GELU (as Gemma's) is our ``geglu``, logits equal, and exports back."""
@@ -203,9 +219,10 @@ def test_llama_with_a_tanh_gelu_gate_is_our_geglu(tmp_path):
     assert hf["hidden_act"] == "gelu_new"  # the registry's first spelling of the same function
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["reference", "xla"])
 def test_mistral_sliding_window_logits_match_transformers(mistral_dir, attention):
-    converted = assert_parity(mistral_dir, TOKENS, attention)  # 16 tokens, window 6
+    converted = assert_parity(mistral_dir, TOKENS, attention, shared=True)  # 16 tokens, window 6
     assert (converted.config.mask.name, converted.config.mask.window) == ("sliding_window", 6)
 
 
@@ -221,6 +238,7 @@ def hf_greedy(directory, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["gpt2", "gqa_llama3_untied", "gqa_llama3_tied", "mistral"])
 def test_greedy_generation_matches_transformers(gpt2_dir, llama_dirs, mistral_dir, which):
     directory = {"gpt2": gpt2_dir, "mistral": mistral_dir}.get(which) or llama_dirs[which]
@@ -244,6 +262,7 @@ def assert_same_tensors(dir_a, dir_b):
                               np.asarray(b[name]).view(np.uint8)), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["gpt2", "gqa_llama3_tied", "biases_head_dim", "yarn",
                                    "dynamic", "mistral"])
 def test_round_trip_gives_identical_tensors_that_transformers_loads(gpt2_dir, llama_dirs,
@@ -259,9 +278,10 @@ def test_round_trip_gives_identical_tensors_that_transformers_loads(gpt2_dir, ll
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     with torch.no_grad():
         again = model.eval()(torch.as_tensor(TOKENS)).logits.numpy()
-    np.testing.assert_array_equal(again, reference_logits(source, TOKENS))
+    np.testing.assert_array_equal(again, memoised_reference_logits(source, TOKENS))
 
 
+@pytest.mark.slow
 def test_bfloat16_round_trip_is_bit_exact(tmp_path):
     torch.manual_seed(1)
     config = transformers.LlamaConfig(vocab_size=101, hidden_size=32, intermediate_size=64,
@@ -278,6 +298,7 @@ def test_bfloat16_round_trip_is_bit_exact(tmp_path):
                                         base_config=wide.hf_config, dtype="bfloat16"))
 
 
+@pytest.mark.slow
 def test_export_of_a_model_trained_here(tmp_path):
     """A native Llama-style config exports with no base config; GPT-2 needs learned positions."""
     import flax.linen as nn
@@ -304,6 +325,7 @@ def test_export_of_a_model_trained_here(tmp_path):
 # Run directories -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_converted_run_restores_with_load_run_and_samples(tmp_path, capsys):
     source = make_gpt2(tmp_path / "hf", vocab_size=262)  # the byte tokenizer's vocabulary
     run = str(tmp_path / "run")
@@ -330,6 +352,7 @@ def test_converted_run_restores_with_load_run_and_samples(tmp_path, capsys):
     convert_hf_directory(source, run, overwrite=True)
 
 
+@pytest.mark.slow
 def test_fine_tuning_resumes_from_a_converted_run(tmp_path):
     from transformers_jax.config import TrainConfig
     from transformers_jax.runs.meta import read_run_meta
@@ -344,6 +367,7 @@ def test_fine_tuning_resumes_from_a_converted_run(tmp_path):
     assert out["steps"] == 2 and np.isfinite(out["train_loss"])
 
 
+@pytest.mark.slow
 def test_run_without_tokenizer_is_external_and_exports_back(llama_dirs, tmp_path):
     source = llama_dirs["gqa_llama3_untied"]
     run = str(tmp_path / "run")
@@ -376,6 +400,7 @@ def tiny_bpe_tokenizer(directory):
     return fast
 
 
+@pytest.mark.slow
 def test_hugging_face_tokenizer_travels_with_the_run(tmp_path):
     source = make_gpt2(tmp_path / "hf", vocab_size=320)
     hf_tok = tiny_bpe_tokenizer(source)
@@ -391,6 +416,7 @@ def test_hugging_face_tokenizer_travels_with_the_run(tmp_path):
     assert again.encode("the cat ran") == ids.tolist()
 
 
+@pytest.mark.slow
 def test_cli_main_converts_verifies_and_exports(gpt2_dir, tmp_path, capsys):
     run, out = str(tmp_path / "run"), str(tmp_path / "out")
     assert main(["--from-hf", gpt2_dir, "--out", run, "--verify"]) == 0
@@ -405,6 +431,7 @@ def test_cli_main_converts_verifies_and_exports(gpt2_dir, tmp_path, capsys):
 # Checkpoint layouts ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sharded_safetensors_and_pytorch_bin(gpt2_dir, tmp_path):
     model = hf_model(gpt2_dir)
     model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
@@ -530,6 +557,7 @@ def bert_logits(directory, tokens, types):
 TYPES = (np.arange(16)[None, :] >= np.array([[6], [10]])).astype(np.int64)  # sentence A | B
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["reference", "xla"])
 @pytest.mark.parametrize("variant", ["tied_gelu_tanh", "untied_relu"])
 def test_bert_masked_lm_logits_match_transformers(tmp_path, variant, attention):
@@ -552,6 +580,7 @@ def test_bert_masked_lm_logits_match_transformers(tmp_path, variant, attention):
     np.testing.assert_allclose(bert_logits(out, TOKENS, TYPES), want, atol=0, rtol=0)
 
 
+@pytest.mark.slow
 def test_bert_exact_gelu_converts(tmp_path):
     """BERT's own ``hidden_act="gelu"`` is the exact erf GELU: our ``gelu_exact``."""
     source = make_bert(tmp_path, hidden_act="gelu")
@@ -580,6 +609,7 @@ def test_every_convertible_mlp_computes_its_hugging_face_activations(mlp):
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=3e-6, err_msg=name)
 
 
+@pytest.mark.slow
 def test_exact_gelu_by_erf_is_flax_exact_gelu_and_its_derivative():
     """``gelu_exact`` computes Phi from erf (XLA:CPU's erfc is 3x slower): the same values as
     flax's erfc form within 1e-6, and autodiff gives Phi(x) + x phi(x)."""
@@ -676,6 +706,17 @@ def t5_reference(directory):
     return hf_logits(directory, ENCODER_TOKENS, DECODER_TOKENS)
 
 
+_T5_REFERENCE: dict = {}
+
+
+def memoised_t5_reference(directory):
+    """``t5_reference`` of a module fixture's directory, computed once for both attentions."""
+    if directory not in _T5_REFERENCE:
+        _T5_REFERENCE[directory] = t5_reference(directory)
+    return _T5_REFERENCE[directory]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["reference", "xla"])
 @pytest.mark.parametrize("variant", list(T5_VARIANTS))
 def test_t5_decoder_logits_match_transformers(t5_dirs, variant, attention):
@@ -686,11 +727,12 @@ def test_t5_decoder_logits_match_transformers(t5_dirs, variant, attention):
     assert cfg.tie_embeddings == (variant == "tied_relu_scaled")
     ours = build_model(cfg).apply({"params": converted.params}, jnp.asarray(DECODER_TOKENS),
                                   encoder_inputs=jnp.asarray(ENCODER_TOKENS))
-    want = t5_reference(t5_dirs[variant])
+    want = memoised_t5_reference(t5_dirs[variant])
     assert want.std() > 0.1
     assert np.max(np.abs(np.asarray(ours) - want)) < ATOL
 
 
+@pytest.mark.slow
 def test_t5_greedy_decoding_matches_transformers(t5_dirs):
     from transformers_jax.models.encdec import greedy_decode
 
@@ -705,6 +747,7 @@ def test_t5_greedy_decoding_matches_transformers(t5_dirs):
     np.testing.assert_array_equal(np.asarray(ours), want[:, 1:].numpy())  # drop the start id
 
 
+@pytest.mark.slow
 def test_t5_round_trip_and_run_directory(t5_dirs, tmp_path):
     source = t5_dirs["tied_relu_scaled"]
     run = str(tmp_path / "run")

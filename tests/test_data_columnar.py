@@ -132,6 +132,7 @@ def test_unreadable_files_and_mixed_folders_are_refused_by_name(tmp_path):
     assert parse_spec(str(only_text)).kind == "local"  # plain text is read as before
 
 
+@pytest.mark.slow
 def test_held_out_tail_host_shards_and_exact_resume(tmp_path):
     path = write_all_formats(tmp_path)["parquet"]
     data_dir = str(tmp_path / "cache")

@@ -110,6 +110,7 @@ def test_the_hub_request_streams_unless_a_download_is_asked(fake_hub, tmp_path):
     assert [t.decode() for t in texts] == RECORDS  # downloaded: random access, all of train
 
 
+@pytest.mark.slow
 def test_a_stream_reads_every_record_once_per_epoch_and_resumes_exactly(jsonl_files):
     stream = stream_of(jsonl_files)
     one = list(make_lm_iterator(stream, BYTE, 32, 2, shard=(0, 1), num_epochs=1, shuffle_rows=0))

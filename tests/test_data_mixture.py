@@ -68,6 +68,7 @@ def first_letters(batches):
     return out
 
 
+@pytest.mark.slow
 def test_documents_are_drawn_in_proportion_the_same_for_a_seed(two_sources):
     a, b, cache = two_sources
 
@@ -89,6 +90,7 @@ def test_documents_are_drawn_in_proportion_the_same_for_a_seed(two_sources):
     assert abs(flipped.count("b") / len(flipped) - 0.75) < 0.02
 
 
+@pytest.mark.slow
 def test_a_mixture_with_a_stream_resumes_exactly(two_sources, tmp_path, monkeypatch):
     a, b, cache = two_sources
     stream_file = tmp_path / "s.jsonl"

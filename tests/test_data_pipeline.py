@@ -189,8 +189,9 @@ def test_host_shards_are_disjoint_and_cover_the_data(mode):
     assert set().union(*ids) == {int(CHAR.encode(d)[0]) for d in DOCS}
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("shuffle_rows", [0, 10])
+@pytest.mark.parametrize("mode, shuffle_rows", [
+    pytest.param(mode, rows, marks=() if (mode, rows) == ("concat", 0) else pytest.mark.slow)
+    for rows in (0, 10) for mode in MODES])  # the quick tier: one case
 def test_resume_continues_with_exactly_the_next_batch(mode, shuffle_rows):
     def make():
         return make_lm_iterator(DOCS, CHAR, 16, 4, seed=7, pack=mode, shard=(0, 1),
@@ -277,6 +278,7 @@ def test_default_corpus_train_and_eval(tmp_path):
     assert all(b["inputs"].shape == (8, 64) for b in eval_batches)  # last one padded
 
 
+@pytest.mark.slow
 def test_packed_rows_equal_separate_sequences_in_the_model():
     cfg = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, max_len=32)
     model = build_model(cfg)

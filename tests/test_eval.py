@@ -39,6 +39,7 @@ def tjax(*args):
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_loss_equals_the_last_eval_of_the_training_loop(gpt_run, tmp_path):
     png = str(tmp_path / "curve.png")
     result = evaluate_run(gpt_run, lengths=[16, 32], plot=png, passkey=True,
@@ -73,6 +74,7 @@ def test_loss_equals_the_last_eval_of_the_training_loop(gpt_run, tmp_path):
     json.dumps(result)  # JSON-ready
 
 
+@pytest.mark.slow
 def test_data_given_as_local_text_is_evaluated_whole(gpt_run, tmp_path):
     """--data FILE is not the run's training text: all of it is read, even one short document
     (the held-out 5% of it would be one piece or none)."""
@@ -98,6 +100,7 @@ def test_passkey_prompt_hides_the_key_at_the_depth():
         passkey_prompt(tok, "12345", 40, 0.5)
 
 
+@pytest.mark.slow
 def test_cli_prints_one_json_object_and_writes_out(gpt_run, tmp_path):
     out = tmp_path / "eval.json"
     result = tjax("eval", "--run", gpt_run, "--lengths", "32", "--batches", "1",
@@ -112,6 +115,7 @@ def test_cli_prints_one_json_object_and_writes_out(gpt_run, tmp_path):
     assert help_.returncode == 0 and "--lengths" in help_.stdout and "--passkey" in help_.stdout
 
 
+@pytest.mark.slow
 def test_errors_name_the_problem_and_the_fix(tmp_path):
     missing = tjax("eval", "--run", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no run directory" in missing.stderr
@@ -131,6 +135,7 @@ def test_errors_name_the_problem_and_the_fix(tmp_path):
     assert any("no loss by position" in n for n in result["notes"])
 
 
+@pytest.mark.slow
 def test_converted_hugging_face_runs(tmp_path):
     """A converted GPT-2 is evaluated on the default corpus: with the byte tokenizer (bits
     per byte), with its own BPE tokenizer (bits per token), and without a tokenizer (an

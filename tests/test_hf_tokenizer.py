@@ -81,6 +81,7 @@ def test_unigram_trains_too(text_dir, tmp_path):
     assert tok.decode(tok.encode(ROUND_TRIP)) == ROUND_TRIP
 
 
+@pytest.mark.slow
 def test_train_with_hf_tokenizer_keeps_it_in_the_run_and_samples(bpe_file, text_dir, tmp_path):
     from transformers_jax.runs import load_run
     from transformers_jax.sample import SamplingConfig, generate
@@ -211,6 +212,7 @@ def test_tokenizer_command_fuzzed_options_train_or_exit_2(text_dir, tmp_path):
     tokenizer (a JSON summary) or exits 2 with a one-line error, never a traceback."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
+    from profiles import examples
 
     def mostly(valid, invalid):
         return st.one_of(valid, valid, valid, st.sampled_from(invalid))
@@ -226,8 +228,8 @@ def test_tokenizer_command_fuzzed_options_train_or_exit_2(text_dir, tmp_path):
     options = st.dictionaries(st.sampled_from(sorted(table)), st.just(None), max_size=4).flatmap(
         lambda keys: st.fixed_dictionaries({k: table[k] for k in keys}))
 
-    @settings(max_examples=25, derandomize=True, database=None, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(max_examples=examples(ci=8, thorough=25), derandomize=True, database=None,
+              deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(options)
     def check(drawn):
         drawn = {"--out": "{tmp}/a.json", "--data": "{text}", **drawn}

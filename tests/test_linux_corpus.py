@@ -165,6 +165,7 @@ def test_held_out_overlap_by_hand():
     assert overlap([b"abcd"], [b"ab", b"cd"], 3)["heldout_windows"] == 0
 
 
+@pytest.mark.slow
 def test_read_as_data_and_by_default_data_dir(prepared, monkeypatch, tmp_path, capsys):
     data_dir, manifests = prepared
     monkeypatch.setenv("TJAX_DATA_DIR", data_dir)  # where tjax corpus puts it by default

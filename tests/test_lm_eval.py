@@ -6,15 +6,11 @@ number, ``generate_until`` is our greedy ``generate`` cut at ``until``, and ``tj
 log-likelihoods rank its choices."""
 
 import json
-import os
-import subprocess
-import sys
 import types
 
 import jax
 import numpy as np
 import pytest
-from subprocess_env import single_device_env
 
 pytest.importorskip("lm_eval")
 
@@ -71,6 +67,7 @@ def ids(run, text):
     return [int(t) for t in run.tokenizer.encode(text)]
 
 
+@pytest.mark.slow
 def test_loglikelihood_is_minus_the_runs_own_loss(run, lm, own_loss):
     bos = run.tokenizer.bos_id
     pairs = [("", t) for t in TEXTS] + [("The for", " statement"), ("a", "b"),
@@ -85,6 +82,7 @@ def test_loglikelihood_is_minus_the_runs_own_loss(run, lm, own_loss):
     assert all(logp < 0 for logp, _ in results)
 
 
+@pytest.mark.slow
 def test_greedy_continuations_are_flagged_greedy(run, lm):
     prompt = [run.tokenizer.bos_id, *ids(run, "The for statement")]
     new = generate(run.model, run.params, [prompt],
@@ -95,6 +93,7 @@ def test_greedy_continuations_are_flagged_greedy(run, lm):
     assert greedy and not not_greedy
 
 
+@pytest.mark.slow
 def test_a_long_context_loses_tokens_from_the_left(run, lm, own_loss):
     context, continuation = "abcdefgh" * 8, " the end"  # 64 + 8 bytes past max_length 32
     (logp, _), = lm.loglikelihood([request(context, continuation)])
@@ -102,6 +101,7 @@ def test_a_long_context_loses_tokens_from_the_left(run, lm, own_loss):
     assert logp == pytest.approx(-own_loss(tokens, len(continuation))[0], rel=1e-5, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_rolling_sums_disjoint_windows(run, lm, own_loss):
     # 3 * 32 predicted bytes: whole windows, as stream_losses scores a stream side by side
     text = ("The quick brown fox jumps over the lazy dog. " * 3)[: 3 * SEQ_LEN]
@@ -122,6 +122,7 @@ def test_rolling_sums_disjoint_windows(run, lm, own_loss):
     assert rolled[1] == pytest.approx(lm.loglikelihood([request("", short)])[0][0], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_batching_and_padding_change_no_number(run):
     requests = [request(c, x) for c, x in [("", t) for t in TEXTS] + [
         ("The for", " statement"), ("abc" * 20, "d"), ("q", "uick brown fox jumps")]]
@@ -134,6 +135,7 @@ def test_batching_and_padding_change_no_number(run):
                                TjaxLM(run, batch_size=3).loglikelihood_rolling(texts), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_generate_until_is_greedy_sampling_cut_at_until(run, lm):
     tok = run.tokenizer
     prompts = [[tok.bos_id, *ids(run, t)] for t in TEXTS]
@@ -152,14 +154,17 @@ def test_generate_until_is_greedy_sampling_cut_at_until(run, lm):
         assert len(got[0]) < len(texts[0])
 
 
-def test_tjax_eval_lm_eval_scores_a_local_multiple_choice_task(run, lm, tmp_path):
-    rows = [{"question": "The for", "choices": [" statement", " xyzzy", " 7"], "answer": 0},
-            {"question": "def f(x):", "choices": ["\n    return", " ???", "!!"], "answer": 0},
-            {"question": "while", "choices": [" True", " Qq", " 0 0"], "answer": 2},
-            {"question": "import", "choices": [" os", " os.path"], "answer": 1}]
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+MC_ROWS = [{"question": "The for", "choices": [" statement", " xyzzy", " 7"], "answer": 0},
+           {"question": "def f(x):", "choices": ["\n    return", " ???", "!!"], "answer": 0},
+           {"question": "while", "choices": [" True", " Qq", " 0 0"], "answer": 2},
+           {"question": "import", "choices": [" os", " os.path"], "answer": 1}]
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory):
+    """A folder holding one multiple-choice task of our own (no hub access)."""
+    tasks = tmp_path_factory.mktemp("tasks")
+    (tasks / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MC_ROWS))
     (tasks / "tiny_mc.yaml").write_text(f"""task: tjax_tiny_mc
 dataset_path: json
 dataset_kwargs:
@@ -175,22 +180,55 @@ metric_list:
   - metric: acc
     higher_is_better: true
 """)
-    env = {**single_device_env(), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "hf_cache")}
+    return str(tasks)
+
+
+@pytest.fixture(scope="module")
+def task_managers():
+    """lm-eval's ``TaskManager`` by ``include_path``, each built once for the module: indexing
+    lm-eval's whole catalogue (about 15,000 tasks) takes a minute on a loaded CPU, and the index
+    depends on nothing else. ``evaluate_tasks`` still builds it through the same call."""
+    from lm_eval.tasks import TaskManager
+
+    built = {}
+
+    def manager(include_path=None, **kwargs):
+        key = (include_path, tuple(sorted(kwargs.items())))
+        if key not in built:
+            built[key] = TaskManager(include_path=include_path, **kwargs)
+        return built[key]
+
+    return manager
+
+
+@pytest.fixture
+def shared_task_manager(task_managers, monkeypatch):
+    import lm_eval.tasks
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", task_managers)
+
+
+@pytest.mark.slow
+def test_tjax_eval_lm_eval_scores_a_local_multiple_choice_task(run, lm, tasks_dir, tmp_path,
+                                                               shared_task_manager, monkeypatch):
+    """``tjax eval --lm-eval`` (its ``main``, in this process: lm-eval and the run's programs
+    are loaded once) scores the task as the adapter's own log-likelihoods rank its choices."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     out = tmp_path / "result.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "transformers_jax.cli", "eval", "--run", run.directory,
-         "--lm-eval", "tjax_tiny_mc", "--include-path", str(tasks), "--batch-size", "3",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env=env,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rc, stdout, err = tjax_in_process(
+        ["eval", "--run", run.directory, "--lm-eval", "tjax_tiny_mc", "--include-path",
+         tasks_dir, "--batch-size", "3", "--out", str(out)])
+    assert rc == 0, err[-3000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert result == json.loads(out.read_text())
     scores = result["results"]["tjax_tiny_mc"]
     # the expected accuracy: the adapter's own log-likelihoods, ranked here
     right = [int(np.argmax([lm.loglikelihood([request(r["question"], c)])[0][0]
-                            for c in r["choices"]])) == r["answer"] for r in rows]
+                            for c in r["choices"]])) == r["answer"] for r in MC_ROWS]
     assert scores["acc,none"] == pytest.approx(np.mean(right))
     assert result["n_samples"]["tjax_tiny_mc"]["effective"] == 4
     assert result["step"] == run.step and result["batch_size"] == 3
@@ -213,16 +251,22 @@ def tjax_in_process(argv):
     return rc, out.getvalue(), err.getvalue()
 
 
-def test_bad_requests_fail_naming_the_fix(run, tmp_path, monkeypatch):
-    import dataclasses
-    import importlib.util
-
-    from transformers_jax.harness.tasks import evaluate_tasks
-
+def test_a_bad_run_directory_fails_naming_the_fix(tmp_path):
     (tmp_path / "empty").mkdir()
     for argv, expected in [
         (["--run", str(tmp_path / "empty"), "--lm-eval", "x"], "no checkpoints"),
         (["--run", str(tmp_path / "missing"), "--lm-eval", "x"], "no run directory"),
+    ]:
+        rc, _, err = tjax_in_process(["eval", *argv])
+        assert rc == 2 and expected in err and "Traceback" not in err, (argv, err)
+
+
+@pytest.mark.slow
+def test_bad_requests_fail_naming_the_fix(run, tmp_path, monkeypatch):
+    import dataclasses
+    import importlib.util
+
+    for argv, expected in [
         (["--run", run.directory, "--lm-eval", "x", "--include-path", str(tmp_path / "no")],
          "--include-path"),
         (["--run", run.directory, "--lm-eval", "x", "--lengths", "16"], "--lengths"),
@@ -232,8 +276,6 @@ def test_bad_requests_fail_naming_the_fix(run, tmp_path, monkeypatch):
     ]:
         rc, _, err = tjax_in_process(["eval", *argv])
         assert rc == 2 and expected in err and "Traceback" not in err, (argv, err)
-    with pytest.raises(ValueError, match=r"unknown task 'hellaswg'; did you mean hellaswag"):
-        evaluate_tasks(run.directory, ["hellaswg"])
     with pytest.raises(ValueError, match="no tokenizer this project can load"):
         TjaxLM(dataclasses.replace(run, tokenizer=None))
     masked = types.SimpleNamespace(name="mlm", per_position=False, head=None)
@@ -249,6 +291,15 @@ def test_bad_requests_fail_naming_the_fix(run, tmp_path, monkeypatch):
                         lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
     rc, _, err = tjax_in_process(["eval", "--run", run.directory, "--lm-eval", "hellaswag"])
     assert rc == 2 and "pip install 'transformers-jax[lm-eval]'" in err, err
+
+
+@pytest.mark.slow
+def test_an_unknown_task_names_the_nearest_known_one(run, tasks_dir, shared_task_manager):
+    """Checked against lm-eval's real catalogue (the index the multiple-choice test uses)."""
+    from transformers_jax.harness.tasks import evaluate_tasks
+
+    with pytest.raises(ValueError, match=r"unknown task 'hellaswg'; did you mean hellaswag"):
+        evaluate_tasks(run.directory, ["hellaswg"], include_path=tasks_dir)
 
 
 @pytest.mark.parametrize("changes, reason", [

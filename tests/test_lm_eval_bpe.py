@@ -43,6 +43,7 @@ def run(tmp_path_factory):
     return open_run(str(root / "run"))
 
 
+@pytest.mark.slow
 def test_the_run_merges_pieces_across_the_boundary(run):
     assert run.train_config.tokenizer == "sentencepiece_bpe"
     encode = run.tokenizer.encode
@@ -51,6 +52,7 @@ def test_the_run_merges_pieces_across_the_boundary(run):
     assert len(merged) >= 3, "no pair tokenizes differently together: the test tests nothing"
 
 
+@pytest.mark.slow
 def test_loglikelihood_scores_the_jointly_tokenized_continuation(run):
     step = jax.jit(make_eval_step(run.model, run.objective))
     encode, bos = run.tokenizer.encode, run.tokenizer.bos_id
@@ -84,6 +86,7 @@ def test_loglikelihood_scores_the_jointly_tokenized_continuation(run):
     assert len(apart) >= 3 and min(apart) > 1e-2, apart
 
 
+@pytest.mark.slow
 def test_a_continuation_merged_into_the_context_is_refused(run):
     """The piece "ran": "n" after "a cat ra" leaves no token of its own (lm-eval would
     score nothing), and the error names the pair."""

@@ -72,6 +72,7 @@ def adapter_path_logits(model: lora.LoraModel, params: dict, x) -> jax.Array:
         return model.plain().apply({"params": params[lora.BASE]}, x)
 
 
+@pytest.mark.slow
 def test_folded_forward_equals_adapters_beside_the_projections():
     """Every target kind (q/k/v with GQA, the out projection's two input dims, MLP up/down)."""
     model = lora.wrap(build_model(TINY), BOTH)
@@ -88,6 +89,7 @@ def test_folded_forward_equals_adapters_beside_the_projections():
     np.testing.assert_array_equal(merged, folded)
 
 
+@pytest.mark.slow
 def test_fresh_adapters_leave_the_model_as_it_was_also_scanned():
     for cfg in (TINY, TINY.replace(scan_layers=True)):
         model = lora.wrap(build_model(cfg), LoraConfig(rank=2))
@@ -103,6 +105,7 @@ def test_fresh_adapters_leave_the_model_as_it_was_also_scanned():
         assert nn.meta.unbox(q["b"]).shape == (*lead, 2, 4, 8)
 
 
+@pytest.mark.slow
 def test_only_adapters_train_and_the_loss_falls():
     model = lora.wrap(build_model(TINY), BOTH)
     cfg = TrainConfig(lora=BOTH, init_from="x", learning_rate=3e-2, warmup_steps=0, steps=30)
@@ -157,6 +160,7 @@ def array_bytes(state_dir: str) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
 
 
+@pytest.mark.slow
 def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path, capsys):
     base = str(tmp_path / "base")
     train(GPT, TrainConfig(steps=4, run_dir=base, **SMALL), auto_vocab=True)
@@ -227,6 +231,7 @@ def test_bad_input_is_named():
         train(GPT, TrainConfig(steps=2, lora=LoraConfig(rank=2), **SMALL))
 
 
+@pytest.mark.slow
 def test_llama_3_2_1b_memory_count():
     """Adam state for the adapters only: rank 16 on q, k, v, o is 3.4M parameters (by hand:
     per layer r(C + HD) + 2 r(C + ND) + r(HD + C), 16 layers), and the persistent state drops

@@ -54,6 +54,7 @@ def lora_forward(run_dir: str, tokens: np.ndarray) -> np.ndarray:
     return np.asarray(model.apply({"params": params}, jnp.asarray(tokens)))
 
 
+@pytest.mark.slow
 def test_lora_fine_tune_of_a_converted_llama_merges_and_exports(tmp_path):
     source = tiny_llama(tmp_path / "hf")
     base, tuned, merged, export = (str(tmp_path / d) for d in ("base", "lora", "merged", "out"))

@@ -71,8 +71,17 @@ def check_golden(name: str, shapes: dict) -> None:
     )
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("family", FAMILIES)
+def _cases():
+    """Every family x scheme; the quick tier (``-m "not slow"``) checks each scheme once, the
+    families in turn (each family at least once), and CI the whole product."""
+    for family in FAMILIES:
+        for i, position in enumerate(POSITIONS):
+            quick = FAMILIES[i % len(FAMILIES)] == family
+            yield pytest.param(family, position, id=f"{family}-{position}",
+                               marks=() if quick else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("family, position", list(_cases()))
 def test_parameter_shapes_match_golden(family, position):
     check_golden(f"{family}_{position}", shapes_for(family, position))
 

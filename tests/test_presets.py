@@ -32,7 +32,8 @@ def test_the_issue_asks_for_these_presets():
     assert sum(p.cpu for p in PRESETS.values()) >= 3
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [  # the quick tier counts the CPU-sized presets
+    pytest.param(name, marks=() if PRESETS[name].cpu else pytest.mark.slow) for name in NAMES])
 def test_stored_count_is_our_models_count(name):
     """``jax.eval_shape`` of the init: nothing is allocated, so 8B is as cheap as 1M. Tracing
     48 unrolled layers still takes seconds, so the big ones count the scanned stack (the same
@@ -53,6 +54,7 @@ def test_round_trips_through_the_hugging_face_config_unchanged(name):
     assert ARCHITECTURES.get(preset.hf_model_type) is arch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_count_equals_the_hugging_face_models(name):
     torch = pytest.importorskip("torch")

@@ -50,6 +50,7 @@ def traced_steps(log_dir: str) -> tuple[bytes, set[str]]:
     return xplane, steps
 
 
+@pytest.mark.slow
 def test_a_training_run_writes_a_trace_of_the_profiled_steps(tmp_path):
     (tmp_path / "text.txt").write_text("the quick brown fox jumps " * 400)
     run_dir = tmp_path / "run"
@@ -70,6 +71,7 @@ def test_a_training_run_writes_a_trace_of_the_profiled_steps(tmp_path):
     assert all("mfu_causal_half" in row for row in final["history"])
 
 
+@pytest.mark.slow
 def test_bench_profile_writes_a_trace(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "measure_matmul_peak", lambda dtype: 1e11)  # not timed here
     model_cfg, cfg, _, _ = bench.bench_configs(

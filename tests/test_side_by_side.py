@@ -27,6 +27,7 @@ def _tiny_gpt2(torch, transformers):
     return transformers.GPT2LMHeadModel(config).eval()
 
 
+@pytest.mark.slow
 def test_plain_torch_gpt_is_gpt2_logits_and_greedy_tokens():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
