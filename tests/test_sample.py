@@ -58,10 +58,10 @@ def test_filters_take_traced_settings_and_none_keeps_every_token():
 
 
 def test_new_sampling_settings_run_the_program_already_compiled():
-    """Temperature, top-k and top-p reach the decoder as values: after the first call, greedy,
-    another temperature, a top-k and a nucleus lower nothing more (a lowering is counted
-    whether XLA then compiles it or finds it in the persistent cache), and each setting
-    still acts (greedy is the argmax, top_k=1 equals greedy)."""
+    """Temperature, top-k and top-p reach the decoder as values: once greedy decoding (its
+    own program) and one sampling call have run, another temperature, a top-k and a nucleus
+    lower nothing more (a lowering is counted whether XLA then compiles it or finds it in the
+    persistent cache), and each setting still acts (top_k=1 equals greedy)."""
     cfg = tiny(init_std=0.5)
     model, params, _ = init(cfg)
     lowerings = []
@@ -74,10 +74,11 @@ def test_new_sampling_settings_run_the_program_already_compiled():
         return generate(model, params, [[1, 2, 3]],
                         SamplingConfig(max_new_tokens=5, **settings), seed=3)
 
+    greedy = run(temperature=0.0)
     run(temperature=1.0)
     jax.monitoring.register_event_duration_secs_listener(count)
     try:
-        greedy = run(temperature=0.0)
+        assert run(temperature=0.0) == greedy
         hot = run(temperature=2.5)
         top1 = run(temperature=0.7, top_k=1)
         run(temperature=1.3, top_p=0.5)

@@ -31,7 +31,7 @@ class SamplingValues(NamedTuple):
     """The settings that reach the compiled decoder as values, not as part of its shape: any
     temperature, top-k or top-p runs the program already compiled (scalars, one per batch)."""
 
-    temperature: jax.Array  # float32; 0 is greedy
+    temperature: jax.Array  # float32 (greedy decoding is its own program and ignores it)
     top_k: jax.Array  # int32; 0 keeps every token
     top_p: jax.Array  # float32; 1 keeps every token
 
@@ -75,8 +75,11 @@ class SamplingConfig:
 
     def shape(self) -> SamplingConfig:
         """What the decoder is compiled for: these settings less the values (``values``), so
-        that every temperature, top-k and top-p shares one program."""
-        return replace(self, temperature=1.0, top_k=None, top_p=None)
+        that every temperature, top-k and top-p shares one program. Greedy decoding
+        (temperature 0) is a program of its own: a branch between the two in every step
+        would slow greedy decoding by a tenth on a CPU."""
+        return replace(self, temperature=0.0 if self.temperature == 0 else 1.0, top_k=None,
+                       top_p=None)
 
 
 def filter_logits(logits_BV: jax.Array, top_k, top_p) -> jax.Array:
@@ -101,21 +104,18 @@ def filter_logits(logits_BV: jax.Array, top_k, top_p) -> jax.Array:
     return jnp.where(keep_BV, logits_BV, NEG_INF)
 
 
-def choose_tokens(logits_BV: jax.Array, key: jax.Array, values: SamplingValues) -> jax.Array:
-    """Next token per row, ``[B]`` int32. The branches are ``lax.cond``s on the values, so a
-    greedy or unfiltered step pays for no sampling or sort it does not use."""
-
-    def sample(logits_BV):
-        scaled_BV = logits_BV / values.temperature
-        filtered_BV = jax.lax.cond(
-            (values.top_k > 0) | (values.top_p < 1.0),
-            lambda x: filter_logits(x, values.top_k, values.top_p), lambda x: x, scaled_BV)
-        return jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
-
-    def greedy(logits_BV):
+def choose_tokens(logits_BV: jax.Array, key: jax.Array, values: SamplingValues,
+                  greedy: bool = False) -> jax.Array:
+    """Next token per row, ``[B]`` int32: the argmax when ``greedy``, else a draw at
+    ``values.temperature`` from the top-k / nucleus, which a ``lax.cond`` skips (the sort
+    and all) when neither filter is set."""
+    if greedy:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-
-    return jax.lax.cond(values.temperature == 0.0, greedy, sample, logits_BV)
+    scaled_BV = logits_BV / values.temperature
+    filtered_BV = jax.lax.cond(
+        (values.top_k > 0) | (values.top_p < 1.0),
+        lambda x: filter_logits(x, values.top_k, values.top_p), lambda x: x, scaled_BV)
+    return jax.random.categorical(key, filtered_BV, axis=-1).astype(jnp.int32)
 
 
 def check_decode_length(config: ModelConfig, total_len: int) -> None:
@@ -158,6 +158,7 @@ def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig,
     has emitted a stop token; rows that stopped get ``pad_id``. Returns ``[B, max_new]``."""
     B = first_logits_BV.shape[0]
     stops = jnp.asarray(cfg.stop_tokens or (-1,), jnp.int32)
+    greedy = cfg.temperature == 0.0
 
     def emit(step, token_B, done_B):
         token_B = jnp.where(done_B, cfg.pad_id, token_B)
@@ -166,7 +167,8 @@ def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig,
         return token_B, done_B | jnp.isin(token_B, stops)
 
     key, sub = jax.random.split(key)
-    first_B, done_B = emit(0, choose_tokens(first_logits_BV, sub, values), jnp.zeros((B,), bool))
+    first_B, done_B = emit(0, choose_tokens(first_logits_BV, sub, values, greedy),
+                           jnp.zeros((B,), bool))
     out_BN = jnp.full((B, cfg.max_new_tokens), cfg.pad_id, jnp.int32).at[:, 0].set(first_B)
 
     def cond(carry):
@@ -177,7 +179,7 @@ def _decode_loop(step_fn, first_logits_BV, cache, key, cfg: SamplingConfig,
         step, token_B, cache, done_B, out_BN, key = carry
         logits_BV, cache = step_fn(cache, token_B)
         key, sub = jax.random.split(key)
-        token_B, new_done = emit(step, choose_tokens(logits_BV, sub, values), done_B)
+        token_B, new_done = emit(step, choose_tokens(logits_BV, sub, values, greedy), done_B)
         out_BN = out_BN.at[:, step].set(token_B)
         return step + 1, token_B, cache, new_done, out_BN, key
 
@@ -235,7 +237,8 @@ def generate_tokens(model, params, prompts_BP: jax.Array, lengths_B: jax.Array, 
     """The compiled decoder: prefill, then one compiled loop of ``decode_step``; returns the
     new tokens ``[B, max_new_tokens]`` (``pad_id`` after a row stops). What ``generate`` and
     the benchmarks run. Temperature, top-k and top-p reach the program as values
-    (``SamplingConfig.values``), so a new setting runs the program already compiled.
+    (``SamplingConfig.values``), so a new setting runs the program already compiled (greedy
+    decoding has one of its own: ``SamplingConfig.shape``).
 
     Called on arrays it compiles with the decoding options of the backend compiled for
     (``backends.current()``: the mesh in context, else JAX's default backend; XLA:CPU keeps
