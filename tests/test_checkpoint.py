@@ -3,6 +3,7 @@ anywhere, and sampling from a restored run."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from subprocess_env import single_device_env
 
-from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax import ModelConfig, TrainConfig, cli
 from transformers_jax.runs import load_run
 from transformers_jax.runs.checkpoint import Checkpointer, CheckpointMismatchError
 from transformers_jax.sample import SamplingConfig, generate
@@ -23,6 +24,9 @@ from transformers_jax.train.loop import train
 TINY = ["--model.n_layers=1", "--model.d_model=32", "--model.n_heads=2", "--model.dropout=0.1",
         "--train.batch_size=4", "--train.seq_len=32", "--train.log_every=1",
         "--train.eval_batches=1", "--no-progress"]
+# the processes that are killed and resumed: no TensorBoard (its import of torch and the
+# greedy sample it logs at each evaluation cost each process seconds, and are not resumed state)
+KILLED = [*TINY, "--train.tensorboard=false"]
 
 
 def tjax(*args, timeout=300, crash_after=None):
@@ -52,7 +56,7 @@ def params_of(run_dir):
 
 @pytest.mark.slow
 def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path):
-    common = ["train", *TINY, "--steps", "12", "--train.checkpoint_every=3"]
+    common = ["train", *KILLED, "--steps", "12", "--train.checkpoint_every=3"]
     straight, crashed = str(tmp_path / "straight"), str(tmp_path / "crashed")
     assert tjax(*common, "--run-dir", straight).returncode == 0
     died = tjax(*common, "--run-dir", crashed, crash_after=7)
@@ -72,7 +76,7 @@ def test_sigterm_saves_then_resumes(tmp_path):
     run = str(tmp_path / "run")
     exe = os.path.join(os.path.dirname(sys.executable), "tjax")
     env = single_device_env()
-    proc = subprocess.Popen([exe, "train", *TINY, "--steps", "100000", "--run-dir", run,
+    proc = subprocess.Popen([exe, "train", *KILLED, "--steps", "100000", "--run-dir", run,
                              "--train.checkpoint_every=100000"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = os.path.join(run, "metrics.jsonl")
@@ -85,7 +89,7 @@ def test_sigterm_saves_then_resumes(tmp_path):
     assert "SIGTERM: saved step" in err
     saved = Checkpointer(run).latest_step()
     assert saved == max(losses(run)) and saved < 100000, (os.listdir(run + "/checkpoints"), err)
-    result = tjax("train", *TINY, "--steps", str(saved + 2), "--run-dir", run)
+    result = tjax("train", *KILLED, "--steps", str(saved + 2), "--run-dir", run)
     assert result.returncode == 0, result.stderr
     assert f"resumed from {run} at step {saved}" in result.stderr
     assert Checkpointer(run).latest_step() == saved + 2
@@ -95,13 +99,28 @@ def small_cfgs(tmp_path, **model):
     model_cfg = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, **model)
     train_cfg = TrainConfig(steps=4, batch_size=2, seq_len=16, log_every=2, eval_every=4,
                             eval_batches=1, checkpoint_every=2, progress=False,
-                            run_dir=str(tmp_path / "run"))
+                            tensorboard=False, run_dir=str(tmp_path / "run"))
     return model_cfg, train_cfg
 
 
-def test_half_written_checkpoint_is_never_latest(tmp_path):
-    model_cfg, train_cfg = small_cfgs(tmp_path)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``small_cfgs``'s 4-step run, trained once for the tests that read it (checkpoints at
+    steps 2 and 4); a test that changes it works on ``copy_of_trained``."""
+    model_cfg, train_cfg = small_cfgs(tmp_path_factory.mktemp("trained"))
     train(model_cfg, train_cfg)
+    return model_cfg, train_cfg
+
+
+@pytest.fixture
+def copy_of_trained(trained, tmp_path):
+    model_cfg, train_cfg = trained
+    shutil.copytree(train_cfg.run_dir, tmp_path / "run")
+    return model_cfg, train_cfg.replace(run_dir=str(tmp_path / "run"))
+
+
+def test_half_written_checkpoint_is_never_latest(copy_of_trained):
+    model_cfg, train_cfg = copy_of_trained
     ckpt_dir = os.path.join(train_cfg.run_dir, "checkpoints")
     # what a save killed half-way leaves: a temporary directory that was never renamed
     partial = os.path.join(ckpt_dir, "6.orbax-checkpoint-tmp-1234567")
@@ -112,9 +131,9 @@ def test_half_written_checkpoint_is_never_latest(tmp_path):
     assert jax.tree.leaves(params)
 
 
-def test_config_mismatch_names_the_fields(tmp_path):
-    model_cfg, train_cfg = small_cfgs(tmp_path)
-    train(model_cfg, train_cfg)
+@pytest.mark.slow
+def test_config_mismatch_names_the_fields(copy_of_trained):
+    model_cfg, train_cfg = copy_of_trained
     with pytest.raises(CheckpointMismatchError) as err:
         train(model_cfg.replace(n_layers=2, position="alibi"), train_cfg.replace(steps=6))
     message = str(err.value)
@@ -123,16 +142,16 @@ def test_config_mismatch_names_the_fields(tmp_path):
     assert "new --run-dir" in message
 
 
-def test_missing_run_directory_is_a_clear_error(tmp_path):
+def test_missing_run_directory_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="no checkpoints in"):
         load_run(str(tmp_path / "nowhere"))
-    result = tjax("sample", "--run", str(tmp_path / "nowhere"))
-    assert result.returncode == 2 and "no checkpoints in" in result.stderr
+    assert cli.main(["sample", "--run", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoints in" in err and "Traceback" not in err
 
 
-def test_load_run_restores_everything_and_greedy_is_stable(tmp_path):
-    model_cfg, train_cfg = small_cfgs(tmp_path)
-    train(model_cfg, train_cfg)
+def test_load_run_restores_everything_and_greedy_is_stable(trained):
+    model_cfg, train_cfg = trained
     model, params, tokenizer, config = load_run(train_cfg.run_dir)
     assert config == model_cfg and tokenizer.vocab_size == 262
     meta = Checkpointer(train_cfg.run_dir).read_meta()
@@ -144,9 +163,8 @@ def test_load_run_restores_everything_and_greedy_is_stable(tmp_path):
     assert first == again
 
 
-def test_restore_onto_a_mesh_of_eight_devices(tmp_path):
-    model_cfg, train_cfg = small_cfgs(tmp_path)
-    train(model_cfg, train_cfg)  # saved from one device
+def test_restore_onto_a_mesh_of_eight_devices(trained):
+    _, train_cfg = trained
     _, params, _, _ = load_run(train_cfg.run_dir)
     mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
 
@@ -162,16 +180,19 @@ def test_restore_onto_a_mesh_of_eight_devices(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, params, sharded)
 
 
-def test_cli_sample_streams_text(tmp_path):
-    run = str(tmp_path / "run")
-    assert tjax("train", *TINY, "--steps", "3", "--run-dir", run).returncode == 0
-    result = tjax("sample", "--run", run, "--prompt", "Hello", "--max-new-tokens", "12",
-                  "--temperature", "0")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("Hello") and len(result.stdout.encode()) >= 6
-    result = tjax("sample", "--run", run, "--num-samples", "2", "--max-new-tokens", "5",
-                  "--top-k", "5", "--top-p", "0.9")
-    assert result.returncode == 0 and result.stdout.count("--- sample") == 2
+@pytest.mark.slow
+def test_cli_sample_streams_text(trained, capsys):
+    run = trained[1].run_dir
+    code = cli.main(["sample", "--run", run, "--prompt", "Hello", "--max-new-tokens", "12",
+                     "--temperature", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.startswith("Hello") and len(out.encode()) >= 6
+    code = cli.main(["sample", "--run", run, "--num-samples", "2", "--max-new-tokens", "5",
+                     "--top-k", "5", "--top-p", "0.9"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count("--- sample") == 2
 
 
 def test_the_manifest_checks_contents_and_reads_the_older_sizes_only_form(tmp_path):

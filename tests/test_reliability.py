@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.runs import load_run
@@ -30,12 +29,6 @@ TINY = ["--model.n_layers=1", "--model.d_model=32", "--model.n_heads=2",
 MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2)
 
 
-def tjax(*args, timeout=300):
-    exe = os.path.join(os.path.dirname(sys.executable), "tjax")
-    env = single_device_env()
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
-
-
 def rows(run_dir, kind):
     lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
     return [r for r in lines if r["kind"] == kind]
@@ -46,15 +39,19 @@ def all_finite(tree):
 
 
 # ------------------------------------------------------------------------ non-finite guard
-def test_the_issue_recipe_stops_non_zero_and_keeps_the_last_good_checkpoint(tmp_path):
+@pytest.mark.slow
+def test_the_issue_recipe_stops_non_zero_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     """learning_rate=1e4 (the issue's recipe, warmed up over the run so the first steps are
-    finite): the CLI exits 1 naming the step and the fixes; every checkpoint is finite."""
+    finite): the CLI exits 1 naming the step and the fixes; every checkpoint is finite. (The
+    CLI's main in this process: ``tjax`` is ``sys.exit(main())``, one device by default.)"""
+    from transformers_jax import cli
+
     run = str(tmp_path / "run")
-    result = tjax("train", *TINY, "--steps", "60", "--train.learning_rate=1e4",
-                  "--train.warmup_steps=59", "--train.log_every=5",
-                  "--train.checkpoint_every=1", "--run-dir", run)
-    assert result.returncode == 1, result.stderr
-    err = result.stderr
+    code = cli.main(["train", *TINY, "--steps", "60", "--train.learning_rate=1e4",
+                     "--train.warmup_steps=59", "--train.log_every=5",
+                     "--train.checkpoint_every=1", "--train.tensorboard=false", "--run-dir", run])
+    err = capsys.readouterr().err
+    assert code == 1, err
     assert "training diverged at step" in err and "last finite loss" in err
     assert "learning_rate" in err and "float32" in err and "grad_clip" in err
     bad = int(err.split("training diverged at step ")[1].split(":")[0])
@@ -82,10 +79,12 @@ def poison_update_at(monkeypatch, bad_step: int):
 
 def small_cfg(tmp_path, **kw):
     base = dict(steps=8, batch_size=2, seq_len=16, log_every=4, eval_every=8, eval_batches=1,
-                checkpoint_every=2, progress=False, run_dir=str(tmp_path / "run"))
+                checkpoint_every=2, progress=False, tensorboard=False,
+                run_dir=str(tmp_path / "run"))
     return TrainConfig(**{**base, **kw})
 
 
+@pytest.mark.slow
 def test_a_bad_update_is_skipped_inside_the_step_when_allowed(tmp_path, monkeypatch):
     poison_update_at(monkeypatch, 3)
     final = train(MODEL, small_cfg(tmp_path, skip_nonfinite_steps=1))
@@ -96,6 +95,7 @@ def test_a_bad_update_is_skipped_inside_the_step_when_allowed(tmp_path, monkeypa
     assert all_finite(load_run(str(tmp_path / "run"))[1])
 
 
+@pytest.mark.slow
 def test_a_bad_update_past_the_budget_stops_before_saving(tmp_path, monkeypatch):
     poison_update_at(monkeypatch, 3)
     with pytest.raises(NonFiniteError, match="diverged at step 3") as err:
@@ -138,15 +138,17 @@ def hold_lock(run_dir):
     return proc
 
 
-def test_a_second_process_on_the_run_dir_fails_naming_the_holder(tmp_path):
+def test_a_second_process_on_the_run_dir_fails_naming_the_holder(tmp_path, capsys):
+    from transformers_jax import cli
+
     run = str(tmp_path / "run")
     holder = hold_lock(run)
     try:
         with pytest.raises(RunDirLockedError, match=f"in use by process {holder.pid} on"):
             RunLock(run).acquire()
         start = time.time()
-        result = tjax("train", *TINY, "--steps", "2", "--run-dir", run)
-        assert result.returncode == 1 and f"process {holder.pid}" in result.stderr
+        code = cli.main(["train", *TINY, "--steps", "2", "--run-dir", run])  # this process
+        assert code == 1 and f"process {holder.pid}" in capsys.readouterr().err
         assert time.time() - start < 60  # at once: before any data or compile
         assert not os.path.exists(os.path.join(run, "checkpoints"))
     finally:
@@ -160,6 +162,7 @@ def test_a_second_process_on_the_run_dir_fails_naming_the_holder(tmp_path):
     assert open(os.path.join(run, LOCK_FILE)).read() == ""  # released: emptied
 
 
+@pytest.mark.slow
 def test_a_stale_lock_file_with_a_dead_pid_is_taken_over_by_a_run(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -182,6 +185,7 @@ def text_cfg(tmp_path, **kw):
     return small_cfg(tmp_path, data=str(corpus), steps=2, **kw)
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_data_contents_unless_accepted(tmp_path):
     cfg = text_cfg(tmp_path)
     train(MODEL, cfg)
@@ -197,6 +201,7 @@ def test_resume_refuses_changed_data_contents_unless_accepted(tmp_path):
                for m in warned)
 
 
+@pytest.mark.slow
 def test_resume_onto_other_data_names_both_sources(tmp_path):
     """Another --data is a changed setting, not changed files; the built-in corpus is named as
     such."""
@@ -211,6 +216,7 @@ def test_resume_onto_other_data_names_both_sources(tmp_path):
     assert re.search(r"checkpoint read the default corpus [^\[]*\[local-text:", text), text
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_window_layout(tmp_path):
     """bos_per_row and shuffle_rows change what the rows hold and their order: a resume that
     changes either is refused, and a checkpoint saved without them on record reads as saved
@@ -234,6 +240,7 @@ def test_resume_refuses_a_changed_window_layout(tmp_path):
     assert train(MODEL, cfg.replace(steps=4))["steps"] == 4
 
 
+@pytest.mark.slow
 def test_resume_with_the_same_settings_reports_no_difference(tmp_path):
     from transformers_jax.runs.checkpoint import config_differences
 
@@ -245,6 +252,7 @@ def test_resume_with_the_same_settings_reports_no_difference(tmp_path):
     assert rows(cfg.run_dir, "resume") and not rows(cfg.run_dir, "warning")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_older_than_the_data_records_still_resumes(tmp_path):
     cfg = text_cfg(tmp_path)
     train(MODEL, cfg)
@@ -260,6 +268,7 @@ def test_a_checkpoint_older_than_the_data_records_still_resumes(tmp_path):
 
 
 # ------------------------------------------------------------------------ checkpoint damage
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_named_and_the_run_falls_back_to_the_previous(tmp_path):
     from transformers_jax.train.errors import CheckpointDamagedError
 
@@ -295,6 +304,7 @@ def zero_largest_file(step_dir: str) -> str:
     return os.path.relpath(largest, step_dir)
 
 
+@pytest.mark.slow
 def test_a_zeroed_checkpoint_file_is_named_and_sample_and_train_fall_back(tmp_path, capsys):
     from transformers_jax import cli
 
@@ -320,6 +330,7 @@ def test_a_zeroed_checkpoint_file_is_named_and_sample_and_train_fall_back(tmp_pa
     assert "step=" not in warned
 
 
+@pytest.mark.slow
 def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous(tmp_path, monkeypatch):
     import errno
 

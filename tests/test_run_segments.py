@@ -61,6 +61,7 @@ def test_schedule_steps_sets_the_schedule_and_later_steps_stay_at_the_floor():
         TrainConfig(steps=300, schedule_steps=100, warmup_steps=100)
 
 
+@pytest.mark.slow
 def test_a_longer_resume_keeps_the_runs_schedule_and_records_both_segments(tmp_path):
     """10 steps, then --steps 20: the rate goes on from the 10-step cosine's end (its floor),
     not from a new 20-step cosine (which would jump it up at step 11); the saved config
@@ -103,6 +104,7 @@ def test_a_longer_resume_keeps_the_runs_schedule_and_records_both_segments(tmp_p
     assert len(json.load(open(os.path.join(again.run_dir, CONFIG_FILE)))["segments"]) == 1
 
 
+@pytest.mark.slow
 def test_schedule_steps_on_resume_replans_the_rate_with_a_warning(tmp_path):
     cfg = run_cfg(tmp_path)
     train(MODEL, cfg)
@@ -119,6 +121,7 @@ def test_schedule_steps_on_resume_replans_the_rate_with_a_warning(tmp_path):
     assert [s["schedule_steps"] for s in saved["segments"]] == [10, 20]
 
 
+@pytest.mark.slow
 def test_a_shorter_resume_is_refused_and_leaves_the_run_as_it_was(tmp_path, capsys):
     """--steps below the run's step trains nothing and rewrites nothing (README, config,
     metrics, checkpoints, TensorBoard files: every byte); --steps at the run's step trains
