@@ -57,11 +57,11 @@ def embedding_jacobian(model, params, tokens, query: int, **inputs):
     return np.asarray(jax.grad(out)(perturbations)["encoder"]["embeddings"])
 
 
-# quick tier: the default (pre-norm, rope); every scheme is also checked on the decoder-only
-# model's quick tier (tests/test_gpt.py)
+# in the full suite only: the quick tier checks every scheme on the decoder-only model
+# (tests/test_gpt.py) and BERT's forward pass in tests/test_families.py
+@pytest.mark.slow
 @pytest.mark.parametrize("position, norm_position", [
-    (p, n) if (p, n) == ("rope", "pre") else pytest.param(p, n, marks=pytest.mark.slow)
-    for n in ("pre", "post") for p in POSITIONS])
+    (p, n) for n in ("pre", "post") for p in POSITIONS])
 def test_forward_deterministic_and_appended_padding_changes_nothing(position, norm_position):
     cfg = tiny(position=position, norm_position=norm_position, init_std=0.2)
     model, params, tokens = init(cfg, T=10)

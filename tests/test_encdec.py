@@ -33,23 +33,29 @@ def init(cfg, seed=0, **inputs):
     model = build_model(cfg)
     dec = jax.random.randint(jax.random.key(seed + 1), (2, T), 0, cfg.vocab_size)
     enc = jax.random.randint(jax.random.key(seed + 2), (2, S), 0, cfg.vocab_size)
-    variables = model.init(jax.random.key(seed), dec, encoder_inputs=enc, **inputs)
+    # compiled as one program: run op by op, init compiles each operation of its own
+    variables = jax.jit(lambda key: model.init(key, dec, encoder_inputs=enc, **inputs))(
+        jax.random.key(seed))
     return model, nn.meta.unbox(variables["params"]), dec, enc
 
 
 def jacobians(model, params, dec, enc, queries, **inputs):
     """For each decoder position in ``queries``: d(sum of its logits) / d(decoder and encoder
-    embeddings). One forward pass, a backward pass per query."""
-    perturbations = model.init(jax.random.key(0), dec, encoder_inputs=enc,
-                               **inputs)["perturbations"]
+    embeddings): one compiled backward pass, run once per query."""
+    perturbations = jax.jit(lambda key: model.init(key, dec, encoder_inputs=enc, **inputs))(
+        jax.random.key(0))["perturbations"]
 
-    def out(p):
-        return model.apply({"params": params, "perturbations": p}, dec, encoder_inputs=enc,
-                           **inputs)
+    @jax.jit
+    def pulled_back(p, cotangent):
+        logits, pullback = jax.vjp(lambda p: model.apply(
+            {"params": params, "perturbations": p}, dec, encoder_inputs=enc, **inputs), p)
+        return pullback(cotangent)[0]
 
-    logits, pullback = jax.vjp(out, perturbations)
+    logits = jax.eval_shape(lambda: model.apply({"params": params}, dec, encoder_inputs=enc,
+                                                **inputs))
     for query in queries:
-        (grads,) = pullback(jnp.zeros_like(logits).at[:, query].set(1.0))
+        cotangent = jnp.zeros(logits.shape, logits.dtype).at[:, query].set(1.0)
+        grads = pulled_back(perturbations, cotangent)
         yield np.asarray(grads["decoder_embeddings"]), np.asarray(grads["encoder_embeddings"])
 
 
@@ -84,21 +90,23 @@ def test_decoder_never_sees_later_targets_and_sees_the_whole_source(position):
 @pytest.mark.parametrize("position", POSITION_CASES)
 def test_forward_deterministic_and_appended_padding_changes_nothing(position):
     model, params, dec, enc = scheme(position)
+    apply = jax.jit(model.apply)  # one program a shape, not one per operation
     ones = lambda x: jnp.ones(x.shape, jnp.int32)  # noqa: E731
-    real = model.apply({"params": params}, dec, encoder_inputs=enc, segment_ids=ones(dec),
-                       encoder_segment_ids=ones(enc))
+    real = apply({"params": params}, dec, encoder_inputs=enc, segment_ids=ones(dec),
+                 encoder_segment_ids=ones(enc))
     assert real.shape == (2, T, 64) and real.dtype == jnp.float32
     assert np.isfinite(np.asarray(real)).all()
-    np.testing.assert_array_equal(real, model.apply({"params": params}, dec, encoder_inputs=enc,
-                                                    segment_ids=ones(dec),
-                                                    encoder_segment_ids=ones(enc)))
+    np.testing.assert_array_equal(real, apply({"params": params}, dec, encoder_inputs=enc,
+                                              segment_ids=ones(dec),
+                                              encoder_segment_ids=ones(enc)))
     pad = lambda x, n: jnp.concatenate([x, jnp.full((2, n), 5, x.dtype)], 1)  # noqa: E731
     seg = lambda x, n: jnp.concatenate([ones(x), jnp.zeros((2, n), jnp.int32)], 1)  # noqa: E731
-    out = model.apply({"params": params}, pad(dec, 4), encoder_inputs=pad(enc, 5),
-                      segment_ids=seg(dec, 4), encoder_segment_ids=seg(enc, 5))
+    out = apply({"params": params}, pad(dec, 4), encoder_inputs=pad(enc, 5),
+                segment_ids=seg(dec, 4), encoder_segment_ids=seg(enc, 5))
     np.testing.assert_allclose(out[:, :T], real, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_encode_then_decode_equals_the_full_call_and_packed_segments_stay_apart():
     model, params, dec, enc = init(tiny(position="t5"))
     v = {"params": params}
@@ -130,6 +138,7 @@ def test_cross_attention_carries_no_position_term(position):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_t5_bias_is_computed_once_per_stack_and_not_in_cross_attention():
     _, params, _, _ = init(tiny(position="t5", n_layers=3))
     for stack in ("encoder", "decoder"):
@@ -139,8 +148,10 @@ def test_t5_bias_is_computed_once_per_stack_and_not_in_cross_attention():
         "attention", "cross_attention", "mlp", "norm1", "norm_cross", "norm2"}
 
 
-# t5 in the quick tier: its bias gradient is the path rope lacks
-@pytest.mark.parametrize("position", [pytest.param("rope", marks=pytest.mark.slow), "t5"])
+# in the full suite only: the quick tier checks every kernel through the decoder-only model
+# with t5's bias gradient (tests/test_gpt.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("position", ["rope", "t5"])
 def test_every_attention_implementation_gives_the_same_model(position):
     """Same logits through every implementation; same gradients too with a bias scheme (the
     bias gradient is the extra path the kernels must get right)."""

@@ -604,6 +604,7 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integer
 @settings(max_examples=examples(ci=30, thorough=80), **SETTINGS)
 @given(how=st.sampled_from(["truncate", "garbage", "retype", "drop"]), where=st.floats(0, 1),
        value=JSON_VALUES, junk=st.binary(min_size=1, max_size=16))
+@pytest.mark.slow
 @example(how="truncate", where=0.5, value=None, junk=b"x")
 @example(how="retype", where=0.0, value="abc", junk=b"x")
 @example(how="retype", where=0.5, value=False, junk=b"x")  # n_embd: false (named d_model once)

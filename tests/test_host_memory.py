@@ -110,6 +110,7 @@ def test_environment_keeps_other_tunables_and_replaces_ours():
     assert "GLIBC_TUNABLES" not in environment_with_tunables({host_memory.OPT_OUT: "system"})
 
 
+@pytest.mark.slow
 @acts_here
 def test_tunables_cut_the_page_faults_of_xla_temporaries():
     default = float(run_python(FAULTS_PER_CALL, clean_environment()))
@@ -118,6 +119,7 @@ def test_tunables_cut_the_page_faults_of_xla_temporaries():
     assert kept < default / 4
 
 
+@pytest.mark.slow
 @glibc_only
 def test_reuse_keeps_the_freed_buffer_whatever_the_huge_page_mode():
     reuse_env = environment_with_tunables({**clean_environment(), host_memory.OPT_OUT: "reuse"})

@@ -36,6 +36,7 @@ def test_recurrent_families_are_the_ones_without_attention(family):
     assert entry.recurrent == (not any("attention" in p for p in paths)), paths
 
 
+@pytest.mark.slow
 def test_lstm_uses_context_within_a_short_default_run():
     # Regression: with the transformer's 0.02 embedding init the LSTM sat at the unigram loss
     # (3.2 nats/byte here) for hundreds of steps; with unit-variance embeddings it learns bigrams

@@ -80,6 +80,7 @@ def test_a_norm_passed_in_is_the_one_that_clips():
         np.testing.assert_allclose(2 * np.asarray(a), np.asarray(b), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_parameters_in_tuples_and_lists_are_updated_as_the_chain_does():
     """The per-parameter steps come back as three trees (moments and updates) whatever the
     containers: tuples of parameters included, which a split by ``isinstance(x, tuple)``
@@ -127,6 +128,7 @@ def test_a_skipped_update_is_zero_and_keeps_the_state():
         opt.update(bad, state)
 
 
+@pytest.mark.slow
 def test_the_compiled_step_updates_the_moments_in_place():
     """What the one-pass update is for: XLA:CPU reads and overwrites each Adam moment where it
     lies. The optax chain, selected after the update, copied every moment first (two copies

@@ -84,6 +84,7 @@ def test_xpos_scales_queries_up_the_decay_and_keys_down_it():
         xpos.rotate(cfg, x, pos, "value")
 
 
+@pytest.mark.slow
 def test_xpos_max_length_keeps_uncentred_scales_finite():
     # 512 * (128 - 8) * ln 2 / ln 3.5 = 33,994.9 in float32; (16 - 8) bits in float16: 2,266.3
     assert XPos().max_length(head_config(8)) == 33995
@@ -149,6 +150,7 @@ def test_kerple_initialisation_is_the_references():
     np.testing.assert_allclose(bias, kerple_numpy(r1, r2, pos, pos), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_kerple_gradients_reach_r1_and_r2_even_at_the_floor():
     cfg = tiny(position="kerple", n_layers=2)
     model, params, tokens = init(cfg)
@@ -250,6 +252,7 @@ def test_training_forward_uses_random_positions_and_never_leaks(base):
         assert np.abs(np.asarray(grad)[:, : query + 1]).sum() > 0
 
 
+@pytest.mark.slow
 def test_evaluation_draws_positions_as_the_paper_and_real_positions_decode_with_a_cache():
     """At test time the paper draws an ordered subset of M positions from [0, L) again (M may
     exceed the training length): ``evaluate="sample"`` does so in every deterministic forward
@@ -285,6 +288,7 @@ def test_bert_training_forward_uses_random_positions():
     assert np.abs(np.asarray(a - b)).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_encdec_training_forward_uses_random_positions():
     cfg = ModelConfig(family="encdec", vocab_size=32, d_model=32, n_layers=1, n_heads=4,
                       position={"name": "randomized", "max_position": 32})

@@ -93,6 +93,7 @@ def test_masks_the_table_supports_match_the_reference_and_the_rest_are_refused(k
         dot_product_attention(q, k, v, mask=mask, implementation=SPLASH)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", ["MHA", "MQA"])
 def test_head_layouts_and_softcap_match_the_reference(heads):
     """GQA is in the mask test; MHA and MQA (its own kernel) here, soft-capped."""
@@ -100,6 +101,7 @@ def test_head_layouts_and_softcap_match_the_reference(heads):
     _assert_matches_reference(q, k, v, _mask("causal", True), cotangent, logit_softcap=2.0)
 
 
+@pytest.mark.slow
 def test_key_padding_with_more_keys_than_queries():
     """Cross-attention shaped: 256 queries over 384 keys, the last keys of each row padding
     (a segment no query has); no causality, so the lengths may differ."""
@@ -110,6 +112,7 @@ def test_key_padding_with_more_keys_than_queries():
     _assert_matches_reference(q, k, v, mask, cotangent)
 
 
+@pytest.mark.slow
 def test_rows_and_heads_split_over_a_mesh_match_the_reference():
     """Under a data=2 x tensor=2 mesh with the logical rules the jit strategy sets, the kernel
     runs per shard: two query heads with their one key/value head on each device."""

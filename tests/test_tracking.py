@@ -50,6 +50,7 @@ def tiny_cfg(run_dir, **kw) -> TrainConfig:
                        eval_every=2, eval_batches=1, progress=False, run_dir=str(run_dir), **kw)
 
 
+@pytest.mark.slow
 def test_event_files_hold_the_metrics_config_and_samples(tmp_path):
     train(TINY_MODEL, tiny_cfg(tmp_path))
     events = read_events(str(tmp_path / TENSORBOARD_DIR))
@@ -74,6 +75,7 @@ def test_event_files_hold_the_metrics_config_and_samples(tmp_path):
     assert hparams  # the experiment, session start and session end summaries
 
 
+@pytest.mark.slow
 def test_no_samples_for_a_family_or_positions_that_cannot_decode(tmp_path):
     train(TINY_MODEL, tiny_cfg(tmp_path / "off", tensorboard=False))
     assert not os.path.exists(tmp_path / "off" / TENSORBOARD_DIR)
@@ -99,6 +101,7 @@ def test_flatten_config_gives_hyperparameter_values():
                     "train.lengths": "[1, 20]", "train.on": True}
 
 
+@pytest.mark.slow
 def test_wandb_offline_logs_the_same_scalars(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

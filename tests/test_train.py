@@ -174,6 +174,7 @@ def test_cli_errors_are_clear(capsys):
     assert "must divide d_model=128" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_trained_tokenizer_is_saved_with_the_run_and_restored(tmp_path):
     from transformers_jax.runs import load_run
 
@@ -279,6 +280,7 @@ def test_init_from_takes_the_model_from_the_run_it_starts_from(tmp_path, capsys,
     assert "do not have the shapes" in err and "n_layers 1 -> 2" in err, err
 
 
+@pytest.mark.slow
 def test_bert_and_encdec_train_through_the_same_loop(tmp_path):
     from transformers_jax.runs import load_run
 
