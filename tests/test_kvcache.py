@@ -13,6 +13,7 @@ import pytest
 from decode_fixtures import apply, built, decode_step, full_logits, init_params
 from model_helpers import POSITIONS, mask_settings, tiny
 from model_helpers import attention as attention_switch
+from subprocess_env import USER_KERNELS
 
 from transformers_jax import ModelConfig, build_model, sample
 from transformers_jax.nn.kvcache import init_cache, plan_write
@@ -230,7 +231,8 @@ def test_decode_loop_updates_the_cache_in_place(batch):
     prompts = jnp.ones((batch, 4), jnp.int32)
     lengths = jnp.full((batch,), 4, jnp.int32)
     hlo = generate_tokens.lower(model, params, prompts, lengths, jax.random.key(0),
-                                cfg=SamplingConfig(max_new_tokens=20)).compile().as_text()
+                                cfg=SamplingConfig(max_new_tokens=20)).compile(
+        USER_KERNELS).as_text()  # the kernels users get, not the suite's cheap ones
     N, D, S = cfg.kv_heads, cfg.dims_per_head, 4 + 20
     cache_shape = rf"f32\[{batch},{N},{S},{D}\]"
     # the decoding loop is the while loop whose body updates the cache (the others are the
