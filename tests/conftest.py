@@ -15,6 +15,8 @@ import shutil
 import sys
 import tempfile
 
+from subprocess_env import CHEAP_KERNEL_FLAGS
+
 # Cheap compiles: the suite compiles thousands of tiny programs and runs each briefly, so LLVM's
 # optimisation of XLA's generated loops costs more than it saves (a test 72 -> 56 s, a training
 # test no slower; matmuls are library calls, unaffected). Speed is measured by the benchmarks,
@@ -27,7 +29,7 @@ if not os.environ.get("TJAX_TEST_XLA_OPT") and "backend_optimization" not in FLA
 # (a 16-tile chunked gradient 2.3 -> 0.9 s of CPU, the same numbers to 1e-8); the suite
 # compiles thousands. TJAX_TEST_XLA_OPT=1 keeps XLA's defaults for both.
 if not os.environ.get("TJAX_TEST_XLA_OPT") and "fusion_emitters" not in FLAGS:
-    os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
+    os.environ["XLA_FLAGS"] += " " + " ".join(CHEAP_KERNEL_FLAGS)
 # what a subprocess (one device: `tjax`, a multi-host worker) gets; set before the device count
 os.environ.setdefault("TJAX_TEST_CHILD_XLA_FLAGS", os.environ["XLA_FLAGS"].strip())
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:

@@ -1,7 +1,5 @@
 """Helpers shared by the model-family tests (test_encdec, test_bert, test_mlm, test_families)."""
 
-import functools
-
 import jax
 
 # The suite compiles with XLA's backend optimisation off (tests/conftest.py): right for the
@@ -15,8 +13,3 @@ def jit_optimised(fn, **kwargs):
     """``jax.jit(fn)`` compiled with XLA's full backend optimisation (a training step)."""
     return jax.jit(fn, compiler_options=OPTIMISED, **kwargs)
 
-
-def memoised(fn):
-    """``fn`` called once per argument tuple in this process: a model and its parameters built
-    once and read by several tests (they never modify them)."""
-    return functools.cache(fn)

@@ -44,15 +44,9 @@ def _quick_unless_chunked(names):
 
 
 _STATIC = ("implementation", "scale", "logit_softcap", "chunk_size")
-# XLA's CPU fusion emitters compile the unrolled chunked kernel's gradient 2.5x slower than
-# the classic emitters (2.3 s against 0.9 s of CPU for one 16-tile problem) and run these tiny
-# problems no faster: the tests' own programs take the classic ones (the numbers are the same
-# maths; speed is measured by the benchmarks, never here).
-_COMPILE = {"xla_cpu_use_fusion_emitters": False}
 # One jitted entry point, so calls with equal shapes and settings share a compiled program
 # (the tests are dominated by compile time, not run time).
-_jit_attention = jax.jit(dot_product_attention, static_argnames=_STATIC,
-                         compiler_options=_COMPILE)
+_jit_attention = jax.jit(dot_product_attention, static_argnames=_STATIC)
 
 
 def _attend(impl, q, k, v, *, chunk_size=2, **kw):
@@ -64,8 +58,7 @@ def _normal(rng, shape, dtype=jnp.float32):
     return jnp.asarray(rng.normal(size=shape), dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "chunk_size", "logit_softcap"),
-                   compiler_options=_COMPILE)
+@functools.partial(jax.jit, static_argnames=("impl", "chunk_size", "logit_softcap"))
 def _jit_outputs_and_grads(impl, q, k, v, bias, mask, cotangent, chunk_size, logit_softcap):
     def loss(q, k, v, bias):
         out = dot_product_attention(
@@ -704,8 +697,8 @@ def test_chunked_gradient_inside_shard_map_matches_one_device():
     mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,),
                          devices=jax.devices()[:4])
     sharded = jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
-    one_device = jax.jit(jax.grad(loss), compiler_options=_COMPILE)(q)  # 4x cheaper than eager
-    np.testing.assert_allclose(jax.jit(sharded, compiler_options=_COMPILE)(q), one_device,
+    one_device = jax.jit(jax.grad(loss))(q)  # 4x cheaper than eager
+    np.testing.assert_allclose(jax.jit(sharded)(q), one_device,
                                rtol=1e-5, atol=1e-6)
 
 

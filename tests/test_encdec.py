@@ -1,12 +1,14 @@
 """The encoder-decoder family: masks, cross-attention, positions, decoding, and learning."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from family_fixtures import jit_optimised, memoised
+from family_fixtures import jit_optimised
 from model_helpers import POSITIONS, assert_attention_implementations_agree
 
 from transformers_jax import ModelConfig, build_model
@@ -59,7 +61,7 @@ def jacobians(model, params, dec, enc, queries, **inputs):
         yield np.asarray(grads["decoder_embeddings"]), np.asarray(grads["encoder_embeddings"])
 
 
-@memoised
+@functools.cache
 def scheme(position: str):
     """(model, params, dec, enc) of ``tiny(position=position, init_std=0.2)``, built once and
     shared by the per-scheme tests below."""

@@ -3,11 +3,12 @@ family is covered the moment it is registered (``tests/test_recipes.py`` checks 
 deterministic forward pass with logits over the vocabulary; no leak from later tokens for the
 families that read left to right; a short training run through the real loop."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from family_fixtures import memoised
 
 from transformers_jax import ModelConfig
 from transformers_jax.config import TrainConfig
@@ -24,7 +25,7 @@ def tiny(name: str) -> ModelConfig:
                        max_len=64, mask=FAMILIES.get(name).default_mask)
 
 
-@memoised
+@functools.cache
 def apply_fn(name: str, length: int = 12):
     """(``apply(tokens) -> logits``, example tokens ``[2, length]``) of family ``name``'s tiny
     model, built once per family; ``apply`` is compiled once (the parameters an argument)."""

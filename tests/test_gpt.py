@@ -1,10 +1,11 @@
 """The GPT model: every switch combination runs, and the properties in REFERENCES.md hold."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from family_fixtures import memoised
 from model_helpers import POSITIONS, attention, init, tiny
 
 from transformers_jax import ModelConfig, Rope
@@ -13,7 +14,7 @@ from transformers_jax.nn.layers import Attention
 from transformers_jax.registry import NORM_PLACEMENTS
 
 
-@memoised
+@functools.cache
 def scheme(position: str):
     """``init(tiny(position=position))``, built once for the per-scheme tests below."""
     return init(tiny(position=position))
