@@ -45,6 +45,10 @@ if OWN_CACHE:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # tiny programs too
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
+# MFU's peak given, not timed: a 2048^3 matmul costs every `tjax train` process about a second
+# of CPU (tests of the figure itself unset it; transcripts print what users see)
+os.environ.setdefault("TJAX_PEAK_FLOPS", "1e11")
+
 # tjax's own default cache (~/.cache/transformers_jax/xla) stays out of the suite: with the
 # folder above set, JAX's setting is used; with TJAX_TEST_NO_XLA_CACHE=1, none
 os.environ.setdefault("TJAX_COMPILE_CACHE", "off")

@@ -15,6 +15,7 @@ from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.corpus import default_corpus, read_text
+from transformers_jax.train import flops
 from transformers_jax.train.flops import flops_per_token
 from transformers_jax.train.loop import train
 from transformers_jax.train.losses import lm_loss, predicts_target
@@ -100,6 +101,18 @@ def test_flops_per_token_both_attention_conventions_by_hand():
     encdec = cfg.replace(family="encdec")
     full = flops_per_token(encdec, T, training=False)
     assert full - flops_per_token(encdec, T, training=False, causal_half=True) == 2 * 256
+
+
+def test_the_peak_is_the_users_figure_or_a_measured_matmul(monkeypatch):
+    monkeypatch.setenv(flops.PEAK_ENV, "1.97e14")
+    assert flops.device_peak() == (1.97e14, "TJAX_PEAK_FLOPS")
+    for bad in ("fast", "0", "-1e12", "nan", "inf"):
+        monkeypatch.setenv(flops.PEAK_ENV, bad)
+        with pytest.raises(ValueError, match=f"TJAX_PEAK_FLOPS={bad!r}.*positive number"):
+            flops.device_peak()
+    monkeypatch.delenv(flops.PEAK_ENV)
+    monkeypatch.setattr(flops, "measure_matmul_peak", lambda dtype: {"float32": 2e11}[dtype])
+    assert flops.device_peak() == (2e11, "measured float32 matmul on cpu")
 
 
 def test_corpus_errors_and_default(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 
 import jax
@@ -63,8 +65,32 @@ def measure_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 5)
     return _PEAK_CACHE[dtype]
 
 
+PEAK_ENV = "TJAX_PEAK_FLOPS"
+
+
+def given_peak() -> float | None:
+    """``TJAX_PEAK_FLOPS`` as a number, None when unset. ValueError: not a positive number."""
+    given = os.environ.get(PEAK_ENV, "").strip()
+    if not given:
+        return None
+    try:
+        peak = float(given)
+    except ValueError:
+        peak = float("nan")
+    if not math.isfinite(peak) or peak <= 0:
+        raise ValueError(f"{PEAK_ENV}={given!r}: give the device's peak FLOP/s as a positive "
+                         f"number (e.g. {PEAK_ENV}=1.97e14), or unset it to measure")
+    return peak
+
+
 def device_peak(dtype: str = "float32") -> tuple[float, str]:
-    """(peak FLOP/s, where it came from): a known accelerator figure, else a measured matmul."""
+    """(peak FLOP/s, where it came from): the user's figure in ``TJAX_PEAK_FLOPS`` (per device,
+    e.g. ``1.97e14``), else a known accelerator figure, else a measured matmul (about a second
+    of a CPU's time in every process). ValueError: a ``TJAX_PEAK_FLOPS`` that is not a positive
+    number."""
+    given = given_peak()
+    if given is not None:
+        return given, PEAK_ENV
     device = jax.devices()[0]
     for name, peak in KNOWN_PEAKS.items():
         if name.lower() in device.device_kind.lower():

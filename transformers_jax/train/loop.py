@@ -59,7 +59,7 @@ from transformers_jax.runs.tokenizer import source_tokenizer, training_tokenizer
 from transformers_jax.sample import SamplingConfig, generate
 from transformers_jax.train import lora
 from transformers_jax.train.data import RunData, make_run_data
-from transformers_jax.train.flops import device_peak, flops_per_token
+from transformers_jax.train.flops import device_peak, flops_per_token, given_peak
 from transformers_jax.train.guard import Guard, NonFiniteError
 from transformers_jax.train.objectives import run_objective
 from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
@@ -341,6 +341,7 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
            records: dict | None = None,
            on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     check_lengths(model_cfg, cfg.seq_len)
+    given_peak()  # a bad TJAX_PEAK_FLOPS refused before any work
     plan = plan_segment(cfg)  # may refuse: before anything is built or written
     if plan.step is not None and plan.step == plan.cfg.steps:
         if multihost.is_main_process():
