@@ -6,6 +6,7 @@ number, ``generate_until`` is our greedy ``generate`` cut at ``until``, and ``tj
 log-likelihoods rank its choices."""
 
 import json
+import os
 import types
 
 import jax
@@ -183,34 +184,9 @@ metric_list:
     return str(tasks)
 
 
-@pytest.fixture(scope="module")
-def task_managers():
-    """lm-eval's ``TaskManager`` by ``include_path``, each built once for the module: indexing
-    lm-eval's whole catalogue (about 15,000 tasks) takes a minute on a loaded CPU, and the index
-    depends on nothing else. ``evaluate_tasks`` still builds it through the same call."""
-    from lm_eval.tasks import TaskManager
-
-    built = {}
-
-    def manager(include_path=None, **kwargs):
-        key = (include_path, tuple(sorted(kwargs.items())))
-        if key not in built:
-            built[key] = TaskManager(include_path=include_path, **kwargs)
-        return built[key]
-
-    return manager
-
-
-@pytest.fixture
-def shared_task_manager(task_managers, monkeypatch):
-    import lm_eval.tasks
-
-    monkeypatch.setattr(lm_eval.tasks, "TaskManager", task_managers)
-
-
 @pytest.mark.slow
 def test_tjax_eval_lm_eval_scores_a_local_multiple_choice_task(run, lm, tasks_dir, tmp_path,
-                                                               shared_task_manager, monkeypatch):
+                                                               monkeypatch):
     """``tjax eval --lm-eval`` (its ``main``, in this process: lm-eval and the run's programs
     are loaded once) scores the task as the adapter's own log-likelihoods rank its choices."""
     import datasets
@@ -294,12 +270,35 @@ def test_bad_requests_fail_naming_the_fix(run, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_an_unknown_task_names_the_nearest_known_one(run, tasks_dir, shared_task_manager):
+def test_an_unknown_task_names_the_nearest_known_one(run, tasks_dir):
     """Checked against lm-eval's real catalogue (the index the multiple-choice test uses)."""
     from transformers_jax.harness.tasks import evaluate_tasks
 
     with pytest.raises(ValueError, match=r"unknown task 'hellaswg'; did you mean hellaswag"):
         evaluate_tasks(run.directory, ["hellaswg"], include_path=tasks_dir)
+
+
+def test_the_task_index_is_built_once_per_folder_contents(tmp_path, monkeypatch):
+    """Indexing lm-eval's catalogue takes seconds: one ``TaskManager`` per process for the
+    same folder, a new one when a task file is added or edited (never a stale index)."""
+    import lm_eval.tasks
+
+    from transformers_jax.harness import tasks
+
+    built = []
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager",
+                        lambda include_path=None: built.append(include_path) or len(built))
+    tasks._task_manager.cache_clear()
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("task: a\n")
+    assert tasks.task_manager(str(folder)) == tasks.task_manager(str(folder)) == 1
+    assert tasks.task_manager(None) == 2 and tasks.task_manager(None) == 2
+    (folder / "b.yaml").write_text("task: b\n")
+    assert tasks.task_manager(str(folder)) == 3
+    os.utime(folder / "a.yaml", ns=(0, 0))
+    assert tasks.task_manager(str(folder)) == 4 and built == [str(folder), None, *[str(folder)] * 2]
+    tasks._task_manager.cache_clear()
 
 
 @pytest.mark.parametrize("changes, reason", [

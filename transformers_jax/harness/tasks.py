@@ -10,6 +10,7 @@ under ``include_path`` (lm-eval's ``--include_path``), whose ``dataset_path: jso
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import os
 from collections.abc import Sequence
@@ -41,6 +42,33 @@ def check_tasks(task_manager, tasks: Sequence[str]) -> list[str]:
     return list(tasks)
 
 
+def task_manager(include_path: str | None = None):
+    """lm-eval's ``TaskManager`` over its own tasks and ``include_path``'s, built once per
+    process for the same folder contents: indexing lm-eval's catalogue (thousands of YAML
+    files) takes seconds, so a notebook that scores several runs pays it once. A YAML file
+    added or edited under ``include_path`` builds a new one."""
+    return _task_manager(include_path, _yaml_files(include_path))
+
+
+def _yaml_files(folder: str | None) -> tuple:
+    if folder is None:
+        return ()
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if name.endswith((".yaml", ".yml")):
+                path = os.path.join(root, name)
+                found.append((path, os.stat(path).st_mtime_ns))
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=4)
+def _task_manager(include_path: str | None, yaml_files: tuple):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path)
+
+
 def evaluate_tasks(
     run_dir: str,
     tasks: Sequence[str],
@@ -67,13 +95,12 @@ def evaluate_tasks(
         raise FileNotFoundError(f"--include-path {include_path}: no such folder (it holds "
                                 "task YAML files)")
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     from transformers_jax.harness.model import TjaxLM
 
     lm = TjaxLM(run_dir, step=step, batch_size=batch_size, max_length=max_length,
                 max_gen_toks=max_gen_toks, seed=seed)
-    manager = TaskManager(include_path=include_path)
+    manager = task_manager(include_path)
     names = check_tasks(manager, tasks)
     results = lm_eval.simple_evaluate(
         model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
