@@ -193,6 +193,25 @@ def test_learned_table_length_check():
     check_lengths(cfg.replace(position="rope"), 4096)  # rope has no table
 
 
+@pytest.mark.parametrize("position, max_len, limit, field", [
+    ({"name": "learned"}, 64, 64, "model.max_len"),
+    ({"name": "randomized", "max_position": 48}, 128, 48, "model.position.max_position"),
+    ({"name": "randomized", "max_position": 48, "base": {"name": "learned"}}, 128, 48,
+     "model.position.max_position"),
+    ({"name": "xpos", "scale_base": 1.0}, 128, None, "model.position.scale_base"),
+])
+def test_a_length_error_names_the_setting_that_limits(position, max_len, limit, field):
+    """Raising the named setting is the fix: the error names the field that sets the limit
+    (a randomized scheme's max_position, not max_len; xpos's scale_base)."""
+    cfg = ModelConfig.from_dict({"position": position, "max_len": max_len})
+    limit = limit or cfg.position.max_length(cfg)
+    assert cfg.position.length_field(cfg) == field
+    with pytest.raises(ConfigError, match=rf"{limit} positions, set by {field}\); raise {field},"):
+        check_lengths(cfg, limit + 1)
+    raised = apply_overrides(cfg, {field.removeprefix("model."): str(2 * (limit + 1))})
+    check_lengths(raised, limit + 1)  # the named fix works
+
+
 def test_train_config_checks():
     with pytest.raises(ConfigError, match="train.warmup_steps"):
         TrainConfig(steps=10, warmup_steps=10)

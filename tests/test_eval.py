@@ -122,7 +122,7 @@ def test_errors_name_the_problem_and_the_fix(tmp_path):
     assert "--run-dir of a tjax train run" in missing.stderr
     bert = tiny_run(tmp_path / "bert", TINY.replace(family="bert", mask="bidirectional",
                                                      position="learned", max_len=32))
-    with pytest.raises(ValueError, match="learned position table .* lengths up to 32"):
+    with pytest.raises(ValueError, match="32 positions, set by model.max_len.* lengths up to 32"):
         evaluate_run(bert, lengths=[64])
     with pytest.raises(ValueError, match="splits are read from tfds and hub.*drop --split"):
         evaluate_run(bert, split="validation")
@@ -154,7 +154,7 @@ def test_converted_hugging_face_runs(tmp_path):
     convert_hf_directory(gpt2(tmp_path / "byte", 262), run)
     result = evaluate_run(run, batches=1, plot=None)
     assert result["seq_len"] == 32 and math.isfinite(result["bits_per_byte"])
-    with pytest.raises(ValueError, match="learned position table"):
+    with pytest.raises(ValueError, match="positions, set by model.max_len"):
         evaluate_run(run, lengths=[64])
 
     source = gpt2(tmp_path / "bpe", 320, n_positions=128)

@@ -517,8 +517,9 @@ def check_lengths(model: ModelConfig, seq_len: int) -> None:
         _fail(
             "train.seq_len",
             seq_len,
-            f"longer than position={model.position.name} allows ({limit} positions, "
-            "model.max_len); raise model.max_len, shorten the sequence or pick a scheme that "
+            f"longer than position={model.position.name} allows "
+            f"({model.position.limit_text(model)}); raise "
+            f"{model.position.length_field(model)}, shorten the sequence or pick a scheme that "
             "extrapolates",
         )
 

@@ -70,9 +70,10 @@ def _check_length(config, length: int) -> None:
     limit = config.position.max_length(config)
     if limit is not None and length > limit:
         raise ValueError(
-            f"--lengths {length} is longer than the model's learned position table "
-            f"(position={config.position.name}, {limit} positions, model.max_len); evaluate at "
-            f"lengths up to {limit}, or train a model whose positions extrapolate (rope, alibi)")
+            f"--lengths {length} is longer than the model's positions "
+            f"(position={config.position.name}: {config.position.limit_text(config)}); "
+            f"evaluate at lengths up to {limit}, or train a model whose positions extrapolate "
+            "(rope, alibi)")
 
 
 def mean_metrics(rows: Sequence[dict]) -> dict[str, float]:

@@ -123,8 +123,8 @@ def check_decode_length(config: ModelConfig, total_len: int) -> None:
     if limit is not None and total_len > limit:
         raise ValueError(
             f"prompt plus max_new_tokens is {total_len} tokens, longer than "
-            f"position={config.position.name} allows (max_len={limit}); shorten the prompt or "
-            "max_new_tokens"
+            f"position={config.position.name} allows ({config.position.limit_text(config)}); "
+            "shorten the prompt or max_new_tokens"
         )
 
 

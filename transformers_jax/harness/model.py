@@ -101,8 +101,8 @@ class TjaxLM(TemplateLM):
         table = config.position.max_length(config)
         if table is not None and self._max_length > table:
             raise ValueError(
-                f"max_length={self._max_length} is longer than the model's learned position "
-                f"table ({table} positions, model.max_len); use max_length={table} or less")
+                f"max_length={self._max_length} is longer than the model's positions "
+                f"({config.position.limit_text(config)}); use max_length={table} or less")
         self.max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, DEFAULT_MAX_GEN_TOKS)
         self.seed = int(seed)
         self.scorer = TokenScorer(run.model, run.params, self._max_length,

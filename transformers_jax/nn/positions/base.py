@@ -28,6 +28,7 @@ pos)``                   hooks see (masks keep the real ones)
 ``cacheable``            whether KV-cache decoding can reproduce a forward     (all but
                          pass (checked when a cache is made)                   sampled eval)
 ``max_length(cfg)``      config checks, sampling, data: longest input or None  learned
+``length_field(cfg)``    the setting that sets ``max_length`` (errors name it)  randomized
 ``length_warnings(cfg,   the training loop: settings that will not train at    t5, fire
 seq_len)``               this length (buckets past it, an inactive threshold)
 =======================  ====================================================  ================
@@ -62,6 +63,15 @@ class PositionScheme(Switch):
     def max_length(self, config: Any) -> int | None:
         """The longest sequence the scheme can encode, or None for no limit."""
         return None
+
+    def length_field(self, config: Any) -> str:
+        """The setting that sets ``max_length``: the one a length error tells the user to
+        raise."""
+        return "model.max_len"
+
+    def limit_text(self, config: Any) -> str:
+        """``"64 positions, set by model.position.max_position"``, for length errors."""
+        return f"{self.max_length(config)} positions, set by {self.length_field(config)}"
 
     @classmethod
     def length_settings(cls, train_len: int, max_eval: int) -> dict[str, Any]:

@@ -108,12 +108,18 @@ class Randomized(PositionScheme):
         if limit is not None and limit < self.max_position:
             raise ConfigError(
                 f"position.max_position={self.max_position}: position.base={base.name} encodes "
-                f"only {limit} positions (model.max_len for a learned table); raise "
-                "model.max_len to at least max_position or lower max_position")
+                f"only {limit} positions (set by {base.length_field(config)}); raise "
+                f"{base.length_field(config)} to at least max_position or lower max_position")
 
     def max_length(self, config: Any) -> int:
         limit = self.base.max_length(config)
         return self.max_position if limit is None else min(limit, self.max_position)
+
+    def length_field(self, config: Any) -> str:
+        limit = self.base.max_length(config)
+        if limit is not None and limit < self.max_position:
+            return self.base.length_field(config)
+        return "model.position.max_position"
 
     def embedding(self, config: Any) -> nn.Module | None:
         return self.base.embedding(config)

@@ -77,6 +77,9 @@ class XPos(Rope):
         limit = self.scale_base * bits * math.log(2) / -math.log(zeta_0)
         return int(limit) + 1
 
+    def length_field(self, config: Any) -> str:
+        return "model.position.scale_base"
+
     def rotate(self, config: Any, x_BTHD: jax.Array, positions_BT: jax.Array,
                role: Role) -> jax.Array:
         import jax.numpy as jnp  # here, not at the top: a config reads this file without JAX
