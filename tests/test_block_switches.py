@@ -81,7 +81,8 @@ def test_the_norm_takes_its_settings_on_the_command_line():
     with pytest.raises(ConfigError, match=r"--model\.norm_eps: the field moved into its "
                                           r"switch; use --model\.norm\.eps"):
         build_configs(["--model.norm_eps=1e-6"])
-    with pytest.raises(ConfigError, match="norm=rmsnorm has no such field"):
+    with pytest.raises(ConfigError, match=r"norm=rmsnorm has no setting epsilon \(its settings: "
+                                          r"eps\); did you mean --model\.norm\.eps"):
         build_configs(["--model.norm=rmsnorm", "--model.norm.epsilon=1e-6"])
 
 

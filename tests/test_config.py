@@ -244,8 +244,18 @@ def test_overrides_coerce_types_and_nest():
     # a switch and its fields in one go; a field of another entry is refused by name
     t5 = apply_overrides(ModelConfig(), {"position": "t5", "position.num_buckets": "16"})
     assert (t5.position.name, t5.position.num_buckets) == ("t5", 16)
-    with pytest.raises(ConfigError, match="position=rope has no such field"):
+    with pytest.raises(ConfigError, match=r"position=rope has no setting num_buckets \(its "
+                                          r"settings: base, fraction, pairing, scaling\); "
+                                          r"num_buckets is a setting of t5: choose one first, "
+                                          r"e.g. --position=t5 --position.num_buckets=\.\.\."):
         apply_overrides(ModelConfig(), {"position.num_buckets": "16"})
+    with pytest.raises(ConfigError, match=r"position=alibi has no setting scaling \(it has no "
+                                          r"settings\); scaling is a setting of rope, xpos"):
+        apply_overrides(ModelConfig(), {"position": "alibi", "position.scaling": "yarn"})
+    with pytest.raises(ConfigError, match=r"attention=xla has no setting chunk \(it has no "
+                                          r"settings\); did you mean chunk_size, a setting of "
+                                          r"chunked\?"):
+        apply_overrides(ModelConfig(), {"attention.chunk": "3"})
     # the flat fields of older versions point to their new place
     with pytest.raises(ConfigError, match="moved into its switch; use --model.mask.window"):
         apply_overrides(ModelConfig(), {"window": "16"}, "model.")

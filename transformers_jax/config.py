@@ -33,6 +33,7 @@ from transformers_jax.registry import (
     ROPE_SCALINGS,
     TOKENIZERS,
     ConfigError,
+    Registry,
     Switch,
     check_field_types,
     check_known_fields,
@@ -598,11 +599,39 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") -> Any:
+def _unknown_setting(switch: Switch, key: str, prefix: str, registry: Registry | None,
+                     hint: str) -> str:
+    """Which setting ``switch`` lacks, the ones it has, and the entries that have it:
+    ``position=rope has no setting num_buckets (its settings: base, ...); num_buckets is a
+    setting of t5``."""
+    head = key.partition(".")[0]
+    field = prefix[:-1]
+    own = sorted(f.name for f in dataclasses.fields(switch) if f.init)
+    text = (f"unknown option --{prefix}{key}: {field}={switch.name} has no setting {head} "
+            + (f"(its settings: {', '.join(own)})" if own else "(it has no settings)"))
+    others = {name: {f.name for f in dataclasses.fields(entry) if f.init}
+              for name, entry in (registry.items() if registry else [])
+              if dataclasses.is_dataclass(entry) and name != switch.name}
+    holders = [name for name, settings in others.items() if head in settings]
+    if holders:
+        return (f"{text}; {head} is a setting of {', '.join(holders)}: choose one first, "
+                f"e.g. --{field}={holders[0]} --{prefix}{key}=...")
+    if hint:
+        return f"{text}; {hint.strip()}"
+    near = difflib.get_close_matches(head, set().union(*others.values()), n=1)
+    if near:
+        where = ", ".join(name for name, settings in others.items() if near[0] in settings)
+        return f"{text}; did you mean {near[0]}, a setting of {where}?"
+    return text
+
+
+def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "",
+                    registry: Registry | None = None) -> Any:
     """Return ``config`` with dotted ``{"position.scaling": "yarn"}`` string overrides applied.
 
     A switch field takes a registered name (``position=t5``: that entry with its defaults)
-    and, in the same call, its own fields (``position.num_buckets=16``).
+    and, in the same call, its own fields (``position.num_buckets=16``). ``registry``: the one
+    ``config`` (a switch) was chosen from, to name the entries that have a setting it lacks.
     """
     hints = _field_types(type(config))
     fields = {f.name: f for f in dataclasses.fields(config) if f.init}
@@ -614,12 +643,12 @@ def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") ->
             if isinstance(config, ModelConfig) and head in MOVED_FIELDS:
                 raise ConfigError(f"--{prefix}{key}: the field moved into its switch; use "
                                   f"--{prefix}{MOVED_FIELDS[head]}")
-            owner = (f"{prefix[:-1]}={config.name} has no such field" if isinstance(config, Switch)
-                     else f"valid {prefix or 'top-level '}fields")
             close = difflib.get_close_matches(head, fields, n=1)
             hint = f"did you mean --{prefix}{close[0]}? " if close else ""
+            if isinstance(config, Switch):
+                raise ConfigError(_unknown_setting(config, key, prefix, registry, hint))
             raise ConfigError(
-                f"unknown option --{prefix}{key}; {hint}{owner}: "
+                f"unknown option --{prefix}{key}; {hint}valid {prefix or 'top-level '}fields: "
                 f"{', '.join(sorted(fields)) or 'none'}"
             )
         registry = fields[head].metadata.get("registry")
@@ -635,7 +664,8 @@ def apply_overrides(config: Any, overrides: dict[str, str], prefix: str = "") ->
             changes[head] = _coerce(text, hints[head], f"{prefix}{head}")
     for head, sub in grouped.items():
         current = changes.get(head, getattr(config, head))
-        changes[head] = apply_overrides(current, sub, f"{prefix}{head}.")
+        changes[head] = apply_overrides(current, sub, f"{prefix}{head}.",
+                                        fields[head].metadata.get("registry"))
     # a config's own replace re-resolves the defaults that follow other fields (TrainConfig:
     # shuffle_rows follows the data kind, so --task does not inherit the text default)
     return getattr(config, "replace", functools.partial(dataclasses.replace, config))(**changes)
