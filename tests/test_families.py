@@ -71,3 +71,39 @@ def test_trains_through_the_loop(family):
     losses = [row["loss"] for row in final["history"] if "loss" in row]
     assert final["steps"] == 3 and np.isfinite(final["train_loss"])
     assert np.isfinite(final["eval_loss"]) and losses
+
+
+# a value of each switch other than its default, with the settings it needs
+OTHER_SWITCH = {"attention": "chunked", "mask": {"name": "sliding_window", "window": 8},
+                "position": "alibi", "norm": "rmsnorm", "norm_position": "post", "mlp": "swiglu"}
+
+
+@pytest.mark.parametrize("family", NAMES)
+def test_a_switch_the_family_does_not_read_is_refused_when_set(family):
+    """A family reads the switches it declares; setting another is refused naming the family
+    (an LSTM with --model.attention=chunked would report a kernel it never ran)."""
+    entry = FAMILIES.get(family)
+    tiny(family)  # every default is accepted
+    assert set(OTHER_SWITCH) == {f for f in ModelConfig.__dataclass_fields__
+                                 if "registry" in ModelConfig.__dataclass_fields__[f].metadata}
+    for name, value in OTHER_SWITCH.items():
+        if name in entry.switches:
+            continue
+        with pytest.raises(ValueError, match=rf"model\.{name}=.*family={family} does not read "
+                                             rf"the {name} switch.*drop it"):
+            tiny(family).replace(**{name: value})
+
+
+def test_next_token_training_under_a_mask_that_shows_the_next_token_is_refused():
+    """``--family gpt --model.mask=bidirectional`` would train a model that copies its target
+    (its loss falls without learning); refused before any work, as is a prefix mask on an
+    encoder-decoder, whose batches have no prefix."""
+    from transformers_jax.config import ConfigError
+    from transformers_jax.train.loop import train
+
+    gpt = tiny("gpt").replace(mask="bidirectional")
+    with pytest.raises(ConfigError, match="mask=bidirectional: family=gpt learns to predict the "
+                                          "next token .* --family bert for a masked LM"):
+        train(gpt, TrainConfig(steps=1, batch_size=2, seq_len=16))
+    with pytest.raises(ConfigError, match="mask='prefix': an encoder-decoder's decoder"):
+        tiny("encdec").replace(mask="prefix")

@@ -288,7 +288,7 @@ def test_the_task_index_is_built_once_per_folder_contents(tmp_path, monkeypatch)
     built = []
     monkeypatch.setattr(lm_eval.tasks, "TaskManager",
                         lambda include_path=None: built.append(include_path) or len(built))
-    tasks._task_manager.cache_clear()
+    tasks.task_manager.cache_clear()
     folder = tmp_path / "tasks"
     folder.mkdir()
     (folder / "a.yaml").write_text("task: a\n")
@@ -298,7 +298,7 @@ def test_the_task_index_is_built_once_per_folder_contents(tmp_path, monkeypatch)
     assert tasks.task_manager(str(folder)) == 3
     os.utime(folder / "a.yaml", ns=(0, 0))
     assert tasks.task_manager(str(folder)) == 4 and built == [str(folder), None, *[str(folder)] * 2]
-    tasks._task_manager.cache_clear()
+    tasks.task_manager.cache_clear()
 
 
 @pytest.mark.parametrize("changes, reason", [

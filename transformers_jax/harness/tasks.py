@@ -69,6 +69,9 @@ def _task_manager(include_path: str | None, yaml_files: tuple):
     return TaskManager(include_path=include_path)
 
 
+task_manager.cache_clear = _task_manager.cache_clear  # (tests start from an empty cache)
+
+
 def evaluate_tasks(
     run_dir: str,
     tasks: Sequence[str],

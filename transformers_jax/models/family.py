@@ -38,7 +38,9 @@ class Family:
     (``"decoder"``, ``"encdec"``) or None when it trains on text only; ``needs_task``: it
     trains on tasks only. ``masked_lm``: its text batches are corrupted for masked-LM.
     ``fills_masks``: ``tjax fill-mask`` works on it. ``recurrent``: it reads its context
-    through a recurrent state, not attention (no attention, mask or position switch applies).
+    through a recurrent state, not attention. ``switches``: the config's switches its module
+    reads; one it does not read is refused unless left at its default (a user who set it would
+    take it for used), and the start line names only these.
     """
 
     module: type[nn.Module] | Callable[[ModelConfig], nn.Module]
@@ -53,6 +55,7 @@ class Family:
     cross_attention: bool = False  # a decoder stack that reads an encoder (FLOPs, layers)
     head_transform: bool = False  # a C x C dense before the output matrix (BERT's MLM; FLOPs)
     recurrent: bool = False
+    switches: tuple[str, ...] = ("attention", "mask", "position", "norm", "norm_position", "mlp")
 
     @property
     def continues_prompt(self) -> bool:
@@ -63,7 +66,14 @@ class Family:
         return self.module(config)
 
     def check(self, config: ModelConfig) -> None:
-        """Refuse a config the family cannot train (default: anything goes)."""
+        """Refuse a config the family cannot train: a switch it does not read, set."""
+        for field in dataclasses.fields(ModelConfig):
+            name, registry = field.name, field.metadata.get("registry")
+            value = getattr(config, name)
+            if registry and name not in self.switches and value != registry.get(field.default)():
+                raise ConfigError(
+                    f"model.{name}={value}: family={config.family} does not read the {name} "
+                    f"switch (it reads {', '.join(self.switches) or 'none of them'}); drop it")
 
     def inputs_for(self, config: ModelConfig, tokens_BT: jax.Array) -> dict[str, Any]:
         """The keyword inputs besides the tokens that running the model on ``tokens_BT``
@@ -164,7 +174,14 @@ def build_encdec(config: ModelConfig) -> nn.Module:
 @dataclasses.dataclass(frozen=True)
 class EncDecFamily(Family):
     def check(self, config: ModelConfig) -> None:
+        super().check(config)
         check_decoder_mask(config)
+        if config.mask.needs_prefix_len:
+            raise ConfigError(
+                f"mask={config.mask.name!r}: an encoder-decoder's decoder reads its source "
+                "through cross-attention (the encoder sees it whole), and its batches carry no "
+                "prefix length; use mask=causal (a prefix-LM is --family gpt "
+                "--model.mask=prefix)")
 
     def inputs_for(self, config: ModelConfig, tokens_BT):
         return {**super().inputs_for(config, tokens_BT), "encoder_inputs": tokens_BT}
@@ -198,4 +215,5 @@ class LSTMFamily(Family):
 
 # The recurrent baseline of the context-usage experiment.
 # It reads the tokens alone: positions, segments and masks are for attention.
-FAMILIES.add("lstm", LSTMFamily(build_lstm, objective="lm", input_keys=(), recurrent=True))
+FAMILIES.add("lstm", LSTMFamily(build_lstm, objective="lm", input_keys=(), recurrent=True,
+                                switches=()))

@@ -3,9 +3,9 @@
 Same interface as GPT (``tokens [B, T] -> logits [B, T, V]``) so the same training loop,
 checkpoints and evaluation serve it. It uses ``d_model``, ``n_layers``, ``vocab_size``,
 ``dropout``, ``tie_embeddings`` and the dtypes of the config (not ``init_std``: see the
-embedding); attention, mask and position switches do not apply to a recurrence and are
-ignored. The state is not reset between packed documents (train with ``--train.pack none``
-for one document per row). The family's entry is ``lstm`` in ``family.py``.
+embedding); no switch of the config applies to a recurrence, and one set is refused (the
+family's entry, ``lstm`` in ``family.py``, declares ``switches=()``). The state is not reset
+between packed documents (train with ``--train.pack none`` for one document per row).
 """
 
 from __future__ import annotations

@@ -341,6 +341,7 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
            records: dict | None = None,
            on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     check_lengths(model_cfg, cfg.seq_len)
+    run_objective(model_cfg, cfg.objective).check(model_cfg)  # before any work
     given_peak()  # a bad TJAX_PEAK_FLOPS refused before any work
     plan = plan_segment(cfg)  # may refuse: before anything is built or written
     if plan.step is not None and plan.step == plan.cfg.steps:
@@ -644,9 +645,11 @@ def run_lanes(lanes: list[Lane], program: Program, states: list[TrainState], bar
                 start_step,
                 {"params": n_params, "trainable_params": n_trainable, "flops_per_token": flops,
                  "flops_per_token_causal_half": flops_causal, "peak_flops": peak},
-                f"{model_cfg.family}: {n_params / 1e6:.2f}M params{trains}, attention="
-                f"{model_cfg.attention}, mask={model_cfg.mask}, position={model_cfg.position}; "
-                f"data: {lane.data.description}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})"
+                f"{model_cfg.family}: {n_params / 1e6:.2f}M params{trains}"
+                + "".join(f", {name}={getattr(model_cfg, name)}"
+                          for name in ("attention", "mask", "position")
+                          if name in family_of(model_cfg).switches)
+                + f"; data: {lane.data.description}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})"
                 + (f"; seed {lane.cfg.seed}, one of {len(lanes)} trained together"
                    if len(lanes) > 1 else ""),
             )

@@ -125,6 +125,8 @@ class Objective:
     # a models.heads HEADS entry: the objective fine-tunes that head on a masked-LM family's
     # encoder, on labelled examples (tjax train --train.objective=NAME --data PATH.jsonl)
     head: str | None = None
+    # its targets are later tokens of its own input: a mask that shows them leaks the answer
+    predicts_its_input: bool = False
 
     def for_family(self, family) -> Objective:
         """This objective with ``family``'s model inputs (a ``models.Family``)."""
@@ -149,6 +151,12 @@ class Objective:
         if self.head is None and family.objective != self.name:
             raise ConfigError(f"train.objective={self.name}: family={config.family} trains "
                               f"{family.objective!r}, or fine-tunes with {', '.join(heads)}")
+        if self.predicts_its_input and not config.mask.decodes and not family.recurrent:
+            raise ConfigError(
+                f"model.mask={config.mask.name}: family={config.family} learns to predict the "
+                f"next token ({self.name}), and this mask shows every position the token it "
+                "predicts, so the loss falls without learning; use a mask that decodes "
+                "(causal, sliding_window or prefix), or --family bert for a masked LM")
 
     def build(self, config, num_labels: int | None = None) -> nn.Module:
         """The model this objective trains: the family's own, or its ``head`` on the encoder."""
@@ -179,7 +187,7 @@ class Objective:
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
 for _objective in (
-    Objective("lm", lm_objective, per_position=True),
+    Objective("lm", lm_objective, per_position=True, predicts_its_input=True),
     Objective("mlm", mlm_objective),
     Objective("seq2seq", seq2seq_objective, row_metrics=("sequence_accuracy",)),
     Objective("sequence_classification", sequence_classification_objective, head="sequence"),
