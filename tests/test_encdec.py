@@ -244,8 +244,12 @@ def fit(cfg, objective, batch_at, steps, lr=3e-3):
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 50, steps, lr / 30)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, b2=0.98, weight_decay=0.01))
-    state = init_state(model, optimizer, 0, batch_at(0), objective)
-    step = jit_optimised(make_train_step(model, optimizer, objective=objective))
+    # init as one program (op by op it compiles each operation: ~1 s more)
+    state = jax.jit(lambda batch: init_state(model, optimizer, 0, batch, objective))(batch_at(0))
+    # XLA's full optimisation halves a step (15 -> 30 ms) for ~6 s more compile (2-core CPU):
+    # it pays from about 400 steps on
+    jit = jit_optimised if steps > 400 else jax.jit
+    step = jit(make_train_step(model, optimizer, objective=objective))
     for i in range(steps):
         state, _ = step(state, batch_at(i))
     return model, state.params
@@ -270,13 +274,13 @@ def test_encoder_decoder_learns_synthetic_tasks(task):
     cfg = tiny(vocab_size=TOK.vocab_size, d_model=64, n_layers=1, position=position)
     model, params = fit(cfg, O.objective_for("encdec"),
                         lambda i: seq2seq.seq2seq_batch(task, 64, 0, i, max_size=max_size), steps)
-    sizes = list(range(1, max_size + 4))
+    sizes = list(range(1, max_size + 1))  # the trained sizes (longer ones are not asserted)
     accuracy = seq2seq_exact_match(model, params, task, sizes, n_per_size=64)
     print(f"\n{task}: greedy exact match by size (trained on 1-{max_size}): {accuracy}")
-    assert all(accuracy[n] >= required for n in range(1, max_size + 1)), accuracy
+    assert all(accuracy[n] >= required for n in sizes), accuracy
     # Greedy exact match equals the teacher-forced sequence accuracy on the same examples.
     pairs = seq2seq.task_pairs(task, [max_size] * 64, seed=1234 + 1000 * max_size)
-    batch = seq2seq.pack_seq2seq(pairs, *seq2seq.task_shapes(task, max_size + 3))
+    batch = seq2seq.pack_seq2seq(pairs, *seq2seq.task_shapes(task, max_size))
     _, metrics = O.seq2seq_objective(model, params, batch)
     np.testing.assert_allclose(float(metrics["sequence_accuracy"]), accuracy[max_size])
 
