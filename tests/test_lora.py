@@ -149,7 +149,7 @@ SMALL = dict(
     tensorboard=False,
     learning_rate=1e-2,
 )
-GPT = ModelConfig(n_layers=2, d_model=32, n_heads=2)
+GPT = ModelConfig(n_layers=1, d_model=32, n_heads=2)
 
 
 def array_bytes(state_dir: str) -> int:
@@ -170,12 +170,12 @@ def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path, capsys):
     # the start line and record name the trainable (adapter) and frozen parameters
     rows = [json.loads(line) for line in open(tmp_path / "straight" / "metrics.jsonl")]
     start = next(row for row in rows if row["kind"] == "start")
-    adapters = 2 * 2 * (2 * (32 + 32) + 2 * (32 + 32))  # layers x rank x (q, o, k, v: C + HD)
-    assert start["trainable_params"] == adapters == 1024
+    adapters = 1 * 2 * (2 * (32 + 32) + 2 * (32 + 32))  # layers x rank x (q, o, k, v: C + HD)
+    assert start["trainable_params"] == adapters == 512
     frozen = start["params"] - adapters
     assert frozen == count(open_run(base).params)
     assert (
-        f"(1,024 trainable: LoRA rank 2 on query,key,value,out, {frozen:,} frozen)"
+        f"(512 trainable: LoRA rank 2 on query,key,value,out, {frozen:,} frozen)"
         in capsys.readouterr().err
     )
     split = str(tmp_path / "split")
