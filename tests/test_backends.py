@@ -21,6 +21,7 @@ from transformers_jax import backends
 from transformers_jax.backends.cpu import Cpu
 from transformers_jax.backends.generic import Backend
 from transformers_jax.config import ConfigError, ModelConfig
+from transformers_jax.registry import ATTENTION
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
@@ -172,3 +173,77 @@ def test_the_decoding_options_are_the_cpus_alone():
         backend = backends.for_platform(platform)
         assert type(backend) is Backend and backend.platform == platform
         assert dict(backend.decode_compiler_options) == {}
+
+
+def _host(tmp_path, vendors=(), devices=()):
+    """A fake filesystem root with PCI devices of ``vendors`` and device files ``devices``."""
+    for i, vendor in enumerate(vendors):
+        folder = tmp_path / "sys/bus/pci/devices" / f"0000:00:0{i}.0"
+        folder.mkdir(parents=True)
+        (folder / "vendor").write_text(vendor + "\n")
+    for name in devices:
+        (tmp_path / "dev" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "dev" / name).write_text("")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("environ, vendors, devices, installed, expected", [
+    ({}, ["0x8086", "0x1af4"], [], {"libtpu"}, "cpu"),  # libtpu and no chip: probe skipped
+    ({}, ["0x8086", "0x1ae0"], [], {"libtpu"}, None),  # a TPU chip on the PCI bus
+    ({}, [], ["accel0"], {"libtpu"}, None),  # a TPU VM's device file
+    ({}, [], ["vfio/0"], {"libtpu"}, None),
+    ({}, [], [], set(), None),  # no libtpu: JAX probes nothing
+    ({}, [], [], {"libtpu", "jax_cuda12_plugin"}, None),  # a GPU plugin: JAX's own choice
+    ({"JAX_PLATFORMS": "tpu"}, [], [], {"libtpu"}, None),  # the user's setting
+])
+def test_the_tpu_probe_is_skipped_only_where_there_is_no_tpu(tmp_path, environ, vendors,
+                                                             devices, installed, expected):
+    """With libtpu installed and no TPU, JAX's start-up prints libtpu's errors before it picks
+    the CPU: ``JAX_PLATFORMS=cpu`` is set instead, and only there."""
+    from transformers_jax.backends.tpu_probe import skip_absent_tpu
+
+    environ = dict(environ)
+    before = dict(environ)
+    root = _host(tmp_path, vendors, devices)
+    got = skip_absent_tpu(environ, root, find_spec=lambda name: name in installed or None)
+    assert got == expected
+    assert environ == ({**before, "JAX_PLATFORMS": "cpu"} if expected else before)
+
+
+def test_a_host_without_a_tpu_starts_jax_without_libtpu_errors():
+    """This host (no TPU; libtpu from the tpu extra where installed): importing the package
+    before JAX leaves nothing on stderr, and the CPU is the device."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers_jax.backends.tpu_probe import has_tpu_chip
+
+    if has_tpu_chip():
+        pytest.skip("a TPU is present")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import transformers_jax, jax; print(jax.devices()[0].platform)"],
+        capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "cpu", done.stderr
+    assert done.stderr == "", done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION.names()))
+def test_a_kernel_that_cannot_run_here_is_refused_before_any_work(name, monkeypatch):
+    """Each kernel's platform_refusal answers for the platforms it declares; a training run on
+    this CPU with one that cannot run here stops before its data is read, naming the fix."""
+    from transformers_jax.config import TrainConfig
+    from transformers_jax.train import loop
+
+    entry = ATTENTION.get(name)()
+    config = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, max_len=32)
+    for platform in ("cpu", "gpu", "tpu"):
+        refusal = entry.platform_refusal(platform, config)
+        assert (refusal is None) == (platform in entry.backends), (platform, refusal)
+    if "cpu" in entry.backends:
+        return
+    monkeypatch.setattr(loop, "plan_segment", lambda cfg: pytest.fail("work started"))
+    with pytest.raises(ConfigError, match=rf"attention='{name}' runs on .* this run's devices "
+                                          "are cpu; use attention=chunked"):
+        loop.train(config.replace(attention=name), TrainConfig(steps=1, seq_len=16))

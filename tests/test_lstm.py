@@ -65,3 +65,21 @@ def test_lstm_uses_context_within_a_short_default_run():
     final = float(np.mean(losses[-10:]))
     print("unigram", unigram, "final", final)
     assert final < unigram - 0.6, (unigram, final)
+
+
+def test_sampling_an_lstm_run_is_refused_before_anything_is_printed(tmp_path, capsys):
+    """`tjax sample` on an LSTM run: one error line naming the families that generate, and no
+    prompt echoed first (it once printed a seq2seq model's ``source: ... =>``)."""
+    from transformers_jax.cli import main
+    from transformers_jax.train.loop import train
+
+    run = str(tmp_path / "lstm")
+    train(ModelConfig(family="lstm", vocab_size=262, d_model=16, n_layers=1),
+          TrainConfig(steps=1, batch_size=2, seq_len=16, eval_batches=1, run_dir=run,
+                      progress=False, tensorboard=False))
+    capsys.readouterr()
+    assert main(["sample", "--run", run, "--prompt", "The"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip() == ("tjax sample: error: family='lstm' cannot generate with a KV cache; "
+                           "sampling is for encdec, gpt models")

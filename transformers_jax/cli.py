@@ -63,11 +63,12 @@ def cmd_sample(argv: list[str]) -> int:
 
     from transformers_jax.models import family_of
     from transformers_jax.runs import open_run
-    from transformers_jax.sample import SamplingConfig, generate
+    from transformers_jax.sample import SamplingConfig, check_generates, generate
 
     run = open_run(args.run, args.step)
     run.refuse_classifier("tjax sample")
     model, params, tokenizer, config = run.model, run.params, run.tokenizer, run.config
+    check_generates(config)  # before anything is printed
     if tokenizer is None:
         raise ValueError(
             f"{args.run} has no tokenizer this project can load (converted weights with an "
@@ -85,7 +86,8 @@ def cmd_sample(argv: list[str]) -> int:
         bos_id=tokenizer.special["bos"],
     )
     # a decoder's sample reads on from the prompt; a seq2seq model's answers it
-    shown = args.prompt if family_of(config).continues_prompt else f"source: {args.prompt}\n=> "
+    shown = (f"source: {args.prompt}\n=> " if family_of(config).generates == "seq2seq"
+             else args.prompt)
     if args.num_samples == 1 and tokenizer.unit == "byte":  # stream bytes as they are emitted
         stream = ByteStream(tokenizer)
         sys.stdout.write(shown)

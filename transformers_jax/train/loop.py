@@ -342,6 +342,9 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
            on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     check_lengths(model_cfg, cfg.seq_len)
     run_objective(model_cfg, cfg.objective).check(model_cfg)  # before any work
+    refusal = model_cfg.attention.platform_refusal(jax.default_backend(), model_cfg)
+    if refusal:
+        raise ConfigError(refusal)
     given_peak()  # a bad TJAX_PEAK_FLOPS refused before any work
     plan = plan_segment(cfg)  # may refuse: before anything is built or written
     if plan.step is not None and plan.step == plan.cfg.steps:

@@ -56,6 +56,21 @@ class AttentionImpl(Switch):
                 f"attention={self.name!r}: supports {kinds} and segment masks only, not "
                 f"mask={config.mask.name}; use attention=chunked")
 
+    def platform_refusal(self, platform: str, config: Any) -> str | None:
+        """Why the kernel cannot run on ``platform`` (the devices of a run about to start), or
+        None. Asked before any work; a compile for another platform (``tjax plan`` for a TPU
+        from a CPU host) does not ask."""
+        if platform not in self.backends:
+            return (f"attention={self.name!r} runs on {' or '.join(self.backends)}, and this "
+                    f"run's devices are {platform}; use attention=chunked (blockwise, any "
+                    "backend), xla or reference: the same weights give the same numbers")
+        if (self.bias_backends is not None and platform not in self.bias_backends
+                and config.position.adds_bias):
+            return (f"attention={self.name!r} on {platform} takes no additive bias, and "
+                    f"position={config.position.name} adds one; use attention=chunked or a "
+                    "position without a bias (rope, none)")
+        return None
+
     def check_decoding(self, config: Any) -> None:
         """Refuse KV-cache decoding before it starts when the kernel cannot do it."""
         if not self.decodes:
@@ -165,6 +180,9 @@ class Splash(AttentionImpl):
 
     block: int = 512
     interpret: bool = False
+
+    def platform_refusal(self, platform: str, config: Any) -> str | None:
+        return None if self.interpret else super().platform_refusal(platform, config)
 
     def attend(self, q, k, v, **options) -> jax.Array:
         from transformers_jax.nn.attention.splash import splash_attention
