@@ -139,3 +139,28 @@ def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_wandb)
     with pytest.raises(ValueError, match="pip install wandb"):
         train(TINY_MODEL, tiny_cfg(tmp_path, wandb_project="p"))
+
+
+def test_the_writer_imports_no_pytorch_and_leaves_it_importable(tmp_path):
+    """tensorboardX imports PyTorch whenever it is installed (about a second of CPU a training
+    process); the tracker's import keeps it out, writes its events, and ``import torch``
+    still works afterwards."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from transformers_jax.train.tracking import Tracker\n"
+        "assert 'torch' not in sys.modules\n"
+        f"tracker = Tracker({str(tmp_path)!r}, {{'model': {{'d_model': 8}}}})\n"
+        "tracker.log('train', 1, {'loss': 2.5})\n"
+        "tracker.close()\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "print(torch.ones(2).sum().item())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "2.0", done.stderr[-2000:]
+    scalars = [(v.tag, v.simple_value) for e in read_events(str(tmp_path / TENSORBOARD_DIR))
+               for v in e.summary.value if v.tag == "train/loss"]
+    assert scalars == [("train/loss", 2.5)]

@@ -16,7 +16,28 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Any
+
+
+def _import_without_torch() -> None:
+    """Import tensorboardX without PyTorch. Its writer imports torch whenever it is installed,
+    only to accept torch tensors in ``add_embedding``: about a second of CPU in every training
+    process (users with PyTorch beside JAX, and the suite). We log Python numbers and text.
+    Done here, when the training loop is imported, not later beside the data pipeline's
+    threads, which may import torch themselves (Hugging Face ``datasets``)."""
+    if "torch" in sys.modules:  # already paid for
+        import tensorboardX  # noqa: F401
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  (``import torch`` fails)
+    try:
+        import tensorboardX  # noqa: F401
+        import tensorboardX.summary  # noqa: F401
+    finally:
+        del sys.modules["torch"]
+
+
+_import_without_torch()
 
 TENSORBOARD_DIR = "tensorboard"
 TRACKED_KINDS = ("train", "eval")
