@@ -45,7 +45,8 @@ SWITCHED = [
      "mask": {"name": "sliding_window", "window": 16}, "attention": "chunked",
      "norm": {"name": "rmsnorm", "eps": 1e-6}, "norm_position": "post", "mlp": "swiglu"},
     {"family": "bert", "mask": "bidirectional", "position": "learned", "mlp": "gelu_exact"},
-    {"family": "lstm", "position": "sinusoidal", "mlp": "relu"},
+    {"family": "lstm", "d_model": 48},
+    {"position": "sinusoidal", "mlp": "relu"},
     {"position": {"name": "rope", "scaling": {"name": "yarn", "factor": 4.0}}, "mlp": "geglu",
      "attention": "reference", "mask": "prefix"},
     {"position": {"name": "randomized", "base": "xpos", "max_position": 512},
@@ -69,6 +70,7 @@ REFUSED = [
     {"norm": {"name": "layernorm", "eps": -1.0}},
     {"mlp": "swishy"},
     {"family": "gpt2"},
+    {"family": "lstm", "position": "sinusoidal"},  # a switch the family does not read
 ]
 
 
