@@ -142,6 +142,25 @@ def test_config_mismatch_names_the_fields(copy_of_trained):
     assert "new --run-dir" in message
 
 
+def test_a_resume_takes_the_runs_settings_and_checks_what_is_given(copy_of_trained, capsys):
+    """``tjax train --run-dir R --steps 6`` continues R with R's model and training settings
+    (no flag repeated); an option given on top is checked as before; the settings of one
+    invocation (``--json``, progress, a one-time data permission) are never inherited."""
+    from transformers_jax.train_options import build_configs
+
+    model_cfg, train_cfg = copy_of_trained
+    run = train_cfg.run_dir
+    got_model, got_train = build_configs(["--run-dir", run, "--steps", "6", "--json"])
+    assert got_model == model_cfg
+    assert got_train == train_cfg.replace(steps=6, json=True, progress=True)
+    assert build_configs(["--run-dir", run, "--train.resume=false"])[0] == ModelConfig()
+    assert cli.main(["train", "--run-dir", run, "--steps", "6", "--no-progress"]) == 0
+    assert "resumed from" in capsys.readouterr().err
+    assert Checkpointer(run).latest_step() == 6
+    with pytest.raises(CheckpointMismatchError, match="n_layers: checkpoint has 1, asked for 2"):
+        train(*build_configs(["--run-dir", run, "--steps", "8", "--model.n_layers=2"]))
+
+
 def test_missing_run_directory_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="no checkpoints in"):
         load_run(str(tmp_path / "nowhere"))

@@ -22,10 +22,17 @@ def only_errors(transcript) -> bool:
 
 
 def trains_the_default_model(transcript) -> bool:
-    """A command of it trains the default 0.83M-parameter model (no ``--model.`` option)."""
-    return any(c.argv[:2] == ["tjax", "train"] and not any(a.startswith("--model.")
-                                                            for a in c.argv)
-               and not refused(c) for c in transcript.commands)
+    """A command of it trains the default 0.83M-parameter model (no ``--model.`` option, and
+    not a resume of a run an earlier command made: that takes the run's model)."""
+    made = set()
+    for c in transcript.commands:
+        if c.argv[:2] != ["tjax", "train"] or refused(c):
+            continue
+        run_dir = c.argv[c.argv.index("--run-dir") + 1] if "--run-dir" in c.argv else None
+        if run_dir not in made and not any(a.startswith("--model.") for a in c.argv):
+            return True
+        made.add(run_dir)
+    return False
 
 
 def shows_the_peak(transcript) -> bool:

@@ -51,14 +51,45 @@ def model_of_run(run_dir: str | None) -> dict | None:
         raise FileNotFoundError(f"--train.init_from={run_dir}: {err}") from None
 
 
+# Settings of one invocation, never taken from the run a resume continues: how it prints, a
+# one-time permission (accept_data_change), where this launch's process 0 listens.
+INVOCATION_FIELDS = ("json", "progress", "profile", "coordinator", "accept_data_change",
+                     "resume")
+
+
+def saved_configs(run_dir: str | None) -> dict | None:
+    """``{"model": ..., "train": ...}`` saved with ``run_dir``'s newest intact checkpoint,
+    the run a resume continues (None: no run begun there)."""
+    from transformers_jax.runs.layout import has_checkpoints
+
+    if not run_dir or not has_checkpoints(run_dir):
+        return None
+    from transformers_jax.runs.meta import read_run_meta  # orbax: only when asked
+
+    try:
+        meta = read_run_meta(run_dir)
+    except (FileNotFoundError, ValueError):  # nothing intact: the loop says so
+        return None
+    train = {k: v for k, v in (meta.get("train") or {}).items() if k not in INVOCATION_FIELDS}
+    return {"model": meta["model"], "train": train}
+
+
 def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
+    """The configs of a ``tjax train`` command line. A ``--run-dir`` that holds a run (and no
+    ``--config``) starts from that run's saved settings, the options given on top: a resume
+    needs only what changes (``--steps``), and whatever differs is still checked by the loop.
+    Otherwise ``--train.init_from=RUN`` gives RUN's model, the ``--model.*`` options on top."""
     args, overrides, config_file = train_parser().parse(argv)
     preset = args.preset
     base = read_config_file(config_file) if config_file else {}
     if preset is not None and base.get("model"):
         raise ConfigError(f"--preset {preset} and a model section in {config_file}: "
                           "give the model one way (drop one of them)")
-    # --train.init_from=RUN and no model given: RUN's model, the --model.* options on top
+    resume = overrides.get("train.resume", "true").lower() not in ("false", "0", "no")
+    saved = None if config_file or not resume else saved_configs(overrides.get("train.run_dir"))
+    if saved is not None:
+        base = {"train": saved["train"], **({} if preset is not None else
+                                            {"model": saved["model"]})}
     run_model = None if preset is not None or base.get("model") else model_of_run(
         overrides.get("train.init_from", (base.get("train") or {}).get("init_from")))
     model_cfg = (ModelConfig.preset(preset) if preset is not None
@@ -73,7 +104,7 @@ def build_configs(argv: list[str]) -> tuple[ModelConfig, TrainConfig]:
     # The family's own mask (bert: bidirectional) unless one is given; a preset's mask (e.g.
     # Mistral's sliding window) stays unless the family changes.
     mask_given = "mask" in sections["model"] or "mask" in base.get("model", {})
-    if not mask_given and (preset is None and run_model is None
+    if not mask_given and (preset is None and run_model is None and saved is None
                            or "family" in sections["model"]):
         sections["model"]["mask"] = family.default_mask
     model_cfg = apply_overrides(model_cfg, sections["model"], "model.")
