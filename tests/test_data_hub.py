@@ -152,3 +152,23 @@ def test_the_text_field_of_a_stream_is_chosen_or_refused(jsonl_files):
         make_lm_iterator(stream_of(jsonl_files), BYTE, 16, 2, shard=(0, 1), text_key="body")
     with pytest.raises(UnknownFieldError, match="holds int64, not text"):
         make_lm_iterator(stream_of(jsonl_files), BYTE, 16, 2, shard=(0, 1), text_key="n")
+
+
+def test_an_unreachable_hub_puts_the_process_offline_and_fails_at_once(monkeypatch):
+    """No network (as here): one probe, then the Hugging Face libraries' offline mode, so a
+    dataset that is not cached fails at once with one line naming the fix, not after a minute
+    of retried requests; a reachable hub changes nothing."""
+    from transformers_jax.data import hub_offline
+
+    for name in hub_offline.OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", datasets.config.HF_HUB_OFFLINE)
+    monkeypatch.setattr(hub_offline, "hub_reachable", lambda timeout=3.0: True)
+    assert hub_offline.offline_unless_reachable() is False
+    assert not hub_offline.offline_by_setting()
+    monkeypatch.setattr(hub_offline, "hub_reachable", lambda timeout=3.0: False)
+    assert hub_offline.offline_unless_reachable() is True
+    assert hub_offline.offline_by_setting() and datasets.config.HF_HUB_OFFLINE is True
+    with pytest.raises(hub.DatasetNotPreparedError, match=r"--data hf:someone/not-cached: the "
+                                                           r"hub cannot be reached"):
+        hub.load_dataset(path="someone/not-cached", split="train", streaming=True)

@@ -186,7 +186,7 @@ metric_list:
 
 @pytest.mark.slow
 def test_tjax_eval_lm_eval_scores_a_local_multiple_choice_task(run, lm, tasks_dir, tmp_path,
-                                                               monkeypatch):
+                                                               monkeypatch, capfd):
     """``tjax eval --lm-eval`` (its ``main``, in this process: lm-eval and the run's programs
     are loaded once) scores the task as the adapter's own log-likelihoods rank its choices."""
     import datasets
@@ -209,6 +209,13 @@ def test_tjax_eval_lm_eval_scores_a_local_multiple_choice_task(run, lm, tasks_di
     assert result["n_samples"]["tjax_tiny_mc"]["effective"] == 4
     assert result["step"] == run.step and result["batch_size"] == 3
     assert result["max_length"] == SEQ_LEN
+    # lm-eval's own git lookup (``git describe`` in the working folder) is skipped: outside a
+    # checkout it printed "fatal: not a git repository"
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    assert tjax_in_process(["eval", "--run", run.directory, "--lm-eval", "tjax_tiny_mc",
+                            "--include-path", tasks_dir, "--limit", "1"])[0] == 0
+    assert "fatal" not in capfd.readouterr().err
 
 
 def tjax_in_process(argv):
@@ -276,6 +283,21 @@ def test_an_unknown_task_names_the_nearest_known_one(run, tasks_dir):
 
     with pytest.raises(ValueError, match=r"unknown task 'hellaswg'; did you mean hellaswag"):
         evaluate_tasks(run.directory, ["hellaswg"], include_path=tasks_dir)
+
+
+def test_a_hub_task_offline_is_one_line_at_once(run, tasks_dir, monkeypatch):
+    """``--lm-eval hellaswag`` with no network (as here): the process goes offline after one
+    probe, and the uncached dataset is one error naming the fix, not a minute of retries and a
+    traceback."""
+    from transformers_jax.data import hub_offline
+    from transformers_jax.harness.tasks import evaluate_tasks
+
+    monkeypatch.setattr(hub_offline, "hub_reachable", lambda timeout=3.0: False)
+    for name in hub_offline.OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"--lm-eval hellaswag: a task's dataset is on the "
+                                         r"Hugging Face hub, which cannot be reached"):
+        evaluate_tasks(run.directory, ["hellaswag"], include_path=tasks_dir, limit=2)
 
 
 def test_the_task_index_is_built_once_per_folder_contents(tmp_path, monkeypatch):

@@ -27,6 +27,7 @@ from typing import Any
 
 import grain
 
+from transformers_jax.data.hub_offline import offline_unless_reachable
 from transformers_jax.data.records import (
     DatasetNotPreparedError,
     DataSpecError,
@@ -93,6 +94,7 @@ def load_dataset(**kwargs):
 
     what = f"hf:{kwargs['path']}" + (f":{kwargs['name']}" if "name" in kwargs else "")
     datasets = require_datasets(f"--data {what}")
+    offline_unless_reachable()  # a dataset not cached then fails at once, not after retries
 
     try:
         with quiet_datasets():
@@ -121,6 +123,7 @@ def split_names(spec: str) -> list[str]:
     datasets = require_datasets(f"--data {spec}")
 
     hub = parse_hub(spec)
+    offline_unless_reachable()
     try:
         return list(datasets.get_dataset_split_names(hub.name, hub.config))
     except Exception:  # offline, or no metadata: the caller holds records out instead

@@ -9,11 +9,13 @@ under ``include_path`` (lm-eval's ``--include_path``), whose ``dataset_path: jso
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import importlib.util
 import os
 from collections.abc import Sequence
+from unittest import mock
 
 INSTALL = "pip install 'transformers-jax[lm-eval]'"
 
@@ -72,6 +74,20 @@ def _task_manager(include_path: str | None, yaml_files: tuple):
 task_manager.cache_clear = _task_manager.cache_clear  # (tests start from an empty cache)
 
 
+@contextlib.contextmanager
+def _without_git_lookup():
+    """lm-eval records the git commit of the working directory by running ``git``, which prints
+    ``fatal: not a git repository`` outside a checkout; ``evaluate_tasks`` returns fields of
+    its own, not that one, so the lookup is skipped."""
+    import lm_eval.evaluator
+
+    if not hasattr(lm_eval.evaluator, "get_git_commit_hash"):  # another lm-eval version
+        yield
+        return
+    with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None):
+        yield
+
+
 def evaluate_tasks(
     run_dir: str,
     tasks: Sequence[str],
@@ -99,16 +115,29 @@ def evaluate_tasks(
                                 "task YAML files)")
     import lm_eval
 
+    from transformers_jax.data.hub_offline import offline_unless_reachable
     from transformers_jax.harness.model import TjaxLM
 
     lm = TjaxLM(run_dir, step=step, batch_size=batch_size, max_length=max_length,
                 max_gen_toks=max_gen_toks, seed=seed)
     manager = task_manager(include_path)
     names = check_tasks(manager, tasks)
-    results = lm_eval.simple_evaluate(
-        model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-        log_samples=False, random_seed=seed, numpy_random_seed=seed,
-        fewshot_random_seed=seed)
+    offline = offline_unless_reachable()  # an uncached task then fails at once
+    try:
+        with _without_git_lookup():
+            results = lm_eval.simple_evaluate(
+                model=lm, tasks=names, task_manager=manager, limit=limit,
+                num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
+                numpy_random_seed=seed, fewshot_random_seed=seed)
+    except (ConnectionError, OSError) as err:
+        if not offline:
+            raise
+        raise ValueError(
+            f"--lm-eval {','.join(names)}: a task's dataset is on the Hugging Face hub, which "
+            "cannot be reached, and is not in the local cache "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}); "
+            "run it once online (the dataset stays cached), or score a task of your own: a "
+            "YAML file under --include-path with dataset_path: json and its data_files") from None
     return {
         "run": run_dir, "step": lm.run.step, "family": lm.run.config.family,
         "lm_eval": lm_eval.__version__, "tasks": names,
