@@ -25,6 +25,7 @@ from transformers_jax.config import (
     ModelConfig,
     TrainConfig,
 )
+from transformers_jax.plan.summary import summary
 from transformers_jax.registry import ATTENTION
 
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -363,9 +364,11 @@ def test_plan_command_prints_the_plan_json(capsys):
     argv = ["plan", "--target", TOPOLOGY, "--mesh", "data=2,fsdp=2", "--batch", "4",
             "--seq-len", "128", "--model.vocab_size=256", "--model.d_model=64",
             "--model.n_layers=1", "--model.n_heads=4", "--model.max_len=128",
-            "--model.attention=pallas", "--model.dtype=bfloat16"]
+            "--model.attention=pallas", "--model.dtype=bfloat16", "--json"]
     assert main(argv) == 0
-    result = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert "compiling the training step for v5e" in err  # said before a wait of minutes
     assert {"target", "model", "train", "decode", "note"} <= set(result)
     assert result["target"]["chips"] == 4 and result["target"]["chip"] == "TPU v5e"
     for step in ("train", "decode"):
@@ -375,6 +378,15 @@ def test_plan_command_prints_the_plan_json(capsys):
         assert got["memory"]["fits"] and got["memory"]["argument_bytes"] > 0
         assert 0 < got["roofline"]["mfu"] <= 1 and got["roofline"]["step_s"] > 0
     assert result["train"]["mesh"] == "data=2,fsdp=2,tensor=1"
+    # without --json: a few lines for a person, from the same figures
+    text = summary(result).splitlines()
+    train, decode = result["train"], result["decode"]
+    assert text[0].startswith(f"{TOPOLOGY} (4 x TPU v5e): batch 4 x 128 tokens")
+    assert text[1].startswith("train: mesh data=2,fsdp=2,tensor=1, remat none: fits, ")
+    assert f"step {train['roofline']['step_s']:.4g} s (" in text[2]
+    assert f"MFU {100 * train['roofline']['mfu']:.1f}%" in text[2]
+    assert any(f"step {decode['roofline']['step_s']:.4g} s" in line for line in text)
+    assert len(text) <= 8 and "--json prints every figure" in text[-1]
 
 
 @needs_libtpu
@@ -388,7 +400,7 @@ def test_plan_leaves_a_persistent_cache_alone(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "transformers_jax.cli", "plan", "--target", TOPOLOGY, "--mesh",
          "data=4", "--batch", "4", "--seq-len", "32", "--model.d_model=32",
-         "--model.n_layers=1", "--model.n_heads=2", "--no-decode"],
+         "--model.n_layers=1", "--model.n_heads=2", "--no-decode", "--json"],
         env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["train"]["memory"]["fits"]
@@ -645,7 +657,7 @@ def test_plan_with_lora_reports_the_adapters_and_a_smaller_step(capsys):
     argv = ["plan", "--target", TOPOLOGY, "--mesh", "data=4", "--batch", "4", "--seq-len",
             "128", "--no-decode", "--model.vocab_size=256", "--model.d_model=64",
             "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=2",
-            "--model.max_len=128", "--model.attention=xla"]
+            "--model.max_len=128", "--model.attention=xla", "--json"]
     results = {}
     for extra in ([], ["--train.lora.rank=4"]):
         assert main([*argv, *extra]) == 0

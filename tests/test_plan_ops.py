@@ -90,6 +90,35 @@ def test_a_loop_body_costs_as_often_as_it_runs():
          "flops": 2 * 2048**3, "bytes": 3 * 2 * 2048**2})
 
 
+COND = """
+%update (a: bf16[2048,2048]) -> bf16[2048,2048] {
+  %a = bf16[2048,2048]{1,0} parameter(0)
+  %d1 = bf16[2048,2048]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %d2 = bf16[2048,2048]{1,0} dot(%d1, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%skip (a: bf16[2048,2048]) -> bf16[2048,2048] {
+  ROOT %a = bf16[2048,2048]{1,0} parameter(0)
+}
+
+ENTRY %main (a: bf16[2048,2048], p: pred[]) -> bf16[2048,2048] {
+  %a = bf16[2048,2048]{1,0} parameter(0)
+  %p = pred[] parameter(1)
+  %dot.0 = bf16[2048,2048]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %c = bf16[2048,2048]{1,0} conditional(%p, %dot.0, %dot.0), BRANCHES
+}
+""".replace("BRANCHES", "true_computation=%update, false_computation=%skip")
+
+
+def test_a_conditional_counts_its_dearest_branch_in_the_step_and_its_split():
+    """One branch of a conditional runs (a step that skips a bad update): the step and its
+    split both count the dearer branch, so they agree (they once summed every branch)."""
+    line = op_roofline(Module.parse(COND), TARGET, model_flops=3 * 2 * 2048**3)
+    assert line["step_s"] == pytest.approx(3 * DOT_2048, rel=1e-5)
+    assert sum(line["split"].values()) == pytest.approx(line["step_s"], rel=1e-12)
+    assert line["split"]["matmul"] == pytest.approx(3 * DOT_2048, rel=1e-5)
+
+
 GATHER_START = ("  %ags = (f32[1024,1024]{1,0}, f32[4096,1024]{1,0}) all-gather-start(%w), "
                 "channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}")
 GATHER_DONE = "  %agd = f32[4096,1024]{1,0} all-gather-done(%ags)"

@@ -28,7 +28,6 @@ import inspect
 import io
 import json
 import os
-import sys
 import textwrap
 import tokenize
 from typing import Any
@@ -220,7 +219,8 @@ class CommandParser(argparse.ArgumentParser):
         return args, overrides, config_file
 
     def error(self, message: str):
-        """argparse's usage-and-exit-2, with the closest valid option for an unknown one."""
+        """One line and exit 2 (argparse prints its whole usage first, which buries the
+        error), with the closest valid option for an unknown one."""
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             unknown = [a.partition("=")[0] for a in message[len(prefix):].split()
@@ -230,7 +230,8 @@ class CommandParser(argparse.ArgumentParser):
                      if (near := closest(u, valid))]
             if hints:
                 message = f"unknown option {', '.join(hints)}; {self.prog} --help lists them"
-        self.print_usage(sys.stderr)
+        if "--help" not in message:
+            message += f" ({self.prog} --help lists the options)"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -259,12 +260,16 @@ def field_help(cls: type) -> dict[str, str]:
 def print_json(result: dict, path: str | None = None, indent: int | None = None) -> None:
     """A command's result: printed as JSON (one line unless ``indent``) and, given a path,
     written there too (its folder made first)."""
-    text = json.dumps(result, indent=indent, default=float)
-    print(text)
+    print(json.dumps(result, indent=indent, default=float))
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text + "\n")
+        write_json(result, path, indent)
+
+
+def write_json(result: dict, path: str, indent: int | None = None) -> None:
+    """``result`` as JSON in the file ``path`` (its folder made first)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(json.dumps(result, indent=indent, default=float) + "\n")
 
 
 def describe_default(value: Any) -> str:

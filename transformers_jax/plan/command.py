@@ -12,7 +12,7 @@ import jax
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.stack import REMAT_POLICIES
-from transformers_jax.overrides import CommandParser, Once, print_json
+from transformers_jax.overrides import CommandParser, Once, print_json, write_json
 from transformers_jax.parallel.mesh import parse_mesh
 from transformers_jax.plan.steps import (
     DEFAULT_REMATS,
@@ -23,6 +23,7 @@ from transformers_jax.plan.steps import (
     compile_train,
     search,
 )
+from transformers_jax.plan.summary import summary
 from transformers_jax.plan.targets import Target, make_target
 from transformers_jax.train import lora
 
@@ -69,7 +70,9 @@ def plan_parser() -> CommandParser:
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding step")
     parser.add_argument("--decode-batch", type=int, metavar="B",
                         help="decoding batch (default: the training batch)")
-    parser.add_argument("--out", metavar="FILE", help="also write the JSON there")
+    parser.add_argument("--json", action="store_true",
+                        help="print every figure as one JSON object (default: a summary)")
+    parser.add_argument("--out", metavar="FILE", help="write the JSON there too")
     return parser
 
 
@@ -120,11 +123,14 @@ def plan(model_cfg: ModelConfig, cfg: TrainConfig, target: Target, *, do_search:
         if found["best"] is None:
             result["train_note"] = "no mesh and remat policy tried fits in HBM"
     else:
+        log(f"compiling the training step for {target.name} (the TPU compiler takes seconds "
+            "to minutes)")
         result["train"] = compile_train(model_cfg, cfg, target, seeds)
         if "context_attention" in result["train"]:  # the mesh splits sequences: which way?
             result["context"] = compare_context_methods(model_cfg, cfg, target, result["train"])
     decodes = family_of(model_cfg).generates == "self" and model_cfg.mask.decodes
     if decode and decodes and result["train"] is not None and result["train"]["roofline"]:
+        log(f"compiling the decoding step for {target.name} (--no-decode skips it)")
         result["decode"] = compile_decode(
             dataclasses.replace(model_cfg, remat="none"), cfg, target,
             decode_batch or cfg.batch_size, cfg.seq_len, result["train"]["mesh"])
@@ -175,5 +181,10 @@ def main(argv: list[str], build_configs: Callable[[list[str]], tuple[ModelConfig
                   decode=not args.no_decode, decode_batch=args.decode_batch,
                   log=lambda text: print(text, file=sys.stderr), meshes=args.search_meshes,
                   seeds=args.seeds)
-    print_json(result, args.out)
+    if args.json:
+        print_json(result, args.out)
+    else:
+        print(summary(result))
+        if args.out:
+            write_json(result, args.out)
     return 0

@@ -276,24 +276,36 @@ def _scheduled(module: Module) -> set[str]:
 
 
 def _simulate(module: Module, name: str, costs: dict[str, OpCost], memo: dict[str, tuple]
-              ) -> tuple[float, float]:
-    """(seconds, of which compute waited for collectives) of one run of a computation."""
+              ) -> tuple[float, dict[str, float]]:
+    """(seconds of one run of a computation, those seconds by what bounds them: each bound's
+    compute and the waits for collectives). Loops count their trips and a conditional its
+    dearest branch in both, so the entry's split sums to its step."""
     if name in memo:
         return memo[name]
-    memo[name] = (0.0, 0.0)  # a recursive call graph (none in XLA's output) costs nothing
+    memo[name] = (0.0, _no_split())  # a recursive call graph (none in XLA's output) costs 0
     body = module.computations.get(name, [])
     occurs = collections.Counter(costs[i.name].collective for i in body
                                  if i.name in costs and costs[i.name].collective)
     seen: collections.Counter = collections.Counter()
-    clock = stream = exposed = 0.0
+    clock = stream = 0.0
+    split = _no_split()
     pending: dict[str, float] = {}
+
+    def add(part: dict[str, float], times: float = 1.0) -> None:
+        for bound, seconds in part.items():
+            split[bound] += times * seconds
+
     for inst in body:
         if inst.op in ("while", "call", "conditional"):
-            runs = [_simulate(module, c, costs, memo)[0] for c in inst.callees()]
-            if inst.op == "while":
-                clock += (module.trip_count(inst) or 1) * sum(runs)
-            else:
-                clock += (max(runs) if inst.op == "conditional" else sum(runs)) if runs else 0.0
+            runs = [_simulate(module, c, costs, memo) for c in inst.callees()]
+            if not runs:
+                continue
+            if inst.op == "conditional":  # one branch runs: the dearest, in step and split
+                runs = [max(runs, key=lambda run: run[0])]
+            times = (module.trip_count(inst) or 1) if inst.op == "while" else 1
+            for seconds, part in runs:
+                clock += times * seconds
+                add(part, times)
             continue
         cost = costs.get(inst.name)
         if cost is None:
@@ -306,13 +318,20 @@ def _simulate(module: Module, name: str, costs: dict[str, OpCost], memo: dict[st
                 pending[key] = stream
             if seen[key] == occurs[key]:  # its done (or a synchronous collective)
                 wait = max(0.0, pending.pop(key, 0.0) - clock)
-                clock, exposed = clock + wait, exposed + wait
+                clock += wait
+                split["exposed_collectives"] += wait
         clock += cost.compute_s
+        split[cost.bound] += cost.compute_s
     for finish in pending.values():  # started here, never waited for: the end waits
         wait = max(0.0, finish - clock)
-        clock, exposed = clock + wait, exposed + wait
-    memo[name] = (clock, exposed)
+        clock += wait
+        split["exposed_collectives"] += wait
+    memo[name] = (clock, split)
     return memo[name]
+
+
+def _no_split() -> dict[str, float]:
+    return dict.fromkeys((*BOUNDS, "exposed_collectives"), 0.0)
 
 
 def op_roofline(module: Module, target: Target, model_flops: float,
@@ -335,13 +354,7 @@ def op_roofline(module: Module, target: Target, model_flops: float,
         if cost.collective and key in first:
             cost.collective_bytes = cost.collective_s = 0.0
         first.add(key)
-    memo: dict[str, tuple] = {}
-    step_s = _simulate(module, module.entry, costs, memo)[0]
-    split = dict.fromkeys((*BOUNDS, "exposed_collectives"), 0.0)
-    for cost in costs.values():
-        split[cost.bound] += cost.compute_s * runs.get(cost.computation, 0.0)
-    for name in scheduled:
-        split["exposed_collectives"] += memo.get(name, (0.0, 0.0))[1] * runs.get(name, 0.0)
+    step_s, split = _simulate(module, module.entry, costs, {})
     peak = target.chip.peak_flops / target.devices_per_chip
     ranked = sorted(costs.values(), key=lambda c: -c.compute_s * runs.get(c.computation, 0.0))
     transfers = [c for c in costs.values() if c.collective_s]
