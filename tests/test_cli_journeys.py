@@ -218,6 +218,9 @@ def test_encoder_decoder_samples_show_source_and_output_apart(tmp_path):
     code, err = run_cli(["train", "--family", "encdec", "--task", "reverse", *TINY, *SHORT,
                          "--run-dir", str(run)])
     assert code == 0, err
+    # a task's eval line: its sequence accuracy (greedy exact match), no bits per byte
+    evals = [line for line in err.splitlines() if "| eval loss" in line]
+    assert evals and all("sequence accuracy" in e and "bits/" not in e for e in evals), evals
     code, out, err = run_cli_out(["sample", "--run", str(run), "--prompt", "abc",
                                   "--max-new-tokens", "8"])
     assert code == 0, err
@@ -237,3 +240,37 @@ def test_the_longest_fitting_task_length_fits_and_one_more_does_not(task, fmt):
     n = longest_fitting_length(task, fmt, (1, 60), 64)
     assert n is not None and fits(n)
     assert n == 60 or not fits(n + 1)
+
+
+# runs whose READMEs once suggested commands that fail: each family, a position table, the
+# randomized positions (which do not decode unless evaluated on the real ones), a task run
+SUGGESTING_RUNS = {
+    "gpt": ["--model.position=learned", "--model.max_len=32"],
+    "randomized": ["--model.position=randomized", "--model.position.max_position=64"],
+    "lstm": ["--family", "lstm"],
+    "bert": ["--family", "bert"],
+    "encdec_task": ["--family", "encdec", "--task", "reverse"],
+    "gpt_task": ["--task", "reverse"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SUGGESTING_RUNS))
+def test_every_command_a_run_readme_suggests_works(name, tmp_path):
+    """The README of a run lists the commands that use it: each one runs (exit 0) as shown."""
+    import shlex
+
+    run = tmp_path / "run"
+    code, err = run_cli(["train", *SUGGESTING_RUNS[name], *TINY, *SHORT, "--train.seq_len=32",
+                         "--train.tensorboard=false", "--run-dir", str(run)])
+    assert code == 0, err
+    readme = (run / "README.md").read_text()
+    block = readme.split("## Use it")[1].split("```")[1]
+    commands = [shlex.split(line.split("   #")[0]) for line in block.strip().splitlines()]
+    assert commands and all(c[0] == "tjax" for c in commands), block
+    assert any(c[1] == "eval" for c in commands)
+    for command in commands:  # as shown
+        code, err = run_cli(command[1:])
+        assert code == 0, (command, err[-2000:])
+    suggests_sampling = any(c[1] == "sample" for c in commands)
+    assert suggests_sampling == (name in ("gpt", "encdec_task", "gpt_task")), block

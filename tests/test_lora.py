@@ -196,7 +196,17 @@ def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path, capsys):
     merged_dir = str(tmp_path / "merged")
     merge_lora_run(split, merged_dir)
     merged = open_run(merged_dir)
-    assert merged.step == 0 and not merged.train_config.lora.enabled
+    # a run of its own: at the adapters' step, with their data (tjax eval scores the same
+    # held-out text), its settings less the adapters, a README naming its lineage
+    assert merged.step == 6 and not merged.train_config.lora.enabled
+    assert merged.train_config.init_from is None and merged.meta["data"] == resumed.meta["data"]
+    assert merged.train_config.replace(lora=cfg.lora, init_from=base, run_dir=split) \
+        == resumed.train_config
+    readme = open(os.path.join(merged_dir, "README.md")).read()
+    assert f"adapters of the LoRA run `{os.path.abspath(split)}` at step 6 (rank 2" in readme
+    assert f"`{os.path.abspath(base)}` at step 4" in readme and "tokens/s" not in readme
+    saved = json.load(open(os.path.join(merged_dir, "tjax_config.json")))
+    assert saved["train"]["lora"]["rank"] is None and saved["model"]["n_layers"] == 1
     x = jnp.asarray(batch_of(length=8)["inputs"] % 200)
     np.testing.assert_array_equal(
         merged.model.apply({"params": merged.params}, x),

@@ -19,8 +19,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from transformers_jax.config import ModelConfig, TrainConfig
+from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
 from transformers_jax.models import family_of
+from transformers_jax.nn.kvcache import check_decoding
 from transformers_jax.runs.layout import CONFIG_FILE, LABELS_FILE, README_FILE
 from transformers_jax.train.objectives import run_objective
 
@@ -88,29 +89,65 @@ def _segment_lines(segments: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
-def _use_lines(run_dir: str, model_cfg: ModelConfig, classifier: bool) -> list[str]:
+def _can_sample(model_cfg: ModelConfig) -> bool:
+    """What ``tjax sample`` checks first: a family that generates, with a mask, positions and
+    kernel that decode with a KV cache."""
+    if not family_of(model_cfg).generates:
+        return False
+    try:
+        check_decoding(model_cfg)
+    except ConfigError:
+        return False
+    return True
+
+
+def _prompt_for(cfg: TrainConfig) -> str:
+    """A prompt the run was trained to answer: an example of its task, else text."""
+    if not cfg.task:
+        return "Once upon a time"
+    import numpy as np
+
+    from transformers_jax.data.synthetic import get_task
+
+    return get_task(cfg.task).make(np.random.default_rng(0), 3)[0]
+
+
+def _use_lines(run_dir: str, model_cfg: ModelConfig, classifier: bool,
+               cfg: TrainConfig) -> list[str]:
     """The commands that use the run: those its model can take."""
     family, quoted = family_of(model_cfg), shlex.quote(run_dir)
     if classifier:  # class logits: no tokens to sample or fill, no Hugging Face mapping
         return [f"tjax eval --run {quoted}   # held-out loss and accuracy on its labelled data"]
     lines = []
-    if family.generates and model_cfg.mask.decodes:
-        lines.append(f"tjax sample --run {quoted} --prompt \"Once upon a time\" "
-                     "--max-new-tokens 100")
+    if _can_sample(model_cfg):
+        # a position table caps the tokens: the default then fills what is left (with a note)
+        bounded = model_cfg.position.max_length(model_cfg) is not None
+        lines.append(f"tjax sample --run {quoted} --prompt {shlex.quote(_prompt_for(cfg))}"
+                     + ("" if bounded else " --max-new-tokens 100"))
     if family.fills_masks:
         lines.append(f"tjax fill-mask --run {quoted} --text \"The [MASK] is blue.\"")
-    return [*lines, f"tjax eval --run {quoted}",
-            f"tjax convert --to-hf {shlex.quote(run_dir.rstrip('/') + '-hf')} --run {quoted}"
-            "   # a Hugging Face directory, where the architecture allows"]
+    return [*lines, f"tjax eval --run {quoted}"]
+
+
+def _export_lines(run_dir: str, model_cfg: ModelConfig, classifier: bool) -> list[str]:
+    """How to export, said rather than suggested as a command: whether a Hugging Face
+    architecture expresses the model is the converter's to decide (it names why not)."""
+    if classifier or family_of(model_cfg).recurrent:
+        return []
+    return ["A model that GPT-2, Llama, BERT or T5 can express exports to a Hugging Face "
+            f"directory with `tjax convert --to-hf DIR --run {shlex.quote(run_dir)}` (which "
+            "says what stands in the way otherwise).", ""]
 
 
 def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: dict, *,
                data_description: str, tokenizer: str, preset: str | None = None,
                command: str | None = None, version: str = "",
                segments: list[dict] | None = None,
-               labels: Sequence[str] | None = None) -> str:
+               labels: Sequence[str] | None = None,
+               lineage: Sequence[str] | None = None) -> str:
     """The markdown text of ``RUN_DIR/README.md``; ``segments`` (``train.loop``) are listed
-    when there are several; ``labels``: a classifier's class names (id = position)."""
+    when there are several; ``labels``: a classifier's class names (id = position);
+    ``lineage``: where a run made from others came from (``tjax merge``), one item each."""
     objective = run_objective(model_cfg, cfg.objective)
     classifier = objective.head is not None
     status = (f"stopped by {final['stopped_by']} at step {final['steps']} of {cfg.steps} (run "
@@ -119,9 +156,13 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
     lines = [
         f"# {preset or model_cfg.family} {'classifier ' if classifier else ''}run",
         "",
-        f"Trained with transformers-jax {version} ({time.strftime('%Y-%m-%d %H:%M:%S %Z')}): "
-        f"{status}.",
+        (f"Written by `tjax merge` with transformers-jax {version} "
+         f"({time.strftime('%Y-%m-%d %H:%M:%S %Z')}) at step {final['steps']}."
+         if final.get("merged") else
+         f"Trained with transformers-jax {version} ({time.strftime('%Y-%m-%d %H:%M:%S %Z')}): "
+         f"{status}."),
         "",
+        *(["## Lineage", "", *(f"- {item}" for item in lineage), ""] if lineage else []),
         "## Model",
         "",
         *_model_lines(model_cfg, preset, final["params"]),
@@ -145,26 +186,30 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
            "(`train.seeds`); tokens/s and MFU are this seed's share"]
           if final.get("seeds_together") else []),
         "",
-        "| train loss | eval loss | eval accuracy | tokens/s | MFU |",
-        "|---|---|---|---|---|",
-        f"| {_metric(final.get('train_loss'))} | {_metric(final.get('eval_loss'))} | "
-        f"{_metric(final.get('eval_accuracy'))} | {final.get('tokens_per_s', 0):,.0f} | "
-        f"{100 * final.get('mfu', 0):.2f}% |",
-        "",
-        "Per-step metrics: `metrics.jsonl` (and `tensorboard/` when enabled).",
-        "",
+        *([] if final.get("merged") else [  # no step trained here: no figures
+            "| train loss | eval loss | eval accuracy | tokens/s | MFU |",
+            "|---|---|---|---|---|",
+            f"| {_metric(final.get('train_loss'))} | {_metric(final.get('eval_loss'))} | "
+            f"{_metric(final.get('eval_accuracy'))} | {final.get('tokens_per_s', 0):,.0f} | "
+            f"{100 * final.get('mfu', 0):.2f}% |",
+            "",
+            "Per-step metrics: `metrics.jsonl` (and `tensorboard/` when enabled).",
+            ""]),
         *(_segment_lines(segments) if segments and len(segments) > 1 else []),
         "## Reproduce",
         "",
     ]
-    if command:
+    if command and final.get("merged"):
+        lines += ["The command that wrote this run:", "", "```", command, "```", ""]
+    elif command:
         which = "of its latest segment" if segments and len(segments) > 1 else "that wrote this run"
         lines += [f"The command {which} (run it again to resume; with another "
                   "`--run-dir` to train afresh):", "", "```", command, "```", ""]
     lines += [f"Every setting, independent of defaults that may change: `{CONFIG_FILE}` in this "
               "directory (`--run-dir` is in it: edit it to train afresh elsewhere):", "", "```",
               f"tjax train --config {shlex.quote(os.path.join(run_dir, CONFIG_FILE))}", "```", "",
-              "## Use it", "", "```", *_use_lines(run_dir, model_cfg, classifier), "```", ""]
+              "## Use it", "", "```", *_use_lines(run_dir, model_cfg, classifier, cfg), "```", "",
+              *_export_lines(run_dir, model_cfg, classifier)]
     return "\n".join(lines)
 
 

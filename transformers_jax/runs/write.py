@@ -75,13 +75,17 @@ def write_run(
     source: dict | None = None,
     train_config: TrainConfig | None = None,
     overwrite: bool = False,
+    step: int = 0,
+    data: dict | None = None,
 ) -> str:
-    """Save ``params`` (the unboxed tree ``build_model(config).init`` makes) as step 0 of a run.
+    """Save ``params`` (the unboxed tree ``build_model(config).init`` makes) as step ``step``
+    of a run (0: nothing trained yet), with a fresh optimizer state.
 
     ``tokenizer``: saved to ``RUN_DIR/tokenizer`` (any of ours, or ``HFTokenizer``); None
     records ``kind="external"`` with ``tokenizer_note`` saying why (token ids only).
-    Returns the checkpoint directory. Refuses to touch a run that already has checkpoints
-    unless ``overwrite``.
+    ``data``: the checkpoint's data record (where its data stream stands, its description);
+    default: none consumed. Returns the checkpoint directory. Refuses to touch a run that
+    already has checkpoints unless ``overwrite``.
     """
     train_cfg = train_config or train_config_for(config)
     ckpt_dir = checkpoint_dir(run_dir)
@@ -97,6 +101,7 @@ def write_run(
     _, target = state_target(config, train_cfg, objective_for(config.family))
     params = _fitted(params, target.params)
     state = fresh_state(params, make_optimizer(train_cfg), train_cfg.seed)
+    state = state.replace(step=jnp.asarray(step, jnp.int32))
 
     if tokenizer is not None:
         tokenizer.save(os.path.join(run_dir, TOKENIZER_DIR))
@@ -111,36 +116,57 @@ def write_run(
     meta = {
         "model": dataclasses.asdict(config),
         "train": dataclasses.asdict(train_cfg),
-        "step": 0,
-        "data": {"iterator": None, "description": description},
+        "step": step,
+        "data": data or {"iterator": None, "description": description},
         "tokenizer": spec,
         "versions": {"jax": jax.__version__, "transformers_jax": __version__},
         "source": source or {},
     }
     ckpt = Checkpointer(run_dir, async_save=False)
     try:
-        ckpt.save(0, state, meta)
+        ckpt.save(step, state, meta)
     finally:
         ckpt.close()
-    return os.path.join(ckpt_dir, "0")
+    return os.path.join(ckpt_dir, str(step))
 
 
 def merge_lora_run(run_dir: str, out_dir: str, *, overwrite: bool = False) -> str:
-    """Write a LoRA run's newest adapters folded into its base as a plain run (step 0 of
-    ``out_dir``, as ``write_run`` does) that ``tjax sample``, ``eval`` and ``convert --to-hf``
-    read like any other; the base's ``source`` record (a converted model's config.json) is
-    carried over, with where the adapters came from. Returns the checkpoint directory."""
+    """Write a LoRA run's newest adapters folded into its base as a plain run that ``tjax
+    sample``, ``eval`` and ``convert --to-hf`` read like any other: at the LoRA run's step,
+    with its data (``tjax eval`` scores the same held-out text), its tokenizer and its
+    training settings without the adapters, a README and ``tjax_config.json``. The base's
+    ``source`` record (a converted model's config.json) is carried over, with the lineage:
+    the adapter run, its step and rank, and the base run and step. Returns the checkpoint
+    directory."""
+    from transformers_jax import __version__
+    from transformers_jax.config import LoraConfig
+    from transformers_jax.runs.readme import write_run_readme
+
     run = open_run(run_dir)
     if not run.train_config.lora.enabled:
         raise ValueError(f"{run_dir} was not trained with --train.lora.rank (no adapters): "
                          "it is a plain run already, read it as it is")
     base = run.meta["lora_base"]
     source = dict(read_meta_of(base["run"], base["step"]).get("source") or {})
-    source["lora"] = {"run": os.path.abspath(run_dir), "step": run.step, "base": base,
-                      **dataclasses.asdict(run.train_config.lora)}
-    return write_run(out_dir, run.config, run.params, tokenizer=run.tokenizer,
+    lora = dataclasses.asdict(run.train_config.lora)
+    source["lora"] = {"run": os.path.abspath(run_dir), "step": run.step, "base": base, **lora}
+    train_cfg = run.train_config.replace(lora=LoraConfig(), init_from=None, run_dir=out_dir)
+    path = write_run(out_dir, run.config, run.params, tokenizer=run.tokenizer,
                      tokenizer_note=run.meta["tokenizer"].get("note"), source=source,
-                     overwrite=overwrite)
+                     overwrite=overwrite, train_config=train_cfg, step=run.step,
+                     data=run.meta.get("data"))
+    lineage = [f"adapters of the LoRA run `{os.path.abspath(run_dir)}` at step {run.step} "
+               f"(rank {lora['rank']} on {', '.join(lora['targets'])}) folded into its base, "
+               f"`{base['run']}` at step {base['step']}",
+               "a fresh optimizer state: `--train.init_from` this run to fine-tune it further"]
+    n_params = sum(int(x.size) for x in jax.tree.leaves(run.params))
+    write_run_readme(out_dir, run.config, train_cfg,
+                     {"steps": run.step, "params": n_params, "merged": True},
+                     data_description=(run.meta.get("data") or {}).get("description", ""),
+                     tokenizer=run.meta["tokenizer"].get("kind", "external"),
+                     version=__version__, lineage=lineage,
+                     command=f"tjax merge --run {run_dir} --out {out_dir}")
+    return path
 
 
 def read_meta_of(run_dir: str, step: int) -> dict:
