@@ -82,3 +82,19 @@ def test_train_and_bench_share_the_override_grammar(capsys):
     assert rc == 2 and "did you mean --model.d_model?" in capsys.readouterr().err
     rc = cli.main(["train", "--model.d_model=wide"])
     assert rc == 2 and "model.d_model='wide': expected a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "--run", "r", "--lengths", "0"],
+     "tjax eval: error: argument --lengths: '0': expected positive numbers like 128,256 "
+     "(tjax eval --help lists the options)"),
+    (["sample"], "tjax sample: error: the following arguments are required: --run "
+                 "(tjax sample --help lists the options)"),
+])
+def test_a_bad_value_is_one_line_without_the_usage(argv, message, capsys):
+    """argparse prints the whole usage (9 lines for tjax eval) before the error, which buries
+    it: one line instead, pointing to --help."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == message + "\n"

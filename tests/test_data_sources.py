@@ -66,6 +66,8 @@ def test_unprepared_and_unknown_datasets_say_what_to_do(tmp_path):
     message = str(err.value)
     assert "not prepared" in message and str(tmp_path) in message
     assert "tfds build tiny_shakespeare" in message and "array_record" in message
+    # the command line's flags are named (the Python arguments beside them)
+    assert "--train.data_dir=DIR" in message and "--train.data_download=true" in message
     with pytest.raises(UnknownDatasetError, match="tiny_shakespeare") as err:
         open_source("tfds:tiny_shakespear", "train", data_dir=str(tmp_path))
     assert "Did you mean" in str(err.value)
@@ -86,9 +88,13 @@ def test_local_builder_round_trip_per_file_and_per_line(text_dir, tmp_path):
     assert lines.key != prepared.key
 
 
-def test_local_builder_is_cached_by_content(text_dir, tmp_path, monkeypatch):
+def test_local_builder_is_cached_by_content(text_dir, tmp_path, monkeypatch, capfd):
     data_dir = str(tmp_path / "data")
     first = prepare_local_text(str(text_dir), "file", data_dir)
+    # one line on stderr says what happens (tfds announced a download of "Unknown size")
+    out, err = capfd.readouterr()
+    assert out == "" and "Downloading" not in err and "Unknown size" not in err
+    assert f"preparing local text once ({len(os.listdir(text_dir))} files ->" in err
 
     def fail(self):
         raise AssertionError("prepared again")
@@ -147,3 +153,15 @@ def test_documents_cut_long_texts_and_hold_out_the_tail(tmp_path):
     assert len(held) == round(0.1 * len(pieces)) and len(train) + len(held) == len(pieces)
     assert [train[i] for i in range(len(train))] + [held[i] for i in range(len(held))] == pieces
     assert isinstance(train, Documents) and os.path.isdir(data_dir)
+
+
+def test_a_binary_file_among_the_text_gets_a_note(tmp_path, capfd):
+    """Files are read as bytes, so a binary one is accepted: with a note naming it, once."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("plain text\n")
+    (tmp_path / "docs" / "b.bin").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    prepare_local_text(str(tmp_path / "docs"), "file", str(tmp_path / "data"))
+    err = capfd.readouterr().err
+    assert "note: 1 of 2 files look binary (NUL bytes; e.g. " in err and "b.bin" in err
+    prepare_local_text(str(tmp_path / "docs"), "file", str(tmp_path / "data"))  # reused
+    assert "binary" not in capfd.readouterr().err

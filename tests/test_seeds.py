@@ -62,11 +62,14 @@ def assert_same_run(together: dict, alone: dict, together_dir: str, alone_dir: s
 
 
 @pytest.mark.slow
-def test_gpt_seeds_together_equal_solo_runs_and_resume_alone_or_together(tmp_path):
+def test_gpt_seeds_together_equal_solo_runs_and_resume_alone_or_together(tmp_path, capsys):
     """Two GPT seeds (dropout on) trained together for 4 steps, then continued together to 8,
     equal solo runs of 8 steps; a copy of one seed's directory continued alone does too."""
     dirs = [str(tmp_path / f"seed{s}") for s in (0, 1)]
     first = train_seeds(GPT, CFG.replace(steps=4, schedule_steps=8), [0, 1], dirs)
+    # each seed's console lines say whose they are
+    lines = [line for line in capsys.readouterr().err.splitlines() if "| loss " in line]
+    assert lines and {line.split(" | ")[0] for line in lines} == {"seed 0", "seed 1"}, lines
     assert [r["steps"] for r in first] == [4, 4] and first[0]["seeds_together"] == 2
     assert losses(first[0]) != losses(first[1])  # two seeds, not one twice
     alone_dir = str(tmp_path / "seed1-alone")

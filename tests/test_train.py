@@ -172,9 +172,11 @@ def test_readme_main_command_at_a_tiny_step_count():
     final = json.loads(result.stdout.strip().splitlines()[-1])
     assert final["steps"] == 4 and final["eval_loss"] < 6.0
     assert "tokens/s" in result.stderr and "MFU" in result.stderr
+    # stderr is a pipe: plain log lines, no progress-bar frames redrawn with carriage returns
+    assert "\r" not in result.stderr and "it/s]" not in result.stderr
 
 
-def test_cli_errors_are_clear(capsys):
+def test_cli_errors_are_clear(capsys, tmp_path):
     """The executable exits with status 2 and says why (one process: the exit path); the
     second error goes through the same ``cli.main`` in this process (its return value is the
     exit status), sparing a second start of JAX."""
@@ -185,6 +187,12 @@ def test_cli_errors_are_clear(capsys):
     assert "no such file, folder or glob" in result.stderr
     assert cli.main(["train", "--model.n_heads=3"]) == 2
     assert "must divide d_model=128" in capsys.readouterr().err
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert cli.main(["train", "--run-dir", str(a_file), "--steps", "1"]) == 2
+    assert f"train.run_dir={a_file}: a file, and a run directory is a folder" in \
+        capsys.readouterr().err
+    assert a_file.read_text() == "mine"
 
 
 @pytest.mark.slow

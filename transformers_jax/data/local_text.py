@@ -84,6 +84,17 @@ class TjaxLocalText(tfds.core.GeneratorBasedBuilder):
         kwargs.setdefault("file_format", "array_record")
         super().__init__(**kwargs)
 
+    # tfds announces a download ("Downloading and preparing dataset Unknown size ...") and its
+    # end; nothing is downloaded here, so one line says what happens instead
+    def _log_download_bytes(self) -> None:
+        count = len(self._documents) if self._documents is not None else len(self._files)
+        kind = "documents" if self._documents is not None else "files"
+        print(f"preparing local text once ({count} {kind} -> {self.data_dir}); later runs "
+              "reuse it", file=sys.stderr)
+
+    def _log_download_done(self) -> None:
+        pass
+
     def _info(self) -> tfds.core.DatasetInfo:
         return _LocalInfo(
             builder=self,
@@ -103,9 +114,18 @@ class TjaxLocalText(tfds.core.GeneratorBasedBuilder):
             for name, text in self._documents:
                 yield name, text.encode("utf-8") if isinstance(text, str) else bytes(text)
         else:
+            binary = []
             for path in self._files:
                 with open(path, "rb") as f:
-                    yield path, f.read()
+                    data = f.read()
+                if b"\0" in data[:8192]:  # text has no NUL bytes; images, archives, .pyc do
+                    binary.append(path)
+                yield path, data
+            if binary:
+                print(f"note: {len(binary)} of {len(self._files)} files look binary (NUL bytes; "
+                      f"e.g. {binary[0]}): they are read as bytes like the text; give a glob "
+                      "that leaves them out (--data 'docs/**/*.md') to train on text alone",
+                      file=sys.stderr)
 
     def _generate_examples(self):
         n = 0

@@ -85,8 +85,9 @@ def _not_prepared_message(name: str, data_dir: str | None, cause: BaseException)
         f"ArrayRecord format that random access needs: `tfds build {name.split('/')[0]} "
         f"--data_dir=DIR --file_format=array_record` (or in Python: tfds.builder({name!r}, "
         "data_dir=DIR, file_format='array_record').download_and_prepare()); then copy DIR "
-        "here and pass it as data_dir (or set TFDS_DATA_DIR). Pass download=True to let tfds "
-        "download it when this machine has network access."
+        "here and pass it with --train.data_dir=DIR (data_dir= in Python) or set "
+        "TFDS_DATA_DIR. Where this machine has network access, --train.data_download=true "
+        "(download=True) lets tfds download it."
     )
 
 

@@ -88,11 +88,12 @@ def _all_finite(tree) -> jax.Array:
 
 class MetricsLog:
     """Console lines (through tqdm, so the bar stays intact), an optional JSONL file and an
-    optional ``Tracker`` (TensorBoard, W&B) that sees the same rows."""
+    optional ``Tracker`` (TensorBoard, W&B) that sees the same rows. ``label``: put before each
+    console line (``seed 1 | ``: which of the seeds trained together speaks)."""
 
     def __init__(self, run_dir: str | None, bar: tqdm | None, quiet: bool = False,
-                 tracker: Tracker | None = None):
-        self.bar, self.quiet, self.tracker = bar, quiet, tracker
+                 tracker: Tracker | None = None, label: str = ""):
+        self.bar, self.quiet, self.tracker, self.label = bar, quiet, tracker, label
         self.file = None
         if run_dir:
             os.makedirs(run_dir, exist_ok=True)
@@ -105,7 +106,8 @@ class MetricsLog:
         if self.tracker is not None:
             self.tracker.log(kind, step, values)
         if not self.quiet:
-            (self.bar.write if self.bar is not None else print)(text, file=sys.stderr)
+            (self.bar.write if self.bar is not None else print)(self.label + text,
+                                                                 file=sys.stderr)
 
     def close(self) -> None:
         if self.file:
@@ -160,6 +162,12 @@ class SegmentPlan:
     cfg: TrainConfig  # this invocation's config, with the run's learning-rate schedule
     step: int | None  # the checkpoint a resume continues from; None: a fresh run
     notes: list[tuple[str, str]]  # (kind, text) logged after the resume line
+
+
+def a_terminal() -> bool:
+    """stderr is a terminal: a progress bar redraws itself there; in a redirected log its
+    frames would pile up on one line (30 KB for 200 steps), and the log lines suffice."""
+    return sys.stderr.isatty()
 
 
 def plan_segment(cfg: TrainConfig) -> SegmentPlan:
@@ -329,6 +337,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False, *,
     if cfg.coordinator is not None:  # before any other JAX call
         multihost.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
     records = {"preset": preset, "command": command}
+    if cfg.run_dir and os.path.exists(cfg.run_dir) and not os.path.isdir(cfg.run_dir):
+        raise ConfigError(f"train.run_dir={cfg.run_dir}: a file, and a run directory is a "
+                          "folder; give a new path (or an existing run's folder to continue it)")
     if not (cfg.run_dir and multihost.is_main_process()):
         return _train(model_cfg, cfg, auto_vocab, records=records, on_step=on_step)
     warnings: list[str] = []  # the log opens later, under the lock
@@ -367,7 +378,7 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool,
     state = trainer.unreplicate(trainer.init_state(cfg.seed))  # host view, saved as is
 
     main = multihost.is_main_process()  # every process trains and saves; one of them talks
-    bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main),
+    bar = tqdm(total=cfg.steps, desc="train", disable=not (cfg.progress and main and a_terminal()),
                dynamic_ncols=True)
     lane = open_lane(setup, records or {}, bar, early_warnings, talks=main)
     try:
@@ -529,9 +540,12 @@ class Lane:
         self.log.write(
             "eval", step, last,
             f"step {step:>6} | eval loss {last['loss']:.4f}"
-            + ("" if data.labels else  # bits per token: not for a label's loss
+            # bits per byte of text: not for a label's loss, nor a task's answer tokens
+            + ("" if data.labels or self.cfg.task else
                f" ({last['loss'] / math.log(2):.3f} bits/{data.tokenizer.unit})")
-            + (f", accuracy {last['accuracy']:.3f}" if "accuracy" in last else ""),
+            + (f", accuracy {last['accuracy']:.3f}" if "accuracy" in last else "")
+            + (f", sequence accuracy {last['sequence_accuracy']:.3f}"
+               if "sequence_accuracy" in last else ""),
         )
         if self.sampler is not None:
             params = lora.plain_params(self.setup.model, host_params())
@@ -539,7 +553,8 @@ class Lane:
 
 
 def open_lane(setup: RunSetup, records: dict, bar: tqdm | None,
-              early_warnings: tuple[str, ...] | list[str] = (), *, talks: bool = True) -> Lane:
+              early_warnings: tuple[str, ...] | list[str] = (), *, talks: bool = True,
+              label: str = "") -> Lane:
     """A lane for ``setup``'s run: its metrics log (and TensorBoard/W&B tracker) opened, the
     ``early_warnings`` (e.g. the lock's) written into it. ``talks``: this process logs (the
     main one)."""
@@ -550,7 +565,7 @@ def open_lane(setup: RunSetup, records: dict, bar: tqdm | None,
                                         "train": dataclasses.asdict(cfg)},
                           tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project)
     log = MetricsLog(cfg.run_dir if talks else None, bar if cfg.progress else None,
-                     quiet=not talks, tracker=tracker)
+                     quiet=not talks, tracker=tracker, label=label)
     for text in early_warnings:
         log.write("warning", 0, {"message": text}, text)
     try:

@@ -30,6 +30,7 @@ from transformers_jax.runs.lock import RunLock
 from transformers_jax.train.loop import (
     Lane,
     Program,
+    a_terminal,
     open_lane,
     plan_segment,
     prepare_run,
@@ -170,11 +171,12 @@ def _train_seeds(model_cfg: ModelConfig, cfgs: list[TrainConfig], auto_vocab: bo
     states = [stacked.unstack(fresh, i) for i in range(len(cfgs))]
     del fresh
     bar = tqdm(total=cfgs[0].steps, desc=f"train {len(cfgs)} seeds",
-               disable=not cfgs[0].progress, dynamic_ncols=True)
+               disable=not (cfgs[0].progress and a_terminal()), dynamic_ncols=True)
     lanes: list[Lane] = []
     try:
         for setup, found, record in zip(setups, warnings, records, strict=True):
-            lanes.append(open_lane(setup, record, bar, found))
+            lanes.append(open_lane(setup, record, bar, found,
+                                   label=f"seed {setup.cfg.seed} | "))
         return run_lanes(lanes, seeds_program(stacked), states, bar, on_step)
     finally:
         bar.close()
