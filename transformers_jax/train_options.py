@@ -52,23 +52,20 @@ def model_of_run(run_dir: str | None) -> dict | None:
 
 
 # Settings of one invocation, never taken from the run a resume continues: how it prints, a
-# one-time permission (accept_data_change), where this launch's process 0 listens.
-INVOCATION_FIELDS = ("json", "progress", "profile", "coordinator", "accept_data_change",
-                     "resume")
+# one-time permission (accept_data_change), this launch's processes (where process 0 listens,
+# how many, which one this is).
+INVOCATION_FIELDS = ("json", "progress", "profile", "coordinator", "num_processes",
+                     "process_id", "accept_data_change", "resume")
 
 
 def saved_configs(run_dir: str | None) -> dict | None:
-    """``{"model": ..., "train": ...}`` saved with ``run_dir``'s newest intact checkpoint,
-    the run a resume continues (None: no run begun there)."""
-    from transformers_jax.runs.layout import has_checkpoints
+    """``{"model": ..., "train": ...}`` saved with ``run_dir``'s newest checkpoint, the run a
+    resume continues (None: no run begun there). Read as a file, before JAX starts (a
+    multi-host launch initialises ``jax.distributed`` first)."""
+    from transformers_jax.runs.layout import newest_meta
 
-    if not run_dir or not has_checkpoints(run_dir):
-        return None
-    from transformers_jax.runs.meta import read_run_meta  # orbax: only when asked
-
-    try:
-        meta = read_run_meta(run_dir)
-    except (FileNotFoundError, ValueError):  # nothing intact: the loop says so
+    meta = newest_meta(run_dir)
+    if meta is None or "model" not in meta:
         return None
     train = {k: v for k, v in (meta.get("train") or {}).items() if k not in INVOCATION_FIELDS}
     return {"model": meta["model"], "train": train}

@@ -22,6 +22,7 @@ evaluation and export.
 
 from __future__ import annotations
 
+import json
 import os
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -45,3 +46,23 @@ def has_checkpoints(run_dir: str | None) -> bool:
         return False
     directory = checkpoint_dir(run_dir)
     return os.path.isdir(directory) and bool(os.listdir(directory))
+
+
+def newest_meta(run_dir: str | None) -> dict | None:
+    """The meta JSON of ``run_dir``'s newest committed checkpoint, read as a file: no orbax
+    and no JAX, so a command can read a run's settings before ``jax.distributed`` starts. Its
+    files are not checked here (the loop's resume does that); None when there is none."""
+    directory = checkpoint_dir(run_dir) if run_dir else ""
+    if not os.path.isdir(directory):
+        return None
+    steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
+    for step in steps:
+        folder = os.path.join(directory, str(step))
+        if not os.path.exists(os.path.join(folder, "commit_success.txt")):
+            continue  # a save that did not finish
+        try:
+            with open(os.path.join(folder, "meta", "metadata")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            continue
+    return None
