@@ -69,6 +69,20 @@ for _path in filter(None, os.environ.get("TJAX_TEST_EXTRA_ENTRIES", "").split(os
     _spec.loader.exec_module(_module)
 
 
+# The costliest files first (measured: docs/testing.md). pytest-xdist hands whole files to its
+# workers (--dist loadfile) in collection order, so a long file collected late keeps one worker
+# busy while the other has nothing left; first, they overlap with everything else.
+COSTLY_FIRST = ("test_encdec.py", "test_plan.py", "test_parallel_context.py",
+                "test_cli_journeys.py", "test_bert.py", "test_transcripts.py", "test_kvcache.py",
+                "test_parallel.py", "test_attention.py", "test_side_by_side.py",
+                "test_parallel_multihost.py", "test_recipes.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(COSTLY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order
+
+
 def pytest_unconfigure(config):
     if OWN_CACHE:  # only the process that made the folder (the main one) removes it
         shutil.rmtree(CACHE_DIR, ignore_errors=True)
