@@ -116,8 +116,9 @@ def prepare(args) -> int:
     rng = np.random.default_rng(args.seed + 1)
     arrays = make_batches(shape, args.steps, rng)
     objective = objective_for(config.family)
-    params = objective.init_params(model, jax.random.key(args.seed),
-                                   {k: v[0] for k, v in arrays.items()})
+    # one compiled program: op by op, the init compiles each of its ~100 operations
+    init = jax.jit(lambda key, batch: objective.init_params(model, key, batch))
+    params = init(jax.random.key(args.seed), {k: v[0] for k, v in arrays.items()})
     os.makedirs(args.dir, exist_ok=True)
     save_hf(os.path.join(args.dir, HF_DIR), config, params, base_config=base)
     hyper = TrainConfig()
