@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformers_jax.sweep import provenance, runner
+from transformers_jax.sweep import command, provenance, report, runner
 
 # A one-layer GPT of 16 wide trained on 1536 tokens at length 32: seconds a run
 TINY_BASE = """[base]
@@ -37,3 +37,24 @@ def record_trained(mp: pytest.MonkeyPatch) -> list[str]:
 
     mp.setattr(runner, "train_seeds_of", counted)
     return calls
+
+
+def plots_at_the_end(mp: pytest.MonkeyPatch) -> None:
+    """Each ``tjax sweep`` draws its plots in its last report only, not in the report it
+    rewrites after every cell as well: the plots of every finished cell are drawn once a
+    command (a figure saved is about 0.25 s of CPU, and these tests read the last report)."""
+    real_plots, real_run_cell = report.plots, command.run_cell
+    after_cell = [False]
+
+    def run_cell(*args, **kwargs):
+        after_cell[0] = real_run_cell(*args, **kwargs)
+        return after_cell[0]
+
+    def plots(plan, results, out):
+        if after_cell[0]:  # the report right after a cell: the command's last one draws them
+            after_cell[0] = False
+            return []
+        return real_plots(plan, results, out)
+
+    mp.setattr(command, "run_cell", run_cell)
+    mp.setattr(report, "plots", plots)

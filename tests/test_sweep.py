@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sweep_runs import TINY_BASE, clean_checkout, record_trained
+from sweep_runs import TINY_BASE, clean_checkout, plots_at_the_end, record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
@@ -168,6 +168,7 @@ def test_switch_values_sharing_a_name_are_labelled_by_their_settings():
 @pytest.fixture
 def sweep_env(tmp_path, monkeypatch):
     code = clean_checkout(monkeypatch, tmp_path)
+    plots_at_the_end(monkeypatch)
     spec = tmp_path / "tiny.toml"
     spec.write_text(TINY)
     return tmp_path, spec, code
@@ -197,6 +198,7 @@ def resumed(tmp_path_factory):
             main(["sweep", str(spec), "--out", str(out)])
         killed = (out / "report.md").read_text()
         mp.setattr(runner, "train_seeds_of", real)
+        plots_at_the_end(mp)  # (the killed start drew them after its cell: one pending)
         calls = record_trained(mp)
         assert main(["sweep", str(spec), "--out", str(out)]) == 0
     return root, spec, code, killed, calls
@@ -208,6 +210,7 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     tmp_path, spec, code, report, calls = resumed
     out = tmp_path / "out"
     clean_checkout(monkeypatch, tmp_path)
+    plots_at_the_end(monkeypatch)
     assert "1 of 2 cells finished" in report and "| pending |" in report
     assert calls == ["position=alibi/0", "position=alibi/1"]  # only what was missing
 

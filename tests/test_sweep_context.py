@@ -9,7 +9,7 @@ import functools
 import jax
 import numpy as np
 import pytest
-from sweep_runs import TINY_BASE, clean_checkout
+from sweep_runs import TINY_BASE, clean_checkout, plots_at_the_end
 
 from transformers_jax.sweep.context import (
     PERTURBATIONS,
@@ -246,6 +246,7 @@ def test_a_gpt_and_an_lstm_are_scored_on_the_same_perturbed_windows(tmp_path, mo
     from transformers_jax.sweep.spec import parse_spec
 
     clean_checkout(monkeypatch, tmp_path)
+    plots_at_the_end(monkeypatch)
     spec = tmp_path / "ctx.toml"
     spec.write_text(TINY)
     out = tmp_path / "out"

@@ -10,7 +10,7 @@ import types
 import jax
 import numpy as np
 import pytest
-from sweep_runs import TINY_BASE
+from sweep_runs import TINY_BASE, plots_at_the_end
 
 from transformers_jax.sweep.cells import expand, pairs
 from transformers_jax.sweep.report import compare
@@ -170,6 +170,7 @@ def test_a_task_sweep_scores_a_prefix_lm_and_an_encoder_decoder(tmp_path, monkey
 
     code = {"commit": "a" * 40, "dirty": False, "source_sha256": "1" * 64}
     monkeypatch.setattr(provenance, "code_state", lambda: dict(code))
+    plots_at_the_end(monkeypatch)
     spec = tmp_path / "task.toml"
     spec.write_text(FAMILIES_TASK)
     out = tmp_path / "out"
@@ -210,6 +211,7 @@ def test_a_sweep_of_variant_stages_reports_each_cost_against_its_own_rate(tmp_pa
     from transformers_jax.sweep import runner
 
     clean_checkout(monkeypatch, tmp_path)
+    plots_at_the_end(monkeypatch)
     text = ("title = \"stages\"\nseeds = 2\n\n" + TINY_BASE + """
 [axes]
 "train.learning_rate" = [1e-3, 3e-1]

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from sweep_runs import record_trained
+from sweep_runs import plots_at_the_end, record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
@@ -80,6 +80,7 @@ def _patched(mp: pytest.MonkeyPatch, root) -> list[str]:
     """The sweep's code state fixed, its split cache in ``root``; every seed trained recorded."""
     mp.setenv("TJAX_SPLIT_CACHE", str(root / "splits"))
     mp.setattr(provenance, "code_state", lambda: dict(CODE))
+    plots_at_the_end(mp)
     return record_trained(mp)
 
 

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from sweep_runs import plots_at_the_end
 
 from transformers_jax.cli import main
 from transformers_jax.sweep import provenance, runner
@@ -107,18 +108,26 @@ def test_exact_metrics_need_a_task_and_cells_need_one(tmp_path):
 def task_env(tmp_path, monkeypatch):
     code = {"commit": "a" * 40, "dirty": False, "source_sha256": "1" * 64}
     monkeypatch.setattr(provenance, "code_state", lambda: dict(code))
+    plots_at_the_end(monkeypatch)
     spec = tmp_path / "task.toml"
     spec.write_text(TASK)
     return tmp_path, spec
 
 
 @pytest.mark.slow
-def test_a_task_sweep_dry_run_lists_its_test(task_env, capsys):
+def test_a_task_sweep_dry_run_lists_its_test(task_env, monkeypatch, capsys):
+    """A step and a test batch are compiled and timed; the two cells' models, alike in cost,
+    as one shape: each compiles once."""
+    from transformers_jax.sweep import command
+
     tmp_path, spec = task_env
+    timed = []
+    monkeypatch.setattr(command, "_shape_key", lambda model: timed.append(model) or "tiny")
     assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "data synthetic task(s) parity: 5 test examples at each of 6 task lengths" in out
     assert "compare 1: position=none vs position=rope: exact@5-6" in out
+    assert {m.position.name for m in timed} == {"none", "rope"}  # both cells estimated
 
 
 def greedy_right(run, prompt: str, answer: str, steps: int) -> bool:
