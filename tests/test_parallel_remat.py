@@ -26,7 +26,11 @@ from transformers_jax.registry import FAMILIES
 from transformers_jax.train.optim import decay_mask, make_optimizer
 from transformers_jax.train.step import init_state, make_train_step
 
-CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_len=32, dropout=0.1)
+# One layer where a layer's remat is the point (its loss, gradients and saved residuals: remat
+# wraps each layer on its own, so a second one is the same wrapping again, at twice the compile);
+# two (``SCAN_LAYERS``) where the layers are stacked and scanned, or restacked.
+CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, max_len=32, dropout=0.1)
+SCAN_LAYERS = 2
 
 
 def StackLM(config: ModelConfig, remat: str = "none", scan: bool = False):  # noqa: N802
@@ -137,7 +141,8 @@ def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
     """The scanned (and rematted) stack on a data x fsdp x tensor mesh, started from the loop
     model's parameters restacked, trains exactly like the loop model on one device; the
     stacked ``layers`` axis stays whole, the rest shards as usual."""
-    cfg = dataclasses.replace(CFG, dropout=0.0)  # scan and loop split dropout keys differently
+    # scan and loop split dropout keys differently
+    cfg = dataclasses.replace(CFG, dropout=0.0, n_layers=SCAN_LAYERS)
     plain, scanned = StackLM(cfg), StackLM(cfg, remat="dots_saveable", scan=True)
     boxed = jax.eval_shape(scanned.init, jax.random.key(0), TOKENS)["params"]
     kernel = boxed["layers"]["attention"]["query"]["kernel"]
@@ -183,7 +188,8 @@ def test_every_family_runs_its_layers_through_the_one_stack(family, remat, scan)
     as the plain loop (dropout on: the recomputation replays the same masks), the same
     parameter tree (scan: stacked under ``layers``)."""
     cfg = dataclasses.replace(CFG, family=family, mask=FAMILIES.get(family).default_mask,
-                              dropout=0.0 if scan else 0.1)  # scan splits dropout keys anew
+                              dropout=0.0 if scan else 0.1,  # scan splits dropout keys anew
+                              n_layers=SCAN_LAYERS if scan else CFG.n_layers)
     params, loss, grads, kept_plain = plain_run(cfg)  # the plain loop model, once per cfg
     other = build_model(cfg.replace(remat=remat, scan_layers=scan))
     if scan:
