@@ -147,7 +147,8 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
                lineage: Sequence[str] | None = None) -> str:
     """The markdown text of ``RUN_DIR/README.md``; ``segments`` (``train.loop``) are listed
     when there are several; ``labels``: a classifier's class names (id = position);
-    ``lineage``: where a run made from others came from (``tjax merge``), one item each."""
+    ``lineage``: where a run made from others came from (``tjax merge``), one item each; such
+    a run trained no step itself, so it has no figures and its command is not a resume."""
     objective = run_objective(model_cfg, cfg.objective)
     classifier = objective.head is not None
     status = (f"stopped by {final['stopped_by']} at step {final['steps']} of {cfg.steps} (run "
@@ -158,7 +159,7 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
         "",
         (f"Written by `tjax merge` with transformers-jax {version} "
          f"({time.strftime('%Y-%m-%d %H:%M:%S %Z')}) at step {final['steps']}."
-         if final.get("merged") else
+         if lineage else
          f"Trained with transformers-jax {version} ({time.strftime('%Y-%m-%d %H:%M:%S %Z')}): "
          f"{status}."),
         "",
@@ -186,7 +187,7 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
            "(`train.seeds`); tokens/s and MFU are this seed's share"]
           if final.get("seeds_together") else []),
         "",
-        *([] if final.get("merged") else [  # no step trained here: no figures
+        *([] if lineage else [  # no step trained here: no figures
             "| train loss | eval loss | eval accuracy | tokens/s | MFU |",
             "|---|---|---|---|---|",
             f"| {_metric(final.get('train_loss'))} | {_metric(final.get('eval_loss'))} | "
@@ -199,7 +200,7 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
         "## Reproduce",
         "",
     ]
-    if command and final.get("merged"):
+    if command and lineage:
         lines += ["The command that wrote this run:", "", "```", command, "```", ""]
     elif command:
         which = "of its latest segment" if segments and len(segments) > 1 else "that wrote this run"

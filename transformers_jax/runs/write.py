@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.data.tokenizers import EXTERNAL, Tokenizer
+from transformers_jax.nn.layers import count_params
 from transformers_jax.runs.checkpoint import Checkpointer
 from transformers_jax.runs.layout import TOKENIZER_DIR, checkpoint_dir
 from transformers_jax.runs.load import open_run, state_target
@@ -159,9 +160,8 @@ def merge_lora_run(run_dir: str, out_dir: str, *, overwrite: bool = False) -> st
                f"(rank {lora['rank']} on {', '.join(lora['targets'])}) folded into its base, "
                f"`{base['run']}` at step {base['step']}",
                "a fresh optimizer state: `--train.init_from` this run to fine-tune it further"]
-    n_params = sum(int(x.size) for x in jax.tree.leaves(run.params))
     write_run_readme(out_dir, run.config, train_cfg,
-                     {"steps": run.step, "params": n_params, "merged": True},
+                     {"steps": run.step, "params": count_params(run.params)},
                      data_description=(run.meta.get("data") or {}).get("description", ""),
                      tokenizer=run.meta["tokenizer"].get("kind", "external"),
                      version=__version__, lineage=lineage,
