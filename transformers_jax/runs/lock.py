@@ -23,6 +23,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from transformers_jax.config import ConfigError
 from transformers_jax.runs.layout import LOCK_FILE
 from transformers_jax.train.errors import RunDirLockedError
 
@@ -48,7 +49,12 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        run_dir = os.path.dirname(self.path)
+        if os.path.exists(run_dir) and not os.path.isdir(run_dir):  # makedirs: [Errno 17]
+            raise ConfigError(f"train.run_dir={run_dir}: a file, and a run directory is a "
+                              "folder; give a new path (or an existing run's folder to "
+                              "continue it)")
+        os.makedirs(run_dir, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

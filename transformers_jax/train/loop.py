@@ -337,9 +337,6 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, auto_vocab: bool = False, *,
     if cfg.coordinator is not None:  # before any other JAX call
         multihost.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
     records = {"preset": preset, "command": command}
-    if cfg.run_dir and os.path.exists(cfg.run_dir) and not os.path.isdir(cfg.run_dir):
-        raise ConfigError(f"train.run_dir={cfg.run_dir}: a file, and a run directory is a "
-                          "folder; give a new path (or an existing run's folder to continue it)")
     if not (cfg.run_dir and multihost.is_main_process()):
         return _train(model_cfg, cfg, auto_vocab, records=records, on_step=on_step)
     warnings: list[str] = []  # the log opens later, under the lock
