@@ -9,6 +9,7 @@ fails at once; the callers turn that failure into one line naming the fix.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -23,10 +24,11 @@ def offline_by_setting() -> bool:
     return any(os.environ.get(name, "").upper() in TRUE for name in OFFLINE_VARIABLES)
 
 
+@functools.cache
 def hub_reachable(timeout: float = 3.0) -> bool:
     """A TCP connection to the hub's endpoint (``HF_ENDPOINT``, default huggingface.co) opens
-    within ``timeout`` seconds: the one question, asked once, that retries would ask for a
-    minute."""
+    within ``timeout`` seconds: the one question, asked once a process (each stream and split
+    listing would ask it again), that retries would ask for a minute."""
     endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
     try:
