@@ -355,15 +355,18 @@ def test_a_classifier_run_loads_evaluates_and_refuses_to_generate(classifier_run
     run = open_run(tuned)
     assert run.classifier and run.labels == ("neg", "pos") and run.step == 3
 
-    status, out, err = quiet_main(["eval", "--run", tuned])
+    saved = tmp_path / "eval.json"
+    status, out, err = quiet_main(["eval", "--run", tuned, "--out", str(saved)])
     assert status == 0, err
-    result = json.loads(out)
+    result = json.loads(saved.read_text())  # the summary on stdout, every figure in --out
+    assert f"loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}" in out.splitlines()
     assert result["objective"] == "sequence_classification" and result["split"] == "held-out"
     # of the 12 rows held out (48 x 0.25), the 2 batches of 4 the training loop evaluated
     assert result["labels"] == ["neg", "pos"] and result["examples"] == 8
     assert result["accuracy"] == pytest.approx(final["eval_accuracy"], abs=1e-6)
     assert result["loss"] == pytest.approx(final["eval_loss"], rel=1e-5)
-    status, out, _ = quiet_main(["eval", "--run", tuned, "--data", data, "--batches", "100"])
+    status, out, _ = quiet_main(["eval", "--run", tuned, "--data", data, "--batches", "100",
+                                 "--json"])
     whole = json.loads(out)
     assert status == 0 and whole["split"] == "all of --data" and whole["examples"] == 48
     assert 0.0 <= whole["accuracy"] <= 1.0

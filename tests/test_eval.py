@@ -101,13 +101,28 @@ def test_passkey_prompt_hides_the_key_at_the_depth():
 
 
 @pytest.mark.slow
-def test_cli_prints_one_json_object_and_writes_out(gpt_run, tmp_path):
+def test_cli_prints_a_summary_and_writes_every_figure_out(gpt_run, tmp_path):
+    """A person reads a few lines and a table; ``--out`` (and ``--json``, tested with random
+    options in test_fuzz) has every figure, the same ones the summary rounds."""
     out = tmp_path / "eval.json"
-    result = tjax("eval", "--run", gpt_run, "--lengths", "32", "--batches", "1",
+    result = tjax("eval", "--run", gpt_run, "--lengths", "16,32", "--batches", "1",
                   "--out", str(out))
     assert result.returncode == 0, result.stderr
-    printed = json.loads(result.stdout)
-    assert printed == json.loads(out.read_text())
+    printed = json.loads(out.read_text())
+    lines = result.stdout.splitlines()
+    assert lines[0] == (f"{gpt_run}, step 6 (gpt): held-out part of the default corpus, "
+                        "1 batch of 4, byte tokenizer")
+    assert lines[1].startswith(f"loss {printed['loss']:.4f} nats per token, perplexity ")
+    assert f"{printed['bits_per_byte']:.4f} bits per byte at the run's 32 tokens" in lines[1]
+    table = lines[lines.index("") + 1:]
+    assert table[0].split()[:4] == ["length", "loss", "perplexity", "bits"]
+    for row, entry in zip(table[1:3], printed["by_length"], strict=True):
+        curve = entry["loss_by_position"]
+        assert row.split() == [str(entry["length"]), f"{entry['loss']:.4f}",
+                               f"{entry['perplexity']:.4g}", f"{entry['bits_per_byte']:.4f}",
+                               f"{curve[0]:.3f}", "->", f"{curve[-1]:.3f}"]
+    assert lines[-1].startswith("(--json prints every figure")
+    assert len(lines) <= 10
     assert printed["batches"] == 1 and math.isfinite(printed["bits_per_byte"])
     assert printed["plot"] == os.path.join(gpt_run, "eval_loss_by_position.png")
     assert os.path.exists(printed["plot"])

@@ -535,7 +535,7 @@ def test_cli_eval_bad_options_exit_2_with_a_message(tiny_run, eval_files, option
 
 
     TRIED["eval: `tjax eval` command lines on a trained run"] += 1
-    argv = ["eval", "--run", tiny_run, "--batches", "1"]
+    argv = ["eval", "--run", tiny_run, "--batches", "1", "--json"]
     for key, value in options.items():
         argv += [key] if value is None else [f"{key}={value.format(**eval_files)}"]
     rc, out, err = run_cli(argv)
@@ -748,7 +748,7 @@ def test_cli_eval_lm_eval_bad_options_exit_2_with_a_message(tiny_run, lm_eval_fi
     """`tjax eval --lm-eval` on a trained run (a 32-row learned position table): every option
     combination scores the tasks (finite figures) or exits 2 naming the option or value."""
     TRIED["eval: `tjax eval --lm-eval` command lines on a trained run"] += 1
-    argv = ["eval", "--run", tiny_run]
+    argv = ["eval", "--run", tiny_run, "--json"]
     options = {"--lm-eval": "fuzz_mc", **options}
     for key, value in options.items():
         argv += [f"{key}={value.format(**lm_eval_files)}"]

@@ -17,7 +17,7 @@ import sys
 from transformers_jax.backends import prepare_host
 from transformers_jax.compile_cache import use_compile_cache, without_persistent_cache
 from transformers_jax.config import ConfigError
-from transformers_jax.overrides import CommandParser, closest, int_list, print_json
+from transformers_jax.overrides import CommandParser, closest, int_list, print_json, write_json
 from transformers_jax.registry import FAMILIES, UnknownNameError
 from transformers_jax.train.errors import RunFailedError
 from transformers_jax.train_options import (  # noqa: F401  (tests and plan read them here)
@@ -184,7 +184,8 @@ def cmd_eval(argv: list[str]) -> int:
         "tjax eval",
         "Evaluate a trained or converted run: held-out loss, perplexity, bits per "
         "byte (or per token), the loss at several lengths and by position, and passkey "
-        "retrieval; or lm-eval-harness tasks (--lm-eval). Prints one JSON object.")
+        "retrieval; or lm-eval-harness tasks (--lm-eval). Prints a summary (--json: one JSON "
+        "object with every figure).")
     parser.add_argument("--run", required=True, help="run directory (tjax train --run-dir, or "
                         "tjax convert --out)")
     parser.add_argument("--data", default=None, help="text to evaluate on (PATH, lines:PATH, "
@@ -207,6 +208,8 @@ def cmd_eval(argv: list[str]) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
     parser.add_argument("--plot", default=None, help="PNG of the loss by position (default: "
                         "RUN/eval_loss_by_position.png)")
+    parser.add_argument("--json", action="store_true",
+                        help="print every figure as one JSON object (default: a summary)")
     parser.add_argument("--out", default=None, help="also write the JSON to this file")
     lm_eval = parser.add_argument_group(
         "lm-eval tasks (the lm-eval extra; the options above are for held-out loss)")
@@ -250,8 +253,21 @@ def cmd_eval(argv: list[str]) -> int:
         passkey=args.passkey, passkey_lengths=args.passkey_lengths,
         passkey_trials=args.passkey_trials, step=args.step,
         plot=args.plot or os.path.join(args.run, "eval_loss_by_position.png"))
-    print_json(result, args.out)
+    _print_eval(result, args)
     return 0
+
+
+def _print_eval(result: dict, args) -> None:
+    """``tjax eval``'s result: a summary, or the JSON with ``--json``; ``--out`` gets the JSON
+    either way."""
+    if args.json:
+        print_json(result, args.out)
+        return
+    from transformers_jax.eval_summary import summary
+
+    print(summary(result))
+    if args.out:
+        write_json(result, args.out)
 
 
 def _eval_lm_eval(args, argv: list[str]) -> int:
@@ -282,7 +298,7 @@ def _eval_lm_eval(args, argv: list[str]) -> int:
         args.run, tasks, include_path=args.include_path, limit=limit,
         num_fewshot=args.num_fewshot, batch_size=args.batch_size, max_length=args.max_length,
         max_gen_toks=args.max_gen_toks, step=args.step)
-    print_json(result, args.out)
+    _print_eval(result, args)
     return 0
 
 
