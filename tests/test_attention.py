@@ -728,3 +728,23 @@ def test_the_tile_contraction_is_einsum(spec):
                                    rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="two-operand einsums"):
         contract("ii,ij->j", jnp.ones((2, 2)), jnp.ones((2, 3)))
+
+
+def test_chunked_run_op_by_op_decides_data_dependent_tiles_without_compiling(caplog):
+    """Run outside jit (a notebook's op-by-op call), a tile whose visibility is known only
+    from the data is decided there and then: the reference's outputs, the invisible tiles
+    skipped, and a second call compiles nothing (a ``lax.cond`` built afresh each call was a
+    new program each time: 458 compiles in one test file)."""
+    import logging
+
+    impl = ATTENTION.get("chunked")(chunk_size=CHUNK, unroll_tiles=16)
+    q, k, v, _, _ = _random_problem(6, 16, 16, "GQA", "none")
+    pos = jnp.broadcast_to(jnp.arange(16), (B, 16))
+    mask = masks.build_mask("causal", pos, pos, aligned=False)  # every tile checked at run time
+    want = dot_product_attention(q, k, v, mask=mask, implementation="reference")
+    np.testing.assert_allclose(dot_product_attention(q, k, v, mask=mask, implementation=impl),
+                               want, **TOL)
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        again = dot_product_attention(q, k, v, mask=mask, implementation=impl)
+    assert not [r for r in caplog.records if r.getMessage().startswith("Compiling")]
+    np.testing.assert_allclose(again, want, **TOL)

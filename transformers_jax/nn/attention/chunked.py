@@ -248,7 +248,10 @@ def _visit_tile(t: _Tiling, mask, qi, kj, plan: str, compute, skipped, vma: froz
     keep = None if plan == "full" else _tile_keep(t, mask, qi, kj)
     if plan != "unknown" or keep is None:
         return compute(keep)
-    return lax.cond(jnp.any(keep), lambda: vary(compute(keep), vma),
+    seen = jnp.any(keep)
+    if not isinstance(seen, jax.core.Tracer):  # run op by op: decided here, no program built
+        return compute(keep) if seen else skipped()
+    return lax.cond(seen, lambda: vary(compute(keep), vma),
                     lambda: vary(skipped(), vma))
 
 
