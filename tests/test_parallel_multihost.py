@@ -111,7 +111,7 @@ def test_initialize_wants_all_three_or_none():
 
 # TJAX_HEARTBEAT_TIMEOUT_S for the fault test: short, but long enough that a worker starved of
 # CPU on a loaded 2-core machine is not declared dead before the kill.
-HEARTBEAT_S = 20
+HEARTBEAT_S = 12
 EXIT_BOUND_S = HEARTBEAT_S + 30  # a survivor must be gone by then (heartbeat + shutdown slack)
 # Every step is logged, so every step after a checkpoint is there to compare once replayed. A
 # fault comes at step KILL_AT (logged) or just after: past the second checkpoint's save, which
