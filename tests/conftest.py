@@ -42,10 +42,10 @@ OWN_CACHE = (not os.environ.get("TJAX_TEST_NO_XLA_CACHE")
 if OWN_CACHE:
     CACHE_DIR = tempfile.mkdtemp(prefix="tjax-test-xla-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = CACHE_DIR
-    # Programs that compile in under half a second stay out: loading one back took longer
-    # than compiling it (JAX's own count: -16 s "saved" over 1,767 hits) and writing thousands
-    # of them cost about 5% of a run; the default model's steps and the like are kept.
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    # tiny programs too: one loads back no faster than it compiles, but the same ones recur
+    # across the two workers and the `tjax` processes (kept to those over 0.5 s, a whole run
+    # took 1,858 s of CPU against 1,725)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 # MFU's peak given, not timed: a 2048^3 matmul costs every `tjax train` process about a second
