@@ -274,3 +274,10 @@ def test_every_command_a_run_readme_suggests_works(name, tmp_path):
         assert code == 0, (command, err[-2000:])
     suggests_sampling = any(c[1] == "sample" for c in commands)
     assert suggests_sampling == (name in ("gpt", "encdec_task")), block
+    # the export only where a Hugging Face architecture expresses the model: GPT-2 for the
+    # learned position table (run above, as shown); none for RoPE, LSTM, BERT here, T5 here
+    exports = [c for c in commands if c[1] == "convert"]
+    assert len(exports) == (name == "gpt"), block
+    if exports:
+        assert json.loads((tmp_path / "run-hf" / "config.json").read_text())["architectures"] == [
+            "GPT2LMHeadModel"]

@@ -16,11 +16,12 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformers_jax.config import ConfigError, LoraConfig, ModelConfig, TrainConfig
+from transformers_jax.convert.api import export_class
+from transformers_jax.convert.merge import merge_lora_run
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import Dense
 from transformers_jax.parallel.strategies import make_trainer
 from transformers_jax.runs.load import open_run
-from transformers_jax.runs.write import merge_lora_run
 from transformers_jax.train import lora
 from transformers_jax.train.loop import train
 from transformers_jax.train.objectives import objective_for
@@ -205,6 +206,9 @@ def test_lora_run_saves_adapters_resumes_exactly_and_merges(tmp_path, capsys):
     readme = open(os.path.join(merged_dir, "README.md")).read()
     assert f"adapters of the LoRA run `{os.path.abspath(split)}` at step 6 (rank 2" in readme
     assert f"`{os.path.abspath(base)}` at step 4" in readme and "tokens/s" not in readme
+    # the export suggested where the converter takes the model; never for the adapters' run
+    assert ("tjax convert --to-hf" in readme) == (export_class(merged.config) is not None)
+    assert "tjax convert" not in open(os.path.join(split, "README.md")).read()
     saved = json.load(open(os.path.join(merged_dir, "tjax_config.json")))
     assert saved["train"]["lora"]["rank"] is None and saved["model"]["n_layers"] == 1
     x = jnp.asarray(batch_of(length=8)["inputs"] % 200)

@@ -193,19 +193,31 @@ def _final(params: int) -> dict:
             "eval_accuracy": 0.5, "tokens_per_s": 1000.0, "mfu": 0.01, "stopped_by": None}
 
 
-@pytest.mark.parametrize(("name", "use"), [("bert-cpu", "tjax fill-mask --run"),
-                                           ("t5-cpu", "tjax sample --run")])
-def test_run_readme_names_the_commands_that_fit_the_family(name, use):
+@pytest.mark.parametrize(("name", "use", "hf_class"), [
+    ("bert-cpu", "tjax fill-mask --run", "BertForMaskedLM"),
+    ("t5-cpu", "tjax sample --run", "T5ForConditionalGeneration")])
+def test_run_readme_names_the_commands_that_fit_the_family(name, use, hf_class):
     from transformers_jax.config import TrainConfig
+    from transformers_jax.convert.api import export_class
 
     cfg = ModelConfig.preset(name, dropout=0.1)
-    text = run_readme("runs/x y", cfg, TrainConfig(steps=5, task="reverse"),
-                      _final(PRESETS[name].params), data_description="reverse task",
-                      tokenizer="byte", preset=name)
+
+    def readme(**kw):
+        return run_readme("runs/x y", cfg, TrainConfig(steps=5, task="reverse"),
+                          _final(PRESETS[name].params), data_description="reverse task",
+                          tokenizer="byte", preset=name, **kw)
+
+    text = readme(hf_class=export_class(cfg))
     assert f"- preset: `{name}`; changed: `dropout=0.1`" in text
     assert use in text and "tjax eval --run 'runs/x y'" in text
     assert ("tjax sample" in text) == (name != "bert-cpu")
     assert "| 2.5000 | 2.2500 | 0.5000 | 1,000 | 1.00% |" in text
+    # the export among the commands, as the converter names it; none where it would refuse
+    use_block = text.split("## Use it")[1].split("```")[1]
+    assert (f"tjax convert --to-hf 'runs/x y-hf' --run 'runs/x y'   # a Hugging Face "
+            f"{hf_class} (transformers loads it)") in use_block.splitlines()
+    assert "tjax convert" not in readme(hf_class=None)
+    assert export_class(ModelConfig()) is None  # the default GPT: no architecture takes it
 
 
 @pytest.mark.slow

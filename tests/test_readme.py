@@ -100,3 +100,11 @@ def test_the_readme_stays_short_and_links_guides_that_exist():
     assert len(text.splitlines()) <= 300
     for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", text):
         assert (ROOT / link).exists(), link
+
+
+def test_the_layout_lists_every_subcommand():
+    """The README's layout names every ``tjax`` subcommand on its ``cli.py`` line (three were
+    missing once: corpus, tokenizer, merge)."""
+    layout = README.read_text().split("  cli.py ", 1)[1].split("\ntests/", 1)[0]
+    listed = set(re.findall(r"[\w-]+", layout.split("tjax", 1)[1]))
+    assert listed == set(cli.COMMANDS), sorted(listed ^ set(cli.COMMANDS))

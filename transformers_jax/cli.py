@@ -317,7 +317,7 @@ def cmd_merge(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, help="the new run directory")
     parser.add_argument("--overwrite", action="store_true", help="replace --out's checkpoints")
     args, _, _ = parser.parse(argv)
-    from transformers_jax.runs.write import merge_lora_run
+    from transformers_jax.convert.merge import merge_lora_run
 
     print(merge_lora_run(args.run, args.out, overwrite=args.overwrite))
     return 0

@@ -234,6 +234,17 @@ def hf_config_for(
     return arch, hf
 
 
+def export_class(config: ModelConfig) -> str | None:
+    """The Hugging Face class ``tjax convert --to-hf`` writes for a run of ``config`` trained
+    here (``GPT2LMHeadModel``, ``LlamaForCausalLM``, ...), or None when no architecture
+    expresses it exactly: what a run's README may suggest."""
+    try:
+        arch, _ = hf_config_for(config)
+    except (ConversionError, ConfigError):
+        return None
+    return arch.hf_classes[0]
+
+
 def save_hf(
     dst: str,
     config: ModelConfig,

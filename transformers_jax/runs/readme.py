@@ -129,14 +129,14 @@ def _use_lines(run_dir: str, model_cfg: ModelConfig, classifier: bool,
     return [*lines, f"tjax eval --run {quoted}"]
 
 
-def _export_lines(run_dir: str, model_cfg: ModelConfig, classifier: bool) -> list[str]:
-    """How to export, said rather than suggested as a command: whether a Hugging Face
-    architecture expresses the model is the converter's to decide (it names why not)."""
-    if classifier or family_of(model_cfg).recurrent:
+def _export_lines(run_dir: str, hf_class: str | None) -> list[str]:
+    """The export command, for a model a Hugging Face architecture expresses exactly
+    (``hf_class``, the converter's answer: ``convert.export_class``); none otherwise."""
+    if hf_class is None:
         return []
-    return ["A model that GPT-2, Llama, BERT or T5 can express exports to a Hugging Face "
-            f"directory with `tjax convert --to-hf DIR --run {shlex.quote(run_dir)}` (which "
-            "says what stands in the way otherwise).", ""]
+    out = shlex.quote(run_dir.rstrip("/") + "-hf")
+    return [f"tjax convert --to-hf {out} --run {shlex.quote(run_dir)}   # a Hugging Face "
+            f"{hf_class} (transformers loads it)"]
 
 
 def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: dict, *,
@@ -144,11 +144,14 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
                command: str | None = None, version: str = "",
                segments: list[dict] | None = None,
                labels: Sequence[str] | None = None,
-               lineage: Sequence[str] | None = None) -> str:
+               lineage: Sequence[str] | None = None,
+               hf_class: str | None = None) -> str:
     """The markdown text of ``RUN_DIR/README.md``; ``segments`` (``train.loop``) are listed
     when there are several; ``labels``: a classifier's class names (id = position);
     ``lineage``: where a run made from others came from (``tjax merge``), one item each; such
-    a run trained no step itself, so it has no figures and its command is not a resume."""
+    a run trained no step itself, so it has no figures and its command is not a resume;
+    ``hf_class``: the Hugging Face class an export would write (``convert.export_class``),
+    when one expresses the model: the export command is suggested with it."""
     objective = run_objective(model_cfg, cfg.objective)
     classifier = objective.head is not None
     status = (f"stopped by {final['stopped_by']} at step {final['steps']} of {cfg.steps} (run "
@@ -209,8 +212,8 @@ def run_readme(run_dir: str, model_cfg: ModelConfig, cfg: TrainConfig, final: di
     lines += [f"Every setting, independent of defaults that may change: `{CONFIG_FILE}` in this "
               "directory (`--run-dir` is in it: edit it to train afresh elsewhere):", "", "```",
               f"tjax train --config {shlex.quote(os.path.join(run_dir, CONFIG_FILE))}", "```", "",
-              "## Use it", "", "```", *_use_lines(run_dir, model_cfg, classifier, cfg), "```", "",
-              *_export_lines(run_dir, model_cfg, classifier)]
+              "## Use it", "", "```", *_use_lines(run_dir, model_cfg, classifier, cfg),
+              *_export_lines(run_dir, None if classifier else hf_class), "```", ""]
     return "\n".join(lines)
 
 

@@ -71,6 +71,14 @@ SAMPLE_PROMPT_TOKENS = 32  # the held-out text that the evaluation samples conti
 SAMPLE_NEW_TOKENS = 48
 
 
+def _export_class(model_cfg: ModelConfig) -> str | None:
+    """The Hugging Face class the run's README may suggest exporting to (the converter's
+    answer), imported only when a README is written."""
+    from transformers_jax.convert.api import export_class
+
+    return export_class(model_cfg)
+
+
 def _window_metrics(rows: list[dict]) -> dict[str, float]:
     """Means over the window's applied (finite) steps, plus the count of skipped ones."""
     good = [r for r in rows if not int(r.get("nonfinite", 0))] or rows
@@ -816,5 +824,6 @@ def _finish(lane: Lane, final_step: int, start_step: int, final: dict) -> dict:
                          data_description=data.description, tokenizer=data.tokenizer.name,
                          version=__version__, segments=lane.segments(start_step, final_step),
                          labels=data.labels, preset=lane.records.get("preset"),
-                         command=lane.records.get("command"))
+                         command=lane.records.get("command"),
+                         hf_class=None if cfg.lora.enabled else _export_class(lane.setup.model_cfg))
     return final
