@@ -147,6 +147,14 @@ def test_the_cache_write_is_tied_to_the_read_on_the_cpu_only(tpu_mesh):
 
 
 @needs_libtpu
+def test_a_decoding_step_reads_first_only_for_one_row_on_the_cpu(tpu_mesh):
+    assert backends.decode_reads_first(1) and not backends.decode_reads_first(4)
+    with jax.set_mesh(tpu_mesh):  # a TPU program writes first, whatever the batch
+        assert not backends.decode_reads_first(1) and not backends.decode_reads_first(4)
+    assert not Backend("gpu").decode_reads_first(1)
+
+
+@needs_libtpu
 def test_row_groups_are_refused_for_devices_other_than_a_cpu(tpu_mesh):
     """``train.concurrent_groups`` is the CPU backend's: a trainer for TPU devices (``tjax
     plan``'s) or a step built under a TPU mesh says so, rather than splitting for nothing."""

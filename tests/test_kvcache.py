@@ -89,6 +89,23 @@ def test_cached_decoding_equals_full_forward(position, one_row):
     np.testing.assert_allclose(cached, full_logits(cfg, T=12), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("reads_first", [False, True], ids=["writes-first", "reads-first"])
+def test_either_decoding_order_gives_the_full_forward_pass(reads_first, monkeypatch):
+    """A decoding step's order is its backend's (``backends.decode_reads_first``: XLA:CPU
+    reads the cache first for one row, TPU and GPU always write first): either order, for one
+    row and for a batch, gives the full forward pass's logits."""
+    from transformers_jax.backends.cpu import Cpu
+
+    monkeypatch.setattr(Cpu, "decode_reads_first", lambda self, batch: reads_first)
+    cfg = tiny(position=QUICK_POSITION, n_kv_heads=2, init_std=0.1)
+    model, params, tokens = built(cfg, T=12)
+    full = full_logits(cfg, T=12)
+    for one_row in (False, True):
+        cached = cached_logits(model, params, cfg, tokens, [4, 7], cache_size=12,
+                               one_row=one_row)
+        np.testing.assert_allclose(cached, full, atol=2e-5, rtol=1e-5)
+
+
 @slow
 @pytest.mark.parametrize("one_row", [False, True], ids=["batch", "one-row"])
 @pytest.mark.parametrize("attention", ["reference", "chunked"])

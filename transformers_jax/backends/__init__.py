@@ -15,6 +15,9 @@ programs get; what XLA:CPU gets instead is in ``cpu.py``:
   float32 copy would be kept for the backward pass, about 20 GB more for GPT-2 XL on v5p).
 - ``materialised(x)`` (the chunked attention's k^T): ``x``. CPU: behind an optimization
   barrier, so the transpose is not folded into the product that reads it.
+- ``decode_reads_first(batch)`` (a decoding step's order, ``nn/kvcache.py``): write the new
+  token, then attend over the cache. CPU, for one row: attend over the cache as it was plus the
+  token, then write (written first, XLA:CPU copied the cache at every step).
 - ``ordered_after(kv, out)`` (a batch-1 decoding step's cache write): ``kv``. CPU: plus a zero
   computed from ``out``, so the in-place write visibly follows the read.
 
@@ -52,7 +55,8 @@ _EXPORTS = {
     "Backend": "transformers_jax.backends.generic",
     "varying_axes": "transformers_jax.backends.generic",
     **{name: "transformers_jax.backends.choice" for name in (
-        "BACKENDS", "current", "elementwise", "for_devices", "for_platform", "matmul",
+        "BACKENDS", "current", "decode_reads_first", "elementwise", "for_devices",
+        "for_platform", "matmul",
         "matmul_transposed", "materialised", "ordered_after", "platform_compiled_for",
         "platform_of")},
 }

@@ -80,6 +80,12 @@ def materialised(x: jax.Array) -> jax.Array:
     return current().materialised(x)
 
 
+def decode_reads_first(batch: int) -> bool:
+    """Whether a one-token decoding step reads its cache before writing
+    (``Backend.decode_reads_first``)."""
+    return current().decode_reads_first(batch)
+
+
 def ordered_after(values: Any, read: jax.Array) -> Any:
     """``values``, to be written where ``read`` was read from (``Backend.ordered_after``)."""
     return current().ordered_after(values, read)

@@ -196,6 +196,12 @@ class Cpu(Backend):
         """``x`` behind an ``optimization_barrier``: XLA cannot fold it into the product."""
         return lax.optimization_barrier(x)
 
+    def decode_reads_first(self, batch: int) -> bool:
+        """Read first for one row: written first, XLA:CPU made a second copy of the cache at
+        every step of a batch-1 loop (the copies, per layer and token, cost more than the
+        attention); for several rows it updates the written cache in place."""
+        return batch == 1
+
     def ordered_after(self, values: Any, read: jax.Array) -> Any:
         """``values`` plus a zero that depends on ``read``: finite by construction (a NaN or
         inf in ``read`` adds 0, not NaN)."""

@@ -79,6 +79,14 @@ class Backend:
         folded into it may keep the copy."""
         return x
 
+    def decode_reads_first(self, batch: int) -> bool:
+        """Whether a decoding step of ``batch`` rows attends over its cache as it was plus the
+        new token, then writes the token (``nn.kvcache.RowSlot.read_first``), rather than
+        writing first and attending over the written cache. The two give the same numbers;
+        written first is the plain order, which a compiler updates in place."""
+        del batch
+        return False
+
     def ordered_after(self, values: Any, read: jax.Array) -> Any:
         """``values`` (the keys and values a decoding step writes into its cache) as they are.
         ``read`` is the attention output that read the old cache: a backend whose compiler

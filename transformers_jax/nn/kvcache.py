@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from transformers_jax import backends
 from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.registry import MASKS
 
@@ -67,11 +68,11 @@ class CacheWrite(NamedTuple):
 class RowSlot(NamedTuple):
     """Decoding one token per row: it goes to slot ``slot[b]``, updated in place.
 
-    Two equivalent orders, chosen for what XLA:CPU compiles without copying the cache (the
-    copies, per layer and token, cost more than the attention itself):
-    ``read_first=False``: write the token, then attend over the written cache (batch > 1);
+    Two equivalent orders, the backend's choice (``backends.decode_reads_first``):
+    ``read_first=False``: write the token, then attend over the written cache (the plain
+    order; XLA:CPU's for several rows);
     ``read_first=True``: attend over the cache as it was plus the new token, then write
-    (batch 1, where writing first made XLA write a second copy of the cache every step).
+    (XLA:CPU's for one row, where writing first made it copy the cache every step).
     """
 
     slot: jax.Array  # int32 [B]
@@ -194,7 +195,8 @@ def plan_step(cache: KVCache, n_new: int, lengths: jax.Array | None) -> CacheSte
     positions_BT = cache.index[:, None] + jnp.arange(n_new, dtype=jnp.int32)[None, :]
     valid_BT = jnp.arange(n_new)[None, :] < lengths_B[:, None]
     if n_new == 1:
-        write: CacheWrite | RowSlot = RowSlot(cache.index % S, read_first=B == 1)
+        write: CacheWrite | RowSlot = RowSlot(cache.index % S,
+                                              read_first=backends.decode_reads_first(B))
         meta = {
             "index": cache.index + lengths_B,
             "positions": write_row_slot(cache.positions, positions_BT, write),
