@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-JSON_HINT = "(--json prints every figure"
+JSON_HINT = "(--json prints every figure)"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -102,4 +102,4 @@ def summary(result: dict[str, Any]) -> str:
     else:
         lines = _held_out(result)
     lines += [f"note: {note}" for note in result.get("notes", [])]
-    return "\n".join([*lines, JSON_HINT + ")"])
+    return "\n".join([*lines, JSON_HINT])
