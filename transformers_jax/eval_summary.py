@@ -6,13 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from transformers_jax.text_table import aligned
+
 JSON_HINT = "(--json prints every figure)"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in [header, *rows]]
 
 
 def _head(result: dict[str, Any]) -> str:
@@ -54,7 +50,7 @@ def _held_out(result: dict[str, Any]) -> list[str]:
                   "loss at first -> last position"]
         if not has_curve:
             header, rows = header[:-1], [row[:-1] for row in rows]
-        lines += ["", *_table(header, rows)]
+        lines += ["", *aligned(header, rows)]
     if result.get("plot"):
         lines.append(f"loss by position drawn in {result['plot']}")
     passkey = result.get("passkey")
@@ -90,7 +86,7 @@ def _lm_eval(result: dict[str, Any]) -> list[str]:
     head = (f"{_head(result)}: lm-eval {result['lm_eval']}, {result['max_length']} tokens a "
             f"pass, batches of {result['batch_size']}"
             + ("" if result.get("limit") is None else f", limit {result['limit']}"))
-    return [head, "", *_table(["task", "metric", "value", "stderr", "shots", "documents"], rows)]
+    return [head, "", *aligned(["task", "metric", "value", "stderr", "shots", "documents"], rows)]
 
 
 def summary(result: dict[str, Any]) -> str:

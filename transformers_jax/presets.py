@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformers_jax.registry import ConfigError
+from transformers_jax.text_table import aligned
 
 
 @dataclass(frozen=True)
@@ -211,10 +212,7 @@ def presets_table(presets: list[Preset] | None = None) -> str:
     header = ("name", "family", "params", "exact", "published", "Hugging Face class", "notes")
     rows = [(p.name, p.family, human_count(p.params), f"{p.params:,}", p.published or "-",
              p.hf_class, p.notes) for p in presets]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [header, *rows]]
-    lines += ["", "sources:"] + [f"  {p.name}: {p.source}" for p in presets]
+    lines = [*aligned(header, rows), "", "sources:"] + [f"  {p.name}: {p.source}" for p in presets]
     lines += ["", "use: tjax train --preset NAME [--model.FIELD=VALUE ...]; tjax bench --preset "
               "NAME; ModelConfig.preset(NAME, **fields). CPU-sized: "
               + ", ".join(p.name for p in presets if p.cpu)]
