@@ -14,7 +14,7 @@ What it does, in order:
    device's byte limit, then compiles and runs the predicted batch, stepping down 15% at a time
    on an out-of-memory error. Every probe is listed in the JSON.
 3. Times training at that batch: tokens/s (median of ``--steps`` after warm-up), model FLOPs
-   per token, MFU against the datasheet bf16 peak of the GPU (``train/flops.py``) and against a
+   per token, MFU against the datasheet bf16 peak of the GPU (``learning/flops.py``) and against a
    measured bf16 matmul.
 4. Times decoding with the KV cache at batch 1 and 8 (greedy, one compiled loop) and the time
    to first token; decoding attention is ``--decode-attention`` (xla: cuDNN's fused kernel
@@ -46,12 +46,12 @@ from transformers_jax.bench import (  # noqa: E402
     environment,
 )
 from transformers_jax.config import ModelConfig, TrainConfig  # noqa: E402
+from transformers_jax.learning.flops import flops_per_token, measure_matmul_peak  # noqa: E402
+from transformers_jax.learning.optim import learning_rate_schedule, make_optimizer  # noqa: E402
+from transformers_jax.learning.step import init_state, make_train_step  # noqa: E402
 from transformers_jax.models import build_model  # noqa: E402
 from transformers_jax.nn.layers import count_params  # noqa: E402
 from transformers_jax.registry import ATTENTION  # noqa: E402
-from transformers_jax.train.flops import flops_per_token, measure_matmul_peak  # noqa: E402
-from transformers_jax.train.optim import learning_rate_schedule, make_optimizer  # noqa: E402
-from transformers_jax.train.step import init_state, make_train_step  # noqa: E402
 
 GPT2_SMALL = dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=12, max_len=1024,
                   position="learned", mlp="gelu", norm="layernorm", tie_embeddings=True,

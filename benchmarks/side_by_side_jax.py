@@ -105,9 +105,9 @@ def make_batches(shape: dict, steps: int, rng) -> dict:
 def prepare(args) -> int:
     from transformers_jax.convert.api import save_hf
     from transformers_jax.convert.common import architecture_for
+    from transformers_jax.learning.objectives import objective_for
+    from transformers_jax.learning.optim import learning_rate_schedule
     from transformers_jax.models import build_model
-    from transformers_jax.train.objectives import objective_for
-    from transformers_jax.train.optim import learning_rate_schedule
 
     shape = SHAPES[args.shape]
     raw, base = hf_layout(shape)
@@ -125,7 +125,7 @@ def prepare(args) -> int:
     plan = {"shape": {"name": args.shape, **shape}, "steps": args.steps, "seed": args.seed,
             "optimizer": {"name": "AdamW", "learning_rate": args.learning_rate,
                           "warmup_steps": max(args.steps // 10, 1), "schedule":
-                          "linear warm-up, cosine decay (transformers_jax.train.optim)",
+                          "linear warm-up, cosine decay (transformers_jax.learning.optim)",
                           "b1": hyper.b1, "b2": hyper.b2, "eps": 1e-8,
                           "weight_decay": hyper.weight_decay, "weight_decay_on": "ndim >= 2",
                           "grad_clip_global_norm": hyper.grad_clip},
@@ -159,10 +159,10 @@ def load_converted(directory: str, attention: str, chunk: int):
 
 def train(config, params, plan: dict, arrays: dict, warmup: int, timed: bool,
           groups: int = 1) -> dict:
+    from transformers_jax.learning.objectives import objective_for
+    from transformers_jax.learning.optim import learning_rate_schedule, make_optimizer
+    from transformers_jax.learning.step import TrainState, make_train_step
     from transformers_jax.models import build_model
-    from transformers_jax.train.objectives import objective_for
-    from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
-    from transformers_jax.train.step import TrainState, make_train_step
 
     cfg = train_config(plan)
     model = build_model(config)

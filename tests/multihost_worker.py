@@ -41,7 +41,7 @@ def make_batches(steps: int = STEPS, seed: int = 0) -> list[dict]:
 
 def model_and_optimizer():
     from transformers_jax import ModelConfig, TrainConfig, build_model
-    from transformers_jax.train.optim import make_optimizer
+    from transformers_jax.learning.optim import make_optimizer
 
     cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=4, max_len=32)
     optimizer = make_optimizer(TrainConfig(steps=10, warmup_steps=2, learning_rate=1e-3))
@@ -106,9 +106,9 @@ def main() -> None:
 def tjax_train(argv: list[str]) -> int:
     """``tjax train ARGV`` as ``python -m transformers_jax.cli train ARGV`` runs it, the peak
     FLOP/s a fixed figure (MFU is no part of what the tests check)."""
-    from transformers_jax.train import loop
+    from transformers_jax.train import lanes
 
-    loop.device_peak = lambda dtype="float32": (1e12, "a test figure")
+    lanes.device_peak = lambda dtype="float32": (1e12, "a test figure")
     from transformers_jax import cli
 
     return cli.main(["train", *argv])

@@ -159,10 +159,10 @@ def test_row_groups_are_refused_for_devices_other_than_a_cpu(tpu_mesh):
     """``train.concurrent_groups`` is the CPU backend's: a trainer for TPU devices (``tjax
     plan``'s) or a step built under a TPU mesh says so, rather than splitting for nothing."""
     from transformers_jax.config import TrainConfig
+    from transformers_jax.learning.optim import make_optimizer
+    from transformers_jax.learning.step import make_train_step
     from transformers_jax.models import build_model
     from transformers_jax.parallel.strategies import make_trainer
-    from transformers_jax.train.optim import make_optimizer
-    from transformers_jax.train.step import make_train_step
 
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, max_len=16)
     batch = {"inputs": np.zeros((4, 16), np.int32), "targets": np.zeros((4, 16), np.int32)}

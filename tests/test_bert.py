@@ -17,11 +17,11 @@ from transformers_jax import ModelConfig, build_model
 from transformers_jax.data import classification as C
 from transformers_jax.data.mlm_batches import mlm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.learning import objectives as O
+from transformers_jax.learning.step import TrainState, make_train_step
 from transformers_jax.models.bert import BERT, encode_with_masks, fill_mask
 from transformers_jax.models.heads import build_classifier, init_from_mlm
 from transformers_jax.registry import UnknownNameError
-from transformers_jax.train import objectives as O
-from transformers_jax.train.step import TrainState, make_train_step
 
 TOK = ByteTokenizer()
 

@@ -217,8 +217,8 @@ def test_cli_sample_streams_text(trained, capsys):
 def test_the_manifest_checks_contents_and_reads_the_older_sizes_only_form(tmp_path):
     """A file zeroed at its size is caught by its checksum, also once the step was verified
     (and remembered) intact; a manifest written before checksums still checks sizes."""
+    from transformers_jax.errors import DamagedStepError
     from transformers_jax.runs.checkpoint import MANIFEST
-    from transformers_jax.train.errors import DamagedStepError
 
     ckpt = Checkpointer(str(tmp_path), async_save=False)
     for step in (1, 2):

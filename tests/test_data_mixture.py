@@ -20,7 +20,7 @@ from transformers_jax.data.mixture import Part, is_mixture, parse_mixture
 from transformers_jax.data.pipeline import make_lm_iterator, take
 from transformers_jax.data.sources import DataSpecError
 from transformers_jax.data.tokenizers import ByteTokenizer
-from transformers_jax.train.data import data_fingerprint, data_name
+from transformers_jax.runs.data import data_fingerprint, data_name
 
 BYTE = ByteTokenizer()
 

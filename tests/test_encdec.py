@@ -16,11 +16,11 @@ from transformers_jax.data import seq2seq
 from transformers_jax.data.prefix_lm import prefix_lm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
 from transformers_jax.evaluation import seq2seq_exact_match
+from transformers_jax.learning import objectives as O
+from transformers_jax.learning.losses import sequence_accuracy
+from transformers_jax.learning.step import init_state, make_train_step
 from transformers_jax.models.encdec import EncoderDecoder
 from transformers_jax.models.family import GPT_INPUTS
-from transformers_jax.train import objectives as O
-from transformers_jax.train.losses import sequence_accuracy
-from transformers_jax.train.step import init_state, make_train_step
 
 TOK = ByteTokenizer()
 S, T = 9, 7

@@ -10,11 +10,11 @@ import pytest
 @pytest.mark.slow
 def test_attention_variants_heads_tiny(results_dir, assert_replots, capsys, monkeypatch):
     from experiments import attention_variants
-    from transformers_jax.train import loop
+    from transformers_jax.train import lane
 
     # the greedy text preview each run logs to TensorBoard at its evaluation is no part of
     # the experiment's results (a fifth of this test's time: a decode loop compiled per run)
-    monkeypatch.setattr(loop, "_make_sampler", lambda *args: None)
+    monkeypatch.setattr(lane, "_make_sampler", lambda *args: None)
 
     attention_variants.main(["--scale", "tiny", "--shuffle-rows", "32"])
     heads = json.loads((results_dir / "attention_variants_heads_tiny.json").read_text())

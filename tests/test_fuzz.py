@@ -295,10 +295,10 @@ _STEPS: dict = {}  # (model config, train config) -> jitted (init + forward, ste
 def jitted_steps(model_cfg: ModelConfig, train_cfg: TrainConfig):
     """``(start, step)``: ``start(batch) -> (state, forward pass of the initial params over the
     batch)``, one program (initialising traces the forward pass anyway), and the train step."""
+    from transformers_jax.learning.objectives import objective_for
+    from transformers_jax.learning.optim import make_optimizer
+    from transformers_jax.learning.step import init_state, make_train_step
     from transformers_jax.models import build_model
-    from transformers_jax.train.objectives import objective_for
-    from transformers_jax.train.optim import make_optimizer
-    from transformers_jax.train.step import init_state, make_train_step
 
     key = (model_cfg, train_cfg)
     if key not in _STEPS:

@@ -18,10 +18,10 @@ pytest.importorskip("lm_eval")
 from transformers_jax import ModelConfig, TrainConfig  # noqa: E402
 from transformers_jax.evaluation import stream_losses  # noqa: E402
 from transformers_jax.harness.model import TjaxLM, generation_refusal  # noqa: E402
+from transformers_jax.learning.step import make_eval_step  # noqa: E402
 from transformers_jax.runs.load import open_run  # noqa: E402
 from transformers_jax.sample import SamplingConfig, generate  # noqa: E402
 from transformers_jax.train.loop import train  # noqa: E402
-from transformers_jax.train.step import make_eval_step  # noqa: E402
 
 SEQ_LEN = 32  # the run's seq_len: the adapter's max_length (rope has no table)
 TEXTS = ["The for statement", "x", "def f(x):\n    return x + 1\n", "while True: pass"]

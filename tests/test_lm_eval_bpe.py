@@ -12,9 +12,9 @@ pytest.importorskip("lm_eval")
 
 from transformers_jax import ModelConfig, TrainConfig  # noqa: E402
 from transformers_jax.harness.model import TjaxLM  # noqa: E402
+from transformers_jax.learning.step import make_eval_step  # noqa: E402
 from transformers_jax.runs.load import open_run  # noqa: E402
 from transformers_jax.train.loop import train  # noqa: E402
-from transformers_jax.train.step import make_eval_step  # noqa: E402
 
 SENTENCES = [
     "the cat sat on the mat", "the dog sat on the log", "a cat ran to the park",

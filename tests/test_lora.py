@@ -1,4 +1,4 @@
-"""LoRA (train/lora.py): the folded forward pass equals the adapters applied beside each
+"""LoRA (learning/lora.py): the folded forward pass equals the adapters applied beside each
 projection, only the adapters train, a LoRA run checkpoints adapters only and resumes exactly,
 merge gives a plain run with the same logits, and bad input names the fix."""
 
@@ -18,14 +18,14 @@ import pytest
 from transformers_jax.config import ConfigError, LoraConfig, ModelConfig, TrainConfig
 from transformers_jax.convert.api import export_class
 from transformers_jax.convert.merge import merge_lora_run
+from transformers_jax.learning import lora
+from transformers_jax.learning.objectives import objective_for
+from transformers_jax.learning.optim import make_optimizer
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import Dense
 from transformers_jax.parallel.strategies import make_trainer
 from transformers_jax.runs.load import open_run
-from transformers_jax.train import lora
 from transformers_jax.train.loop import train
-from transformers_jax.train.objectives import objective_for
-from transformers_jax.train.optim import make_optimizer
 
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, vocab_size=64)
 BOTH = LoraConfig(rank=3, alpha=6.0, targets=("attention", "mlp"))

@@ -17,9 +17,9 @@ from test_cli_journeys import run_cli
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from transformers_jax.learning import lora  # noqa: E402
 from transformers_jax.runs.checkpoint import Checkpointer, abstract_like  # noqa: E402
 from transformers_jax.runs.load import open_run, state_target  # noqa: E402
-from transformers_jax.train import lora  # noqa: E402
 
 ATOL = 1e-4  # |logit difference| between transformers and us, float32 (test_convert's)
 

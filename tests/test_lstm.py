@@ -8,9 +8,9 @@ import pytest
 from transformers_jax import ModelConfig, TrainConfig, build_model
 from transformers_jax.data.corpus import default_corpus
 from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.learning.optim import make_optimizer
+from transformers_jax.learning.step import init_state, make_train_step
 from transformers_jax.registry import FAMILIES
-from transformers_jax.train.optim import make_optimizer
-from transformers_jax.train.step import init_state, make_train_step
 
 
 def test_lstm_is_causal():

@@ -23,7 +23,7 @@ from transformers_jax.data.mlm import (
 )
 from transformers_jax.data.mlm_batches import mlm_batch
 from transformers_jax.data.tokenizers import ByteTokenizer
-from transformers_jax.train.objectives import mlm_objective, objective_for
+from transformers_jax.learning.objectives import mlm_objective, objective_for
 
 TOK = ByteTokenizer()
 SPECIAL = special_ids_of(TOK)

@@ -1,4 +1,4 @@
-"""The training optimizer (``train.optim.clipped_adamw``) against the optax chain it replaces,
+"""The training optimizer (``learning.optim.clipped_adamw``) against the optax chain it replaces,
 its skipped update, and what it is for: a compiled step that updates the moments in place."""
 
 import re
@@ -11,9 +11,9 @@ import optax
 import pytest
 
 from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.learning.optim import decay_mask, learning_rate_schedule, make_optimizer
+from transformers_jax.learning.step import init_state, make_train_step
 from transformers_jax.models import build_model
-from transformers_jax.train.optim import decay_mask, learning_rate_schedule, make_optimizer
-from transformers_jax.train.step import init_state, make_train_step
 
 CFG = TrainConfig(steps=20, warmup_steps=3, learning_rate=1e-2, grad_clip=1.0)
 PARAMS = {"dense": {"kernel": jnp.ones((3, 4)), "bias": jnp.zeros((4,))},
@@ -63,7 +63,7 @@ def test_clipped_adamw_is_the_optax_chain():
 
 
 def test_a_norm_passed_in_is_the_one_that_clips():
-    """``train.step.apply_gradients`` hands the optimizer the global norm it has computed
+    """``learning.step.apply_gradients`` hands the optimizer the global norm it has computed
     already; the update clips by that norm, and None computes the same one itself."""
     opt, g = make_optimizer(CFG), gradients(0, 5.0)  # above grad_clip: a clipped step
     state = opt.init(PARAMS)
@@ -100,7 +100,7 @@ def test_parameters_in_tuples_and_lists_are_updated_as_the_chain_does():
 
 def test_the_train_step_hands_the_optimizer_its_gradient_norm():
     """``apply_gradients`` passes the norm it computed to a ``SkipsNonFinite`` optimizer."""
-    from transformers_jax.train.step import SkipsNonFinite, TrainState, apply_gradients
+    from transformers_jax.learning.step import SkipsNonFinite, TrainState, apply_gradients
 
     inner, seen = make_optimizer(CFG), {}
 

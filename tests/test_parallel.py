@@ -1,6 +1,6 @@
 """Scale-out: every strategy and mesh computes the one-device update on the same global batch.
 
-Tolerances (float32, 8 fake CPU devices, 3 AdamW steps, against ``train.step`` on one device):
+Tolerances (float32, 8 fake CPU devices, 3 AdamW steps, against ``learning.step`` on one device):
 losses and gradient norms to 1e-5 relative, parameters to 1e-5 absolute. Observed: losses to
 ~2e-7 relative, gradient norms to ~1e-7, parameters to ~6e-7. (The parameter margin is
 smallest because Adam divides each gradient entry by its own magnitude: entries of size ~eps
@@ -19,13 +19,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
+from transformers_jax.learning import objectives
+from transformers_jax.learning.optim import make_optimizer
+from transformers_jax.learning.step import init_state, make_eval_step, make_train_step
 from transformers_jax.parallel import LOGICAL_RULES, make_mesh, make_trainer, parse_mesh
 from transformers_jax.parallel.rules import abstract_variables, check_shardable, mesh_shardings
 from transformers_jax.parallel.strategies import weighted_sums
 from transformers_jax.registry import FAMILIES
-from transformers_jax.train import objectives
-from transformers_jax.train.optim import make_optimizer
-from transformers_jax.train.step import init_state, make_eval_step, make_train_step
 
 STEPS = 3
 B, T = 16, 16
@@ -66,7 +66,7 @@ def make_batches(cfg: ModelConfig, n: int = STEPS, batch: int = B, seed: int = 0
 
 @functools.cache
 def reference(cfg: ModelConfig, packed: bool = True, objective=None):
-    """One device, the project's own steps (``train.step``, or ``train.objectives`` for an
+    """One device, the project's own steps (``learning.step``, or ``learning.objectives`` for an
     objective): (losses, grad norms, final params, eval loss on a fresh batch)."""
     model = build_model(cfg)
     batches = make_batches(cfg, packed=packed)
@@ -302,7 +302,7 @@ def row_group_calls(monkeypatch):
 
 
 def step_run(cfg, batches, groups, objective=None):
-    """``train.step.make_train_step`` on one device: (losses, grad norms, final params)."""
+    """``learning.step.make_train_step`` on one device: (losses, grad norms, final params)."""
     model = build_model(cfg)
     state = jax.jit(lambda: init_state(model, OPTIMIZER, 0, batches[0], objective))()
     step = jax.jit(make_train_step(model, OPTIMIZER, objective=objective, groups=groups))
@@ -396,8 +396,8 @@ def test_per_row_metrics_add_up_by_rows_not_tokens():
     pieces of a batch with very different token counts add them weighted by their rows, so
     the pieces' result is the whole batch's (token weighting would give 0.1 here)."""
     from transformers_jax.backends.cpu import row_group
-    from transformers_jax.train.objectives import Objective, objective_for
-    from transformers_jax.train.step import finish_metrics
+    from transformers_jax.learning.objectives import Objective, objective_for
+    from transformers_jax.learning.step import finish_metrics
 
     def fake_loss(model, params, batch, rng, deterministic):
         right = batch["right"].astype(jnp.float32)
@@ -437,7 +437,7 @@ def test_concurrent_groups_errors():
 
 @pytest.mark.slow
 def test_encoder_matches_one_device_under_fsdp_and_tensor_parallel():
-    """BERT with its masked-LM objective (``train.objectives``), weights marking the
+    """BERT with its masked-LM objective (``learning.objectives``), weights marking the
     predicted positions; GPT with a bidirectional mask before BERT exists."""
     objective = objectives.objective_for("bert") if ENCODER.family == "bert" else None
     assert_matches_reference(

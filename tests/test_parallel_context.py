@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from model_helpers import packed_rows
 
 from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
+from transformers_jax.learning.optim import make_optimizer
 from transformers_jax.nn.attention import dot_product_attention
 from transformers_jax.nn.mask_kinds import SlidingWindow
 from transformers_jax.nn.masks import build_mask
@@ -30,7 +31,6 @@ from transformers_jax.parallel.mesh import parse_mesh
 from transformers_jax.parallel.rules import context_parallel_size
 from transformers_jax.parallel.strategies import mesh_rules
 from transformers_jax.registry import POSITIONS
-from transformers_jax.train.optim import make_optimizer
 
 B, T = 4, 64
 GPT = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, max_len=T)

@@ -21,10 +21,10 @@ import pytest
 from model_helpers import packed_rows
 
 from transformers_jax import ConfigError, ModelConfig, build_model
+from transformers_jax.learning.objectives import objective_for
 from transformers_jax.parallel import make_trainer
 from transformers_jax.parallel.context import shard_refusal
 from transformers_jax.registry import POSITIONS
-from transformers_jax.train.objectives import objective_for
 
 B, T = 4, 32
 GPT = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, max_len=T)

@@ -16,8 +16,8 @@ from multihost_worker import STEPS, make_batches, model_and_optimizer
 from subprocess_env import single_device_env
 
 from transformers_jax import ConfigError
+from transformers_jax.learning.step import init_state, make_train_step
 from transformers_jax.parallel import initialize
-from transformers_jax.train.step import init_state, make_train_step
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 TIMEOUT_S = 180

@@ -14,6 +14,8 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from transformers_jax import ConfigError, ModelConfig, TrainConfig, build_model
+from transformers_jax.learning.optim import decay_mask, make_optimizer
+from transformers_jax.learning.step import init_state, make_train_step
 from transformers_jax.models import family_of
 from transformers_jax.nn.stack import (
     REMAT_POLICIES,
@@ -23,8 +25,6 @@ from transformers_jax.nn.stack import (
 )
 from transformers_jax.parallel import make_trainer
 from transformers_jax.registry import FAMILIES
-from transformers_jax.train.optim import decay_mask, make_optimizer
-from transformers_jax.train.step import init_state, make_train_step
 
 # One layer where a layer's remat is the point (its loss, gradients and saved residuals: remat
 # wraps each layer on its own, so a second one is the same wrapping again, at twice the compile);
@@ -149,7 +149,7 @@ def test_scan_over_layers_equals_the_loop_under_fsdp_and_tensor_parallel():
     assert kernel.names == ("layers", "embed", "heads", "head_dim")
     assert kernel.value.shape == (cfg.n_layers, 32, 4, 8)
 
-    # train.optim's optimizer, whose decay mask knows the stacked layout (train.optim.decay_mask).
+    # learning.optim's optimizer, whose decay mask knows the stacked layout (its decay_mask).
     optimizer = make_optimizer(TrainConfig(steps=10, warmup_steps=2, learning_rate=1e-3))
     rng = np.random.default_rng(0)
     batches = []

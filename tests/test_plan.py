@@ -197,10 +197,10 @@ def test_convolution_flops_count_only_real_taps():
 def test_scanned_stack_costs_what_the_unrolled_one_does():
     """On CPU: a 4-layer GPT's training step with scan_layers counts its loop's matmuls as the
     unrolled program does, and the byte model matches XLA's count with each loop once."""
+    from transformers_jax.learning.objectives import objective_for
+    from transformers_jax.learning.optim import make_optimizer
     from transformers_jax.models import build_model
     from transformers_jax.parallel.strategies import make_trainer
-    from transformers_jax.train.objectives import objective_for
-    from transformers_jax.train.optim import make_optimizer
 
     got = {}
     for scan in (False, True):
@@ -552,9 +552,9 @@ def test_abstract_state_matches_the_real_state_without_allocating(strategy, mesh
     """What plan compiles against: the state's shapes, dtypes and shardings, from shapes only."""
     import numpy as np
 
+    from transformers_jax.learning.optim import make_optimizer
     from transformers_jax.models import build_model
     from transformers_jax.parallel import make_trainer
-    from transformers_jax.train.optim import make_optimizer
 
     model_cfg = TINY.replace(attention="xla", dtype="float32", max_len=16)
     example = {"inputs": np.zeros((8, 16), np.int32), "targets": np.zeros((8, 16), np.int32)}
@@ -572,12 +572,12 @@ def test_abstract_state_matches_the_real_state_without_allocating(strategy, mesh
 
 def _lowered_train_step(model_cfg: ModelConfig, devices) -> str:
     """StableHLO of the "single" strategy's train step lowered for ``devices``."""
+    from transformers_jax.learning.objectives import objective_for
+    from transformers_jax.learning.optim import make_optimizer
     from transformers_jax.models import build_model
     from transformers_jax.parallel.mesh import make_mesh
     from transformers_jax.parallel.strategies import make_trainer
     from transformers_jax.plan.steps import example_batch, host_zeros
-    from transformers_jax.train.objectives import objective_for
-    from transformers_jax.train.optim import make_optimizer
 
     cfg = TINY_TRAIN.replace(strategy="single", mesh=None)
     batch = example_batch(model_cfg, cfg.batch_size, cfg.seq_len)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from transformers_jax import ModelConfig, TrainConfig
+from transformers_jax.errors import NonFiniteError, RunDirLockedError
+from transformers_jax.learning import step as train_step_module
 from transformers_jax.runs import load_run
 from transformers_jax.runs.checkpoint import Checkpointer
 from transformers_jax.runs.lock import LOCK_FILE, RunLock
-from transformers_jax.train import step as train_step_module
-from transformers_jax.train.errors import NonFiniteError, RunDirLockedError
 from transformers_jax.train.guard import SPIKE_WARMUP, Guard
 from transformers_jax.train.loop import train
 
@@ -270,7 +270,7 @@ def test_a_checkpoint_older_than_the_data_records_still_resumes(tmp_path):
 # ------------------------------------------------------------------------ checkpoint damage
 @pytest.mark.slow
 def test_a_damaged_checkpoint_is_named_and_the_run_falls_back_to_the_previous(tmp_path):
-    from transformers_jax.train.errors import CheckpointDamagedError
+    from transformers_jax.errors import CheckpointDamagedError
 
     cfg = small_cfg(tmp_path, steps=4)
     train(MODEL, cfg)
@@ -336,7 +336,7 @@ def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous(tmp_path
 
     import orbax.checkpoint as ocp
 
-    from transformers_jax.train.errors import CheckpointWriteError
+    from transformers_jax.errors import CheckpointWriteError
 
     real = ocp.CheckpointManager.save
 

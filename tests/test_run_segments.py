@@ -10,11 +10,11 @@ import pytest
 
 from transformers_jax import ModelConfig, TrainConfig, cli
 from transformers_jax.config import ConfigError, from_dict
+from transformers_jax.learning.optim import learning_rate_schedule
 from transformers_jax.runs.checkpoint import Checkpointer
 from transformers_jax.runs.meta import segments_of
 from transformers_jax.runs.readme import CONFIG_FILE, run_readme
 from transformers_jax.train.loop import train
-from transformers_jax.train.optim import learning_rate_schedule
 
 MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2)
 

@@ -27,13 +27,13 @@ from subprocess_env import single_device_env
 from transformers_jax import ModelConfig, TrainConfig, backends
 from transformers_jax.backends import Backend
 from transformers_jax.config import ConfigError
+from transformers_jax.learning.objectives import run_objective
+from transformers_jax.learning.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.parallel import make_trainer, stack_seeds
 from transformers_jax.parallel.seeds import seed_devices
 from transformers_jax.runs import load_run
 from transformers_jax.runs.checkpoint import Checkpointer
 from transformers_jax.train.loop import train
-from transformers_jax.train.objectives import run_objective
-from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.seeds import train_seeds
 
 LOSS_RTOL = 1e-5
@@ -142,7 +142,7 @@ import numpy as np
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.models import build_model
 from transformers_jax.parallel import make_trainer, stack_seeds
-from transformers_jax.train.optim import make_optimizer
+from transformers_jax.learning.optim import make_optimizer
 model = build_model(ModelConfig(family="lstm", vocab_size=4096, d_model=192, n_layers=2))
 batch = {"inputs": np.zeros((4, 32), np.int32), "targets": np.zeros((4, 32), np.int32)}
 trainer = make_trainer("single", model, make_optimizer(TrainConfig()), batch)

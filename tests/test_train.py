@@ -15,11 +15,11 @@ from subprocess_env import single_device_env
 
 from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.data.corpus import default_corpus, read_text
-from transformers_jax.train import flops
-from transformers_jax.train.flops import flops_per_token
+from transformers_jax.learning import flops
+from transformers_jax.learning.flops import flops_per_token
+from transformers_jax.learning.losses import lm_loss, predicts_target
+from transformers_jax.learning.optim import decay_mask, learning_rate_schedule
 from transformers_jax.train.loop import train
-from transformers_jax.train.losses import lm_loss, predicts_target
-from transformers_jax.train.optim import decay_mask, learning_rate_schedule
 
 TINY_MODEL = ModelConfig(vocab_size=262, d_model=32, n_layers=1, n_heads=2, max_len=32)
 
@@ -399,10 +399,10 @@ def test_a_family_declares_its_inputs_in_its_entry(monkeypatch):
     also carries segments (which GPT's inputs would pass, and the toy would refuse)."""
     import flax.linen as nn
 
+    from transformers_jax.learning.objectives import objective_for, run_objective
+    from transformers_jax.learning.optim import make_optimizer
+    from transformers_jax.learning.step import init_state, make_train_step
     from transformers_jax.models import FAMILIES, Family
-    from transformers_jax.train.objectives import objective_for, run_objective
-    from transformers_jax.train.optim import make_optimizer
-    from transformers_jax.train.step import init_state, make_train_step
 
     given = []
 

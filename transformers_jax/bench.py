@@ -56,6 +56,9 @@ from transformers_jax.config import (
     apply_overrides,
     from_dict,
 )
+from transformers_jax.learning.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
+from transformers_jax.learning.optim import learning_rate_schedule, make_optimizer
+from transformers_jax.learning.step import init_state, make_train_step
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.layers import count_params
 from transformers_jax.overrides import (
@@ -66,10 +69,7 @@ from transformers_jax.overrides import (
     read_config_file,
 )
 from transformers_jax.registry import FAMILIES
-from transformers_jax.train.flops import KNOWN_PEAKS, flops_per_token, measure_matmul_peak
-from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.train.profile import StepProfiler
-from transformers_jax.train.step import init_state, make_train_step
 
 # The default benchmark model: a character-level GPT-2 shape. Attention is the chunked kernel
 # with 64-wide tiles, the fastest of the kernels for training on a CPU.
@@ -152,7 +152,7 @@ def training_setup(model_cfg: ModelConfig, cfg: TrainConfig, packed: bool = Fals
     """``(jitted train step donating its state, initial state, a random batch)``: what
     ``bench_training`` times (and ``benchmarks/profile_step.py`` traces). ``batch``: a
     batch of the caller's instead (a task's rows, for a family that trains on them)."""
-    from transformers_jax.train.objectives import objective_for
+    from transformers_jax.learning.objectives import objective_for
 
     if cfg.grad_accum != 1:  # make_train_step has no accumulation: refuse, not ignore
         raise ConfigError(f"train.grad_accum={cfg.grad_accum}: tjax bench times one step over "

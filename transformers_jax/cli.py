@@ -17,9 +17,9 @@ import sys
 from transformers_jax.backends import prepare_host
 from transformers_jax.compile_cache import use_compile_cache, without_persistent_cache
 from transformers_jax.config import ConfigError
+from transformers_jax.errors import RunFailedError
 from transformers_jax.overrides import CommandParser, closest, int_list, print_json, write_json
 from transformers_jax.registry import FAMILIES, UnknownNameError
-from transformers_jax.train.errors import RunFailedError
 from transformers_jax.train_options import (  # noqa: F401  (tests and plan read them here)
     build_configs,
     follows_tokenizer,

@@ -249,7 +249,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """Low-rank adapters (``train/lora.py``): each targeted projection's kernel ``W`` trains as
+    """Low-rank adapters (``learning/lora.py``): each targeted projection's kernel ``W`` trains as
     ``W + (alpha / rank) * A @ B`` with ``W`` frozen; only ``A`` and ``B`` are trained and saved.
 
     ``alpha`` defaults to ``rank`` (a scale of 1): a change of rank then leaves the size of an
@@ -301,7 +301,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
     warmup_steps: int | None = None  # None: 10% of the schedule's steps
     # The schedule belongs to the run: a resume with more --steps keeps the checkpoint's, and
-    # the steps past its end run at its floor (train/loop.py, _plan_segment).
+    # the steps past its end run at its floor (train/setup.py, plan_segment).
     schedule_steps: int | None = None  # steps of warm-up + cosine, then the floor (None: steps)
     weight_decay: float = 0.1  # AdamW's decoupled decay (not on norms and biases)
     b1: float = 0.9  # Adam's first-moment decay
@@ -335,11 +335,11 @@ class TrainConfig:
     keep_checkpoints: int = 3  # newest checkpoints kept; older ones are deleted
     resume: bool = True  # continue from the latest checkpoint in run_dir, if there is one
     init_from: str | None = None  # fine-tune: start from this run's params (fresh optimizer)
-    # What is trained (train/objectives.py): None, the family's own (gpt lm, bert mlm, ...);
+    # What is trained (learning/objectives.py): None, the family's own (gpt lm, bert mlm, ...);
     # sequence_classification, a classifier on the encoder, on labelled --data (JSONL/CSV).
     objective: str | None = None  # None: the family's; sequence_classification: labelled data
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # adapters (docs/lora.md)
-    # Reliability (see train/guard.py, train/loop.py): bad updates skipped before the run stops,
+    # Reliability (see train/guard.py, train/lanes.py): bad updates skipped before the run stops,
     # and whether a resume may read other data or another tokenizer than the checkpoint's.
     skip_nonfinite_steps: int = 0  # updates with a non-finite loss/grad skipped; then stop
     accept_data_change: bool = False  # resume onto changed data/tokenizer with a warning

@@ -39,13 +39,13 @@ from transformers_jax.data.mixture import is_mixture
 from transformers_jax.data.seq2seq import pack_seq2seq, task_pairs, task_shapes
 from transformers_jax.data.sources import parse_spec
 from transformers_jax.data.tokenizers import ByteTokenizer
+from transformers_jax.learning.losses import token_losses
+from transformers_jax.learning.objectives import apply_model
+from transformers_jax.learning.step import make_eval_step
 from transformers_jax.models.encdec import greedy_decode
+from transformers_jax.runs.data import labelled_eval_batches, make_eval_batches
 from transformers_jax.runs.load import Run, open_run
 from transformers_jax.sample import SamplingConfig, check_generates, generate
-from transformers_jax.train.data import labelled_eval_batches, make_eval_batches
-from transformers_jax.train.losses import token_losses
-from transformers_jax.train.objectives import apply_model
-from transformers_jax.train.step import make_eval_step
 
 PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
                   "There and back again. ")
@@ -83,7 +83,7 @@ def mean_metrics(rows: Sequence[dict]) -> dict[str, float]:
 
 def held_out_metrics(eval_step: Callable, params, batches: Sequence[dict]) -> dict[str, float]:
     """Mean metrics over a fixed list of held-out batches (``eval_step(params, batch) ->
-    metrics``, e.g. ``train.step.make_eval_step``'s or a parallel trainer's)."""
+    metrics``, e.g. ``learning.step.make_eval_step``'s or a parallel trainer's)."""
     return mean_metrics(jax.device_get([eval_step(params, batch) for batch in batches]))
 
 
@@ -140,7 +140,7 @@ def evaluate_run(
             f"{run_dir} has no tokenizer this project can load (converted with an external "
             "tokenizer), and tjax eval reads text: convert it again from a directory that "
             "holds tokenizer.json, or evaluate from Python on token ids "
-            "(transformers_jax.train.step.make_eval_step)")
+            "(transformers_jax.learning.step.make_eval_step)")
     cfg: TrainConfig = train_cfg.replace(run_dir=None,
                                          eval_batches=batches or train_cfg.eval_batches)
     if data is not None:

@@ -1,5 +1,5 @@
 """Masked-LM batches: ``data/mlm.py``'s corruption applied to token windows and to the text
-pipeline's batches, for the ``mlm`` objective (``train/objectives.py``).
+pipeline's batches, for the ``mlm`` objective (``learning/objectives.py``).
 
 - ``mlm_batch``: random windows of a plain token array, rows framed ``[CLS] ... [SEP]``.
 - ``MaskedBatches`` / ``mask_eval_batches``: the training loop's text-pipeline batches turned

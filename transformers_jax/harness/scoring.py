@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformers_jax.learning.objectives import apply_model
 from transformers_jax.models import family_of
 from transformers_jax.sample import SamplingConfig, generate_tokens
-from transformers_jax.train.objectives import apply_model
 
 MIN_BUCKET = 16
 

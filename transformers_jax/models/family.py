@@ -29,7 +29,7 @@ class Family:
     ``module``: what builds its Linen module, as ``module(config)``: the module's class, or a
     function that imports the class and builds it (the built-in families, below).
     ``objective``: the name of its default training objective (an ``OBJECTIVES`` entry,
-    ``train/objectives.py``). ``input_keys``: the keyword inputs its module reads from a batch
+    ``learning/objectives.py``). ``input_keys``: the keyword inputs its module reads from a batch
     besides the tokens (``batch["inputs"]``); every objective applies the model with these, so
     a new family declares them here and nowhere else. ``default_mask``: the mask it uses
     unless asked otherwise. ``generates``: how it decodes with a KV cache: ``"self"`` (the

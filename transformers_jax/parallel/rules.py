@@ -60,9 +60,9 @@ def _is_boxed(x: Any) -> bool:
 
 def abstract_variables(model: nn.Module, example_batch: dict, inputs=None) -> dict:
     """``model.init``'s variables as shapes only (boxed with their logical names), no FLOPs.
-    ``inputs(batch)`` picks the keyword inputs (default ``train.step.model_inputs``)."""
+    ``inputs(batch)`` picks the keyword inputs (default ``learning.step.model_inputs``)."""
     if inputs is None:
-        from transformers_jax.train.step import model_inputs as inputs
+        from transformers_jax.learning.step import model_inputs as inputs
 
     return jax.eval_shape(
         lambda key: model.init(key, example_batch["inputs"], **inputs(example_batch)),

@@ -42,8 +42,8 @@ from jax.sharding import PartitionSpec as P
 
 from transformers_jax import backends
 from transformers_jax.config import ConfigError
+from transformers_jax.learning.step import TrainState
 from transformers_jax.parallel.strategies import ParallelTrainer
-from transformers_jax.train.step import TrainState
 
 SEED_AXIS = "seed"
 

@@ -37,11 +37,11 @@ large-batch step, with the activation memory of one micro-batch.
 
 Concurrent row groups (``groups=g``, ``train.concurrent_groups``) split each (micro-)batch
 again, into g interleaved groups of rows whose forward and backward passes are independent in
-the program (``train.step.grouped_sums_and_grads``), summed the same way: the same update, in
+the program (``learning.step.grouped_sums_and_grads``), summed the same way: the same update, in
 pieces that XLA:CPU runs side by side on its threads (no memory saved). They are the CPU
 backend's (``backends/cpu.py``): a mesh of other devices refuses g > 1.
 
-Dropout: the key is split from ``state.rng`` as ``train.step`` does; pmap and shard_map fold in
+Dropout: the key is split from ``state.rng`` as ``learning.step`` does; pmap and shard_map fold in
 the device index (shard_map: its data and context indices), micro-batches and row groups their
 index, so masks (and the draws of randomised position schemes) differ from a one-device run
 (same distribution). The "same numbers as one device" guarantee is for ``dropout=0``.
@@ -65,6 +65,16 @@ from jax.sharding import PartitionSpec as P
 
 from transformers_jax import backends
 from transformers_jax.config import ConfigError
+from transformers_jax.learning.step import (  # the shared step math: this module's API too
+    TrainState,
+    apply_update,
+    finish_metrics,
+    grouped_sums_and_grads,
+    init_state,
+    model_inputs,
+    split_micro_batches,
+    weighted_sums,
+)
 from transformers_jax.nn.attention import across_shards
 from transformers_jax.parallel import multihost
 from transformers_jax.parallel.context import (
@@ -84,16 +94,6 @@ from transformers_jax.parallel.rules import (
     check_batch,
     check_shardable,
     mesh_shardings,
-)
-from transformers_jax.train.step import (  # the shared step math: this module's API too
-    TrainState,
-    apply_update,
-    finish_metrics,
-    grouped_sums_and_grads,
-    init_state,
-    model_inputs,
-    split_micro_batches,
-    weighted_sums,
 )
 
 STRATEGIES = ("single", "pmap", "shard_map", "jit")
@@ -117,7 +117,7 @@ def sums_and_grads(
 
     With ``grad_accum > 1`` the batch is split into micro-batches and a ``lax.scan`` adds their
     sums and gradients (one micro-batch's activations alive at a time). Each (micro-)batch is
-    computed as ``groups`` independent row groups (``train.step.grouped_sums_and_grads``).
+    computed as ``groups`` independent row groups (``learning.step.grouped_sums_and_grads``).
     Inside ``shard_map``, ``vary`` marks the zero scalar accumulators as device-varying (the
     gradient accumulators take the kind of ``params``); under ``jit``, ``constrain_grads``
     keeps the gradient accumulator sharded like the parameters (FSDP).
@@ -317,10 +317,10 @@ def make_trainer(
 
     ``mesh``: a ``Mesh`` or a spec string (``"data=4,fsdp=2,tensor=1"``; default: every device
     on ``data``); ``single`` ignores it and uses the first device. ``objective``: a
-    ``train.objectives.Objective`` (default: next-token LM, as ``train.step``). ``donate``:
+    ``learning.objectives.Objective`` (default: next-token LM, as ``learning.step``). ``donate``:
     the step reuses the input state's buffers (do not touch a state after passing it in).
     ``groups``: each (micro-)batch computed as this many independent row groups
-    (``train.concurrent_groups``; ``train.step.grouped_sums_and_grads``): for CPU devices only,
+    (``train.concurrent_groups``; ``learning.step.grouped_sums_and_grads``): for CPU devices only,
     a ConfigError for others. ``context_attention``: how attention crosses the sequence
     shards of a mesh with a ``context`` axis (``all_gather`` of keys and values, ``ring``, or
     ``ring_zigzag``; ``parallel/context.py``); ignored without one.
@@ -370,7 +370,7 @@ class _Setup:
     context_attention: str = "all_gather"
 
     def fresh(self, seed: int | jax.Array) -> TrainState:
-        """``train.step.init_state`` (for any objective) of ``seed``, a Python int or a traced
+        """``learning.step.init_state`` (for any objective) of ``seed``, a Python int or a traced
         integer (the same values), to be traced."""
         example = {k: jnp.zeros(np.shape(v), np.asarray(v).dtype)
                    for k, v in self.example_batch.items()}
@@ -396,7 +396,7 @@ def _jit_trainer(c: _Setup) -> ParallelTrainer:
     check_shardable(abstract["params"], mesh, rules)
     param_sh = mesh_shardings(abstract["params"], mesh, rules)
     replicated = NamedSharding(mesh, P())
-    # a masked optimizer (LoRA: train.lora.adapters_only) keeps MaskedNode, no array, where
+    # a masked optimizer (LoRA: learning.lora.adapters_only) keeps MaskedNode, no array, where
     # it trains nothing
     opt_sh = optax.tree_utils.tree_map_params(
         c.optimizer, lambda x, s: x if isinstance(x, optax.MaskedNode) else s,

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
+from transformers_jax.learning import lora
 from transformers_jax.models import build_model, family_of
 from transformers_jax.nn.stack import REMAT_POLICIES
 from transformers_jax.overrides import CommandParser, Once, print_json, write_json
@@ -25,7 +26,6 @@ from transformers_jax.plan.steps import (
 )
 from transformers_jax.plan.summary import summary
 from transformers_jax.plan.targets import Target, make_target
-from transformers_jax.train import lora
 
 # short forms of config fields, as in the issue: --mesh, --batch, --seq-len, --remat
 PLAN_ALIASES = {"mesh": "train.mesh", "batch": "train.batch_size", "seq_len": "train.seq_len",

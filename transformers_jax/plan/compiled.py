@@ -117,7 +117,7 @@ def roofline(per_device_flops: float, model_flops: float, bytes_accessed: float,
     collectives add on top (``step_s``) or hide entirely (``step_s_overlapped``). MFU is the
     model's own FLOPs (no remat recompute) per device over the step time at peak, attention
     over the full context; given ``model_flops_causal_half`` (causal attention at half, as
-    MaxText counts it: ``train.flops.flops_per_token``), also ``mfu_causal_half`` and
+    MaxText counts it: ``learning.flops.flops_per_token``), also ``mfu_causal_half`` and
     ``mfu_causal_half_overlapped`` over the same step times."""
     share = target.devices_per_chip
     peak, hbm_bw = target.chip.peak_flops / share, target.chip.hbm_bytes_per_s / share

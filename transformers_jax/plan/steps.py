@@ -16,6 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformers_jax.config import CONTEXT_ATTENTION, ConfigError, ModelConfig, TrainConfig
+from transformers_jax.learning import lora
+from transformers_jax.learning.flops import flops_per_token
+from transformers_jax.learning.objectives import objective_for
+from transformers_jax.learning.optim import learning_rate_schedule, make_optimizer
 from transformers_jax.models import build_model
 from transformers_jax.nn.layers import count_params
 from transformers_jax.parallel.context import method_refusal
@@ -27,10 +31,6 @@ from transformers_jax.plan.hlo import Module
 from transformers_jax.plan.ops import op_roofline
 from transformers_jax.plan.targets import Target
 from transformers_jax.sample import decode_step
-from transformers_jax.train import lora
-from transformers_jax.train.flops import flops_per_token
-from transformers_jax.train.objectives import objective_for
-from transformers_jax.train.optim import learning_rate_schedule, make_optimizer
 
 
 def example_batch(model_cfg: ModelConfig, batch_size: int, seq_len: int) -> dict:

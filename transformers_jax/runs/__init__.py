@@ -6,7 +6,8 @@
 - ``tokenizer.py``, ``labels.py``: the tokenizer and a classifier's class names;
 - ``lock.py``: one writer per run directory; ``readme.py``: ``RUN_DIR/README.md``;
 - ``load.py``: ``load_run``/``open_run``, any run back as a model and params (for sampling,
-  evaluation, export and fine-tuning); ``write.py``: parameters from elsewhere as a run.
+  evaluation, export and fine-tuning); ``write.py``: parameters from elsewhere as a run;
+- ``data.py``: the data a run reads (tokenizer, resumable training batches, eval batches).
 
 The training loop (``train/loop.py``) writes runs through these modules; ``tjax sample``,
 ``tjax eval``, ``tjax fill-mask`` and ``tjax convert`` read them through ``load.py``.

@@ -33,12 +33,12 @@ import jax
 import orbax.checkpoint as ocp
 
 from transformers_jax.config import ModelConfig
-from transformers_jax.runs.layout import DAMAGED_DIR, checkpoint_dir
-from transformers_jax.train.errors import (
+from transformers_jax.errors import (
     CheckpointDamagedError,
     CheckpointWriteError,
     DamagedStepError,
 )
+from transformers_jax.runs.layout import DAMAGED_DIR, checkpoint_dir
 
 # {"hash": HASH, "files": {relative path: [size in bytes, hex digest]}} of a committed step;
 # manifests written before checksums hold {relative path: size} (sizes are checked, not contents)

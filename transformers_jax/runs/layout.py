@@ -11,7 +11,7 @@
     RUN_DIR/labels.json                a classifier's class names, id = position
                                        (``runs/labels.py``)
     RUN_DIR/run.lock                   the writer's PID and host (``runs/lock.py``)
-    RUN_DIR/metrics.jsonl              the training log (``train/loop.py``)
+    RUN_DIR/metrics.jsonl              the training log (``train/lane.py``)
     RUN_DIR/tensorboard/               TensorBoard events, when enabled (``train/tracking.py``)
     RUN_DIR/README.md, tjax_config.json   what the run is and how to reproduce and use it
                                        (``runs/readme.py``)

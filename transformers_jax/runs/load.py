@@ -18,15 +18,15 @@ import jax
 
 from transformers_jax.config import ModelConfig, TrainConfig, from_dict
 from transformers_jax.data.tokenizers import Tokenizer
+from transformers_jax.learning import lora
+from transformers_jax.learning.objectives import Objective, run_objective
+from transformers_jax.learning.optim import make_optimizer
+from transformers_jax.learning.step import TrainState, init_state
 from transformers_jax.models import family_of
 from transformers_jax.runs.checkpoint import Checkpointer, abstract_like
 from transformers_jax.runs.labels import read_labels
 from transformers_jax.runs.layout import LABELS_FILE
 from transformers_jax.runs.tokenizer import run_tokenizer
-from transformers_jax.train import lora
-from transformers_jax.train.objectives import Objective, run_objective
-from transformers_jax.train.optim import make_optimizer
-from transformers_jax.train.step import TrainState, init_state
 
 
 @dataclasses.dataclass(frozen=True)

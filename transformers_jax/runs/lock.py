@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 
 from transformers_jax.config import ConfigError
+from transformers_jax.errors import RunDirLockedError
 from transformers_jax.runs.layout import LOCK_FILE
-from transformers_jax.train.errors import RunDirLockedError
 
 __all__ = ["LOCK_FILE", "RunDirLockedError", "RunLock"]
 

@@ -25,8 +25,8 @@ from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.parallel import multihost
 from transformers_jax.runs.checkpoint import Checkpointer, config_differences
+from transformers_jax.runs.data import DATA_FIELDS, RunData
 from transformers_jax.runs.tokenizer import tokenizer_spec
-from transformers_jax.train.data import DATA_FIELDS, RunData
 
 
 def run_meta(model_cfg: ModelConfig, cfg: TrainConfig, data: RunData, step: int,

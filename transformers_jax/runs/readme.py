@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from transformers_jax.config import ConfigError, ModelConfig, TrainConfig
+from transformers_jax.learning.objectives import run_objective
 from transformers_jax.models import family_of
 from transformers_jax.nn.kvcache import check_decoding
 from transformers_jax.runs.layout import CONFIG_FILE, LABELS_FILE, README_FILE
-from transformers_jax.train.objectives import run_objective
 
 __all__ = ["CONFIG_FILE", "README_FILE", "run_readme", "write_run_readme"]
 

@@ -24,12 +24,12 @@ import jax.numpy as jnp
 from transformers_jax import __version__
 from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.data.tokenizers import EXTERNAL, Tokenizer
+from transformers_jax.learning.objectives import objective_for
+from transformers_jax.learning.optim import make_optimizer
+from transformers_jax.learning.step import TrainState
 from transformers_jax.runs.checkpoint import Checkpointer
 from transformers_jax.runs.layout import TOKENIZER_DIR, checkpoint_dir
 from transformers_jax.runs.load import state_target
-from transformers_jax.train.objectives import objective_for
-from transformers_jax.train.optim import make_optimizer
-from transformers_jax.train.step import TrainState
 
 
 def train_config_for(config: ModelConfig) -> TrainConfig:
@@ -41,7 +41,7 @@ def train_config_for(config: ModelConfig) -> TrainConfig:
 
 
 def fresh_state(params: Any, optimizer: Any, seed: int) -> TrainState:
-    """``TrainState`` at step 0 around ``params``: what ``train.step.init_state`` builds (same
+    """``TrainState`` at step 0 around ``params``: what ``learning.step.init_state`` builds (same
     RNG split), with the given params instead of a random init."""
     _, rng = jax.random.split(jax.random.key(seed))
     return TrainState(

@@ -112,9 +112,9 @@ def _task_seconds(planned: PlannedCell, model, plan: SweepPlan, cache: dict) -> 
     the forward pass exact match reads (compiled), kept in ``cache`` by the model's shape."""
     import jax
 
+    from transformers_jax.learning.objectives import objective_for
     from transformers_jax.models import build_model
     from transformers_jax.sweep.tasks import exact_logits, row_tokens, test_batch
-    from transformers_jax.train.objectives import objective_for
 
     task, settings = planned.train.task, plan.spec.task
     key = (_shape_key(model), task)

@@ -90,7 +90,7 @@ def task_scores(model, params, tokenizer, model_cfg, task: str, settings: TaskEv
 
 def exact_logits(model, params, batch: dict):
     """The argmax ids under teacher forcing ``[B, T]`` (jit-able)."""
-    from transformers_jax.train.objectives import apply_model
+    from transformers_jax.learning.objectives import apply_model
 
     return apply_model(model, params, batch).argmax(-1)
 

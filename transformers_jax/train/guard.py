@@ -1,6 +1,6 @@
 """The non-finite guard and the loss-spike detector of a training run.
 
-The jitted step (``train.step.apply_gradients``) never applies an update whose loss or gradient
+The jitted step (``learning.step.apply_gradients``) never applies an update whose loss or gradient
 norm is not finite: params and optimizer state stay as they were, the step counter and the data
 position advance, and the step reports ``nonfinite=1``. The loop hands every step's metrics to
 ``Guard.check`` on each logged step and before every save; the guard tolerates up to
@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from transformers_jax.train.errors import NonFiniteError
+from transformers_jax.errors import NonFiniteError
 
 __all__ = ["Guard", "NonFiniteError"]
 

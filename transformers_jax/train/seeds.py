@@ -6,7 +6,7 @@ parameters at initialisation, the same batches in the same order, the same dropo
 states are stacked on a leading seed axis and stepped by one jitted program
 (``parallel.seeds``: the single-device step mapped over the seeds, ``jax.vmap`` on an
 accelerator, ``lax.map`` on XLA:CPU); everything around the step is each run's own
-(``train.loop``'s lanes): data iterator, metrics log, evaluation, non-finite guard,
+(``train.lane``'s lanes): data iterator, metrics log, evaluation, non-finite guard,
 checkpoints and README, in an ordinary run directory.
 
 Shape legend: S seeds, B batch, T length.
@@ -27,15 +27,9 @@ from transformers_jax.parallel.mesh import make_mesh
 from transformers_jax.parallel.seeds import SeedsTrainer, seed_devices, stack_seeds
 from transformers_jax.parallel.strategies import make_trainer
 from transformers_jax.runs.lock import RunLock
-from transformers_jax.train.loop import (
-    Lane,
-    Program,
-    a_terminal,
-    open_lane,
-    plan_segment,
-    prepare_run,
-    run_lanes,
-)
+from transformers_jax.train.lane import Lane, open_lane
+from transformers_jax.train.lanes import Program, run_lanes
+from transformers_jax.train.setup import a_terminal, plan_segment, prepare_run
 
 
 def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, seeds: Sequence[int],

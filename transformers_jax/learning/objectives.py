@@ -8,14 +8,14 @@ registered in ``OBJECTIVES`` by name. Which batch keys the model reads is its fa
 through ``apply_model``, which takes them from the model's family, and ``objective_for`` and
 ``run_objective`` give the objective bound to a family (``input_keys`` set) for the code that
 shapes or shards the inputs. Each family names its default (``gpt`` -> ``lm``, ``bert`` ->
-``mlm``, ``encdec`` -> ``seq2seq``). ``train/step.py``'s ``init_state``, ``make_train_step``
+``mlm``, ``encdec`` -> ``seq2seq``). ``learning/step.py``'s ``init_state``, ``make_train_step``
 and ``make_eval_step`` take any of them (``objective=``; default ``lm``). An objective with a
 ``head`` (``sequence_classification``) fine-tunes that classification head on a masked-LM
 encoder: ``tjax train --train.objective=NAME`` builds it, reads labelled data and starts it
 from a masked-LM run's encoder (``run_objective`` picks and checks a run's objective; loading a
 run, ``runs/load.py``, does the same).
 
-The losses on logits are in ``train/losses.py``; the batches that feed these objectives are
+The losses on logits are in ``learning/losses.py``; the batches that feed these objectives are
 built in ``data/`` (``data/mlm_batches.py`` masked-LM, ``data/seq2seq.py`` encoder-decoder and
 prefix-LM pairs, ``data/classification.py`` and ``data/labelled.py`` classification); held-out
 evaluation, greedy exact match included, is ``evaluation.py``'s.
@@ -31,10 +31,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from transformers_jax.learning.losses import classification_loss, sequence_accuracy, token_metrics
 from transformers_jax.models import build_model, family_of
 from transformers_jax.models.heads import build_classifier, init_from_mlm
 from transformers_jax.registry import FAMILIES, ConfigError, Registry
-from transformers_jax.train.losses import classification_loss, sequence_accuracy, token_metrics
 
 LossFn = Callable[[nn.Module, Any, dict, "jax.Array | None", bool], tuple[jax.Array, dict]]
 
@@ -120,7 +120,7 @@ class Objective:
     input_keys: tuple[str, ...] | None = None
     per_position: bool = False  # its loss is a mean over sequence positions (loss by position)
     # metrics that are means over rows (not tokens): pieces of a batch (devices,
-    # micro-batches, row groups) add them weighted by their rows (train.step.weighted_sums)
+    # micro-batches, row groups) add them weighted by their rows (learning.step.weighted_sums)
     row_metrics: tuple[str, ...] = ()
     # a models.heads HEADS entry: the objective fine-tunes that head on a masked-LM family's
     # encoder, on labelled examples (tjax train --train.objective=NAME --data PATH.jsonl)

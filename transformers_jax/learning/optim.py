@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import optax
 
 from transformers_jax.config import TrainConfig
-from transformers_jax.train.lora import adapters_only
-from transformers_jax.train.step import SkipsNonFinite
+from transformers_jax.learning.lora import adapters_only
+from transformers_jax.learning.step import SkipsNonFinite
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -88,7 +88,7 @@ def clipped_adamw(schedule: optax.Schedule, *, max_norm: float, b1: float, b2: f
             raise ValueError("clipped_adamw needs the parameters (weight decay): "
                              "call update(grads, state, params)")
         clip_state, (adam, decay_state, lr_state) = state
-        if norm is None:  # train.step.apply_gradients passes the norm it computed already
+        if norm is None:  # learning.step.apply_gradients passes the norm it computed already
             norm = optax.tree.norm(grads)
         scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)  # a multiply fuses freely
         count = optax.safe_increment(adam.count)

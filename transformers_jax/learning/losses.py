@@ -1,4 +1,4 @@
-"""Loss functions on logits: the pieces every objective (``train/objectives.py``) and every
+"""Loss functions on logits: the pieces every objective (``learning/objectives.py``) and every
 parallel strategy (``parallel/strategies.py``) computes its loss and metrics from.
 
 Shape legend: B batch, T length, V vocabulary, L labels.

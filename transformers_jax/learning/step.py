@@ -13,13 +13,13 @@ import optax
 from flax import struct
 
 from transformers_jax import backends
-from transformers_jax.train.losses import lm_loss
-from transformers_jax.train.objectives import OBJECTIVES
+from transformers_jax.learning.losses import lm_loss
+from transformers_jax.learning.objectives import OBJECTIVES
 
 
 class SkipsNonFinite(optax.GradientTransformationExtraArgs):
     """An optimizer whose ``update`` takes ``keep`` (a boolean scalar) and, where it is False,
-    returns zero updates and its state unchanged: ``train.step.apply_gradients`` then selects
+    returns zero updates and its state unchanged: ``learning.step.apply_gradients`` then selects
     nothing after it. It is also handed ``norm=``, the gradients' global norm, which the step has
     computed already (None: compute it): like every optax ``GradientTransformationExtraArgs``,
     its ``update`` must accept keyword arguments it does not use (``**extra_args``)."""
@@ -39,7 +39,7 @@ def model_inputs(batch: dict) -> dict:
 
 
 def _objective(objective):
-    """The given objective, or next-token LM (``train/objectives.py`` holds them all)."""
+    """The given objective, or next-token LM (``learning/objectives.py`` holds them all)."""
     return OBJECTIVES.get("lm") if objective is None else objective
 
 
@@ -108,8 +108,8 @@ def weighted_sums(
 
     Adding these over shards and dividing by the added weights gives exactly the metrics of
     the whole batch on one device. ``objective=None`` is next-token prediction through
-    ``train.losses.lm_loss`` (``make_train_step``'s loss); otherwise a
-    ``train.objectives.Objective``, whose mean loss and metrics are weighted by its ``tokens``
+    ``learning.losses.lm_loss`` (``make_train_step``'s loss); otherwise a
+    ``learning.objectives.Objective``, whose mean loss and metrics are weighted by its ``tokens``
     metric when it reports one. (Both divide by ``max(W, 1)``, and so does this.)
     """
     if objective is None:
@@ -214,7 +214,7 @@ def apply_gradients(optimizer: optax.GradientTransformation, state: TrainState, 
     """Inside the jitted step: the optimizer's update, unless the loss or the gradient norm is
     not finite. Then ``state``'s params and optimizer state stay (the step counter and RNG
     still advance, as the data does), and ``nonfinite`` (0 or 1) joins the metrics; ``metrics``
-    must hold the ``loss``. A ``SkipsNonFinite`` optimizer (``train.optim.clipped_adamw``)
+    must hold the ``loss``. A ``SkipsNonFinite`` optimizer (``learning.optim.clipped_adamw``)
     skips the update itself, which lets XLA update its state in place (a second select made
     XLA:CPU copy each moment first); any other optimizer's state is kept by a select per
     array, fused into the update."""

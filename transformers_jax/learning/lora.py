@@ -38,10 +38,10 @@ import jax.numpy as jnp
 import optax
 
 from transformers_jax.config import LoraConfig
+from transformers_jax.learning.step import SkipsNonFinite
 from transformers_jax.models import family_of
 from transformers_jax.nn.layers import Dense
 from transformers_jax.registry import ConfigError
-from transformers_jax.train.step import SkipsNonFinite
 
 BASE, LORA = "base", "lora"  # the two halves of a LoraModel's params
 RANK_AXIS = "lora_rank"  # the adapters' logical axis (no sharding rule: replicated)

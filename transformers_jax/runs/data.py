@@ -4,8 +4,9 @@ Text (the default corpus, files, ``tfds:NAME``) goes through the Grain pipeline 
 ``data/pipeline.py`` (packed documents, per-host shards); ``--task NAME`` trains on a synthetic
 task instead, and a classification objective on labelled examples. The training iterator's
 state is saved in every checkpoint, so a resumed run sees exactly the batches the
-uninterrupted one would have. What a run keeps in its directory (the tokenizer, a classifier's
-labels) is ``runs/``'s: this module reads no run directory.
+uninterrupted one would have. It sits with the run directory's modules because what it
+reads is part of a run's record (``meta.py`` compares ``DATA_FIELDS`` on resume, evaluation
+rebuilds the eval batches), but it reads no run directory itself.
 """
 
 from __future__ import annotations
