@@ -33,7 +33,7 @@ from transformers_jax.learning.flops import flops_per_token
 from transformers_jax.plan import CHIPS, GPU_SPECS, compile_train, make_target
 from transformers_jax.plan.hlo import Module
 from transformers_jax.plan.ops import op_roofline
-from transformers_jax.sweep.provenance import code_state, describe
+from transformers_jax.study.provenance import code_state, describe
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true",
           "--train.strategy=jit"]

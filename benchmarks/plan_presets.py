@@ -24,7 +24,7 @@ import time
 
 from transformers_jax.cli import build_configs
 from transformers_jax.plan import DEFAULT_REMATS, GPU_SPECS, plan, tpu_target
-from transformers_jax.sweep.provenance import code_state, describe
+from transformers_jax.study.provenance import code_state, describe
 
 COMMON = ["--model.dtype=bfloat16", "--model.dropout=0.0", "--model.scan_layers=true"]
 

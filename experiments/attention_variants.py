@@ -71,7 +71,7 @@ SCALES = {
 
 
 class _Text:
-    """The seed-drawn split of the corpus (``transformers_jax.sweep.splits``), its held-out
+    """The seed-drawn split of the corpus (``transformers_jax.study.splits``), its held-out
     tokens and baselines (unigram, Kneser-Ney n-grams), made once per process."""
 
     def __init__(self, n_eval: int, data: str | None = None, shuffle_rows: int | None = None):

@@ -23,8 +23,8 @@ from transformers_jax import ModelConfig, TrainConfig
 from transformers_jax.config import SHUFFLE_ROWS
 from transformers_jax.loop import train
 from transformers_jax.runs import load_run
+from transformers_jax.study.workers import own_cores
 from transformers_jax.sweep.plan import token_stream
-from transformers_jax.sweep.workers import own_cores
 
 RESULTS = os.environ.get("TJAX_RESULTS_DIR", os.path.join(os.path.dirname(__file__), "results"))
 FRESH = os.environ.get("TJAX_FRESH", "") not in ("", "0")  # ignore cached runs
@@ -219,7 +219,7 @@ def write_results(name: str, payload: dict, table: str, figure=None,
     os.makedirs(RESULTS, exist_ok=True)
     paths = {"json": os.path.join(RESULTS, f"{name}.json"),
              "md": os.path.join(RESULTS, f"{name}.md")}
-    from transformers_jax.sweep.splits import environment
+    from transformers_jax.study.splits import environment
 
     # time since the process started (a resumed run reads shorter; with several result files
     # per process, each counts everything before it too)
@@ -286,7 +286,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, float]:
     """Unigram (add-one) and Kneser-Ney 2-5-gram held-out losses (nats/token), fitted on the
     split's training text and scored on ``eval_tokens`` (cached like a run)."""
-    from transformers_jax.sweep.ngram import KneserNey
+    from transformers_jax.study.ngram import KneserNey
 
     vocab = tokenizer.vocab_size
     key = cache_key(data=split.sha256, split=split.seed, unit=split.unit, vocab=vocab,
@@ -305,10 +305,10 @@ def ngram_baselines(split, tokenizer, eval_tokens: np.ndarray) -> dict[str, floa
 
 def heldout_split(data: str | None, n_eval: int, split_seed: int = 0):
     """``(split, held-out byte tokens [n_eval], baselines)``: the seed-drawn split of ``data``
-    (``transformers_jax.sweep.splits``; train on ``split.train_data``), its held-out stream, and the
+    (``transformers_jax.study.splits``; train on ``split.train_data``), its held-out stream, and the
     n-gram baselines on that stream. The experiments use TrainConfig's byte tokenizer."""
     from transformers_jax.data.tokenizers import ByteTokenizer
-    from transformers_jax.sweep.splits import make_split
+    from transformers_jax.study.splits import make_split
 
     split = make_split(data, seed=split_seed, heldout_bytes=n_eval)
     tokenizer = ByteTokenizer()

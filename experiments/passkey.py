@@ -118,13 +118,13 @@ def pair_span(train_len: int) -> int:
 def mixed_training_data(split, train_len: int, factor: int, seed: int = 0,
                         every: int | None = None, copies: int = 1) -> tuple[str, dict]:
     """A folder of the split's training documents with key/query pairs mixed in (written once
-    under ``transformers_jax.sweep.splits.cache_root()``), and what it holds (for the result JSON).
+    under ``transformers_jax.study.splits.cache_root()``), and what it holds (for the result JSON).
 
     ``copies``: each document is written that many times, each copy with its own keys at its
     own places, so that a run of several epochs meets every key once instead of learning the
     keys of a small corpus by heart (which lowers the loss on the query's digits without any
     retrieval)."""
-    from transformers_jax.sweep.splits import cache_root, write_documents
+    from transformers_jax.study.splits import cache_root, write_documents
 
     if copies < 1:
         raise ValueError(f"copies must be at least 1, got {copies}")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transformers_jax.sweep.stats import block_means  # noqa: F401  (the experiments' import)
+from transformers_jax.study.stats import block_means  # noqa: F401  (the experiments' import)
 
 AS_PUBLISHED, UNLIKE, INCONCLUSIVE = "as published", "unlike the paper", "inconclusive"
 

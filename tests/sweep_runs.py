@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from transformers_jax.sweep import command, provenance, report, runner
-
 # A one-layer GPT of 16 wide trained on 1536 tokens at length 32: seconds a run
+from transformers_jax.study import provenance
+from transformers_jax.sweep import command, report, runner
+
 TINY_BASE = """[base]
 args = ["--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2", "--train.seq_len=32",
   "--train.batch_size=4", "--train.eval_every=1000", "--train.checkpoint_every=1000",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import experiments.common as common
-from transformers_jax.sweep import workers
+from transformers_jax.study import workers
 
 
 def test_cached_run_resumes_by_key(results_dir, monkeypatch):
@@ -68,7 +68,7 @@ def test_position_losses_pair_the_same_positions(monkeypatch):
 
 
 def test_split_draws_random_documents_fixed_by_seed(tmp_path, split_cache):
-    from transformers_jax.sweep.splits import make_split
+    from transformers_jax.study.splits import make_split
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -174,7 +174,7 @@ def test_read_as_data_and_by_default_data_dir(prepared, monkeypatch, tmp_path, c
     assert held.source.info.split == "validation"
     assert len(train) >= 10 and all(train[i].text for i in range(len(train)))
     # a sweep scores the validation split and records what the corpus measured of it
-    from transformers_jax.sweep.splits import make_split
+    from transformers_jax.study.splits import make_split
 
     split = make_split("tfds:tjax_linux_source/docs", heldout_bytes=10**9)
     assert split.unit == "tfds split validation"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from transformers_jax.sweep.ngram import KneserNey, ngram_losses
+from transformers_jax.study.ngram import KneserNey, ngram_losses
 
 
 def test_bigram_kneser_ney_matches_hand_values():

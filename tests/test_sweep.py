@@ -15,7 +15,8 @@ from sweep_runs import TINY_BASE, clean_checkout, plots_at_the_end, record_train
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
-from transformers_jax.sweep import provenance, runner, stats
+from transformers_jax.study import provenance, stats
+from transformers_jax.sweep import runner
 from transformers_jax.sweep.cells import controlled, expand, pairs
 from transformers_jax.sweep.plan import make_plan
 from transformers_jax.sweep.spec import SpecError, parse_spec

@@ -165,7 +165,8 @@ def test_a_task_sweep_scores_a_prefix_lm_and_an_encoder_decoder(tmp_path, monkey
 
     from transformers_jax.cli import main
     from transformers_jax.runs.load import load_run
-    from transformers_jax.sweep import provenance, runner
+    from transformers_jax.study import provenance
+    from transformers_jax.sweep import runner
     from transformers_jax.sweep.tasks import row_tokens, test_batch
 
     code = {"commit": "a" * 40, "dirty": False, "source_sha256": "1" * 64}

@@ -18,7 +18,8 @@ from sweep_runs import plots_at_the_end, record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
-from transformers_jax.sweep import command, provenance, runner
+from transformers_jax.study import provenance
+from transformers_jax.sweep import command, runner
 from transformers_jax.sweep.cells import expand, pairs
 from transformers_jax.sweep.plan import make_plan
 from transformers_jax.sweep.spec import SpecError, parse_spec, read_spec
@@ -162,7 +163,7 @@ def test_a_zero_shot_cell_scores_the_parents_run_with_its_model(swept):
     from transformers_jax.models import build_model
     from transformers_jax.nn.positions.rope_scaling import Linear
     from transformers_jax.runs.load import load_run
-    from transformers_jax.sweep.stats import block_means
+    from transformers_jax.study.stats import block_means
 
     root, spec, _ = swept
     out = root / "out"

@@ -11,7 +11,8 @@ import pytest
 from sweep_runs import plots_at_the_end
 
 from transformers_jax.cli import main
-from transformers_jax.sweep import provenance, runner
+from transformers_jax.study import provenance
+from transformers_jax.sweep import runner
 from transformers_jax.sweep.plan import make_plan
 from transformers_jax.sweep.spec import SpecError, parse_spec
 

@@ -14,17 +14,17 @@ import tempfile
 import time
 
 from transformers_jax.overrides import CommandParser
-from transformers_jax.sweep import provenance
-from transformers_jax.sweep.plan import PlannedCell, SweepPlan, make_plan
-from transformers_jax.sweep.report import baselines, write_report
-from transformers_jax.sweep.runner import CELL_FILE, cell_dir, read_json, run_cell
-from transformers_jax.sweep.spec import SpecError, read_spec
-from transformers_jax.sweep.workers import (
+from transformers_jax.study import provenance
+from transformers_jax.study.workers import (
     parse_shard,
     run_shards,
     without_option,
     worker_cores,
 )
+from transformers_jax.sweep.plan import PlannedCell, SweepPlan, make_plan
+from transformers_jax.sweep.report import baselines, write_report
+from transformers_jax.sweep.runner import CELL_FILE, cell_dir, read_json, run_cell
+from transformers_jax.sweep.spec import SpecError, read_spec
 
 
 def sweep_parser() -> CommandParser:

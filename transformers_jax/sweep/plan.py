@@ -15,10 +15,10 @@ from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.data.sources import open_documents
 from transformers_jax.registry import FAMILIES
 from transformers_jax.runs.tokenizer import source_tokenizer, training_tokenizer
+from transformers_jax.study.splits import Split, make_split, overlap
 from transformers_jax.sweep.cells import Cell, Pair, controlled, expand, pairs
 from transformers_jax.sweep.context import Sources, Windows, draw_windows
 from transformers_jax.sweep.spec import Spec, SpecError
-from transformers_jax.sweep.splits import Split, make_split, overlap
 from transformers_jax.train_options import build_configs, follows_tokenizer
 
 READ_CAP = 20_000_000  # training tokens read for the epoch check and the baselines

@@ -19,7 +19,7 @@ import shlex
 
 import numpy as np
 
-from transformers_jax.sweep import stats
+from transformers_jax.study import stats
 from transformers_jax.sweep.cells import lineage
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
 from transformers_jax.sweep.runner import read_scores, train_args, write_json
@@ -204,7 +204,7 @@ def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
     tokens too (``tokens_seen``): a fine-tune of the same seed reads its text in the order
     its parent did, so it sees no more distinct text than that, and its baseline is fitted
     on at least as much text as its weights have seen; a zero-shot cell has its parent's."""
-    from transformers_jax.sweep.ngram import KneserNey
+    from transformers_jax.study.ngram import KneserNey
 
     if plan.split is None:  # a task sweep: no held-out text to fit them to
         return {}

@@ -38,10 +38,10 @@ import numpy as np
 from transformers_jax.config import TrainConfig
 from transformers_jax.errors import RunFailedError
 from transformers_jax.runs.lock import LOCK_FILE, RunDirLockedError, RunLock
-from transformers_jax.sweep import provenance
+from transformers_jax.study import provenance
+from transformers_jax.study.stats import block_means
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
 from transformers_jax.sweep.spec import SpecError
-from transformers_jax.sweep.stats import block_means
 
 CELL_FILE, DONE_FILE, SCORES_FILE = "cell.json", "sweep_done.json", "sweep_scores.json"
 FROM_FILE = "sweep_from.json"  # a fine-tune's seed: the parent run it started from
