@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from transformers_jax import backends
-from transformers_jax.backends.cpu import Cpu
-from transformers_jax.backends.generic import Backend
+from transformers_jax.backends.cpu import CpuMaths, CpuPrograms
+from transformers_jax.backends.generic import Backend, Maths
 from transformers_jax.config import ConfigError, ModelConfig
 from transformers_jax.registry import ATTENTION
 
@@ -55,11 +55,12 @@ def _ops(fn, *args) -> set[str]:
 
 def test_this_host_gets_the_cpu_backend_and_other_platforms_the_generic_one():
     assert jax.default_backend() == "cpu"  # conftest: the suite runs on XLA:CPU
-    assert isinstance(backends.current(), Cpu)
+    assert isinstance(backends.current().maths, CpuMaths)
+    assert isinstance(backends.current().programs, CpuPrograms)
     assert backends.for_devices(jax.devices()[:2]) is backends.for_platform("cpu")
     for platform, named in (("tpu", "tpu"), ("cuda", "gpu"), ("rocm", "gpu"), ("gpu", "gpu")):
         backend = backends.for_devices([types.SimpleNamespace(platform=platform)])
-        assert type(backend) is Backend and backend.platform == named
+        assert backend.generic and backend.platform == named
     assert backends.platform_of(types.SimpleNamespace(platform="cuda")) == "gpu"
     with pytest.raises(ValueError, match=r"one platform expected, got \['cpu', 'tpu'\]"):
         backends.for_devices([jax.devices()[0], types.SimpleNamespace(platform="tpu")])
@@ -74,19 +75,19 @@ def test_this_host_gets_the_cpu_backend_and_other_platforms_the_generic_one():
 
     jax.shard_map(body, mesh=mesh, in_specs=jax.P("data"), out_specs=jax.P("data"))(
         jnp.zeros(4))
-    assert isinstance(seen[0], Cpu)
+    assert isinstance(seen[0].maths, CpuMaths)
 
 
 @needs_libtpu
 def test_a_tpu_mesh_in_context_chooses_the_generic_backend(tpu_mesh):
     with jax.set_mesh(tpu_mesh):
         assert backends.current() is backends.for_platform("tpu")
-        assert type(backends.current()) is Backend
+        assert backends.current().generic
         assert backends.platform_compiled_for() == "tpu"
     with jax.sharding.use_abstract_mesh(tpu_mesh.abstract_mesh):  # what eval_shape traces use
         assert backends.current() is backends.for_platform("tpu")
     assert backends.for_devices(tpu_mesh.devices.flat) is backends.for_platform("tpu")
-    assert isinstance(backends.current(), Cpu)  # and back
+    assert isinstance(backends.current().maths, CpuMaths)  # and back
 
 
 @needs_libtpu
@@ -131,7 +132,7 @@ def test_the_activation_runs_in_float32_on_the_cpu_only(tpu_mesh):
     np.testing.assert_array_equal(here, gelu(x.astype(jnp.float32)).astype(jnp.bfloat16))
     with jax.set_mesh(tpu_mesh):  # traced only: this host runs no TPU program
         assert not float32_hidden()
-    np.testing.assert_array_equal(Backend("tpu").elementwise(gelu, x), gelu(x))
+    np.testing.assert_array_equal(Maths().elementwise(gelu, x), gelu(x))
 
 
 @needs_libtpu
@@ -151,7 +152,7 @@ def test_a_decoding_step_reads_first_only_for_one_row_on_the_cpu(tpu_mesh):
     assert backends.decode_reads_first(1) and not backends.decode_reads_first(4)
     with jax.set_mesh(tpu_mesh):  # a TPU program writes first, whatever the batch
         assert not backends.decode_reads_first(1) and not backends.decode_reads_first(4)
-    assert not Backend("gpu").decode_reads_first(1)
+    assert not Backend("gpu").maths.decode_reads_first(1)
 
 
 @needs_libtpu
@@ -175,12 +176,12 @@ def test_row_groups_are_refused_for_devices_other_than_a_cpu(tpu_mesh):
 
 
 def test_the_decoding_options_are_the_cpus_alone():
-    assert dict(backends.for_platform("cpu").decode_compiler_options) == {
+    assert dict(backends.for_platform("cpu").programs.decode_compiler_options) == {
         "xla_disable_hlo_passes": "cpu-parallel-task-assigner"}
     for platform in ("tpu", "gpu", "some_new_platform"):
         backend = backends.for_platform(platform)
-        assert type(backend) is Backend and backend.platform == platform
-        assert dict(backend.decode_compiler_options) == {}
+        assert backend.generic and backend.platform == platform
+        assert dict(backend.programs.decode_compiler_options) == {}
 
 
 def _host(tmp_path, vendors=(), devices=()):

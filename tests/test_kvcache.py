@@ -94,9 +94,9 @@ def test_either_decoding_order_gives_the_full_forward_pass(reads_first, monkeypa
     """A decoding step's order is its backend's (``backends.decode_reads_first``: XLA:CPU
     reads the cache first for one row, TPU and GPU always write first): either order, for one
     row and for a batch, gives the full forward pass's logits."""
-    from transformers_jax.backends.cpu import Cpu
+    from transformers_jax.backends.cpu import CpuMaths
 
-    monkeypatch.setattr(Cpu, "decode_reads_first", lambda self, batch: reads_first)
+    monkeypatch.setattr(CpuMaths, "decode_reads_first", lambda self, batch: reads_first)
     cfg = tiny(position=QUICK_POSITION, n_kv_heads=2, init_std=0.1)
     model, params, tokens = built(cfg, T=12)
     full = full_logits(cfg, T=12)

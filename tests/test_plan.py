@@ -629,7 +629,7 @@ def test_the_decoding_loop_with_its_cpu_compile_option_compiles_for_tpu():
     args = (jax.tree.map(placed, params), placed(jnp.zeros((2, 8), jnp.int32)),
             placed(jnp.zeros((2,), jnp.int32)), placed(jax.random.key(0)))
     with jax.set_mesh(mesh):
-        assert dict(backends.current().decode_compiler_options) == {}
+        assert dict(backends.current().programs.decode_compiler_options) == {}
         compiled = generate_tokens.lower(
             model, *args, cfg=SamplingConfig(max_new_tokens=4, temperature=0.0)).compile()
     assert "generate_tokens" in compiled.as_text().splitlines()[0]  # the HloModule line

@@ -109,7 +109,7 @@ def test_bert_seeds_together_equal_solo_runs_with_grad_accum(tmp_path):
 
 @pytest.mark.slow
 def test_vmap_and_map_over_seeds_step_as_solo_steps():
-    """Both ways a backend maps the step over seeds (``Backend.map_seeds``: ``jax.vmap`` for
+    """Both ways a backend maps the step over seeds (``Programs.map_seeds``: ``jax.vmap`` for
     TPU/GPU, tested here on the CPU; ``lax.map`` for XLA:CPU) give each seed its solo steps."""
     objective = run_objective(GPT, None)
     model = objective.build(GPT, None)
@@ -201,10 +201,11 @@ def test_seeds_spread_over_devices_where_the_backend_gains(monkeypatch):
     cpus = jax.devices()
     assert seed_devices(8, cpus) == cpus[:1]
 
-    class Spreads(Backend):
+    class Spreads(backends.Programs):
         seeds_across_devices = True
 
-    monkeypatch.setattr(backends, "for_devices", lambda devices: Spreads("tpu"))
+    monkeypatch.setattr(backends, "for_devices",
+                        lambda devices: Backend("tpu", programs=Spreads("tpu")))
     assert seed_devices(8, cpus) == cpus[:8]
     assert seed_devices(4, cpus) == cpus[:4]
     assert seed_devices(6, cpus) == cpus[:6] and seed_devices(3, cpus[:2]) == cpus[:1]

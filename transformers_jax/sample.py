@@ -228,7 +228,7 @@ def _generate_top_level(backend: Backend) -> Callable:
     if backend.platform not in _TOP_LEVEL:
         _TOP_LEVEL[backend.platform] = jax.jit(
             _generate_tokens, static_argnames=_STATIC,
-            compiler_options=dict(backend.decode_compiler_options) or None)
+            compiler_options=dict(backend.programs.decode_compiler_options) or None)
     return _TOP_LEVEL[backend.platform]
 
 

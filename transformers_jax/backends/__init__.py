@@ -21,11 +21,13 @@ programs get; what XLA:CPU gets instead is in ``cpu.py``:
 - ``ordered_after(kv, out)`` (a batch-1 decoding step's cache write): ``kv``. CPU: plus a zero
   computed from ``out``, so the in-place write visibly follows the read.
 
-and around the model: the decoding loop's compile options (``Backend.decode_compiler_options``,
-read by ``sample.generate_tokens``), the training step's row groups (``train.concurrent_groups``:
-``Backend.sum_row_groups``; other platforms refuse more than one group), how the step of seeds
-trained together maps over them (``Backend.map_seeds``: ``jax.vmap``; CPU: ``lax.map``), and
-the host's malloc setting (``prepare_host``, before JAX starts; ``cpu_malloc.py``).
+These are a backend's ``maths`` (``generic.Maths``). Around the model, its ``programs``
+(``generic.Programs``): the decoding loop's compile options (``decode_compiler_options``, read
+by ``sample.generate_tokens``), the training step's row groups (``train.concurrent_groups``:
+``sum_row_groups``; other platforms refuse more than one group), how the step of seeds trained
+together maps over them (``map_seeds``: ``jax.vmap``; CPU: ``lax.map``) and whether they spread
+over devices. And the host's malloc setting (``prepare_host``, before JAX starts;
+``cpu_malloc.py``).
 
 Named calls rather than a rewrite of the traced program from outside: a rewrite would find
 Dense's products by the shape of a ``dot_general`` (catching any 2-D product, and changing its
@@ -52,8 +54,8 @@ from transformers_jax.lazy import lazy_exports
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Backend": "transformers_jax.backends.generic",
-    "varying_axes": "transformers_jax.backends.generic",
+    **{name: "transformers_jax.backends.generic" for name in (
+        "Backend", "Maths", "Programs", "varying_axes")},
     **{name: "transformers_jax.backends.choice" for name in (
         "BACKENDS", "current", "decode_reads_first", "elementwise", "for_devices",
         "for_platform", "matmul",

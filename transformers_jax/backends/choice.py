@@ -8,11 +8,12 @@ from typing import Any
 
 import jax
 
-from transformers_jax.backends.cpu import Cpu
+from transformers_jax.backends.cpu import cpu_backend
 from transformers_jax.backends.generic import Backend
 
 # One backend per platform: XLA:CPU's own; TPU and GPU (and any other) the plain maths.
-BACKENDS: dict[str, Backend] = {"cpu": Cpu(), "tpu": Backend("tpu"), "gpu": Backend("gpu")}
+BACKENDS: dict[str, Backend] = {"cpu": cpu_backend(), "tpu": Backend("tpu"),
+                                "gpu": Backend("gpu")}
 
 
 def _named(platform: str) -> str:
@@ -58,34 +59,34 @@ def current() -> Backend:
     return for_platform(platform_compiled_for())
 
 
-# The backend-neutral calls of the model path: each is the current backend's hook, whose
-# plain form (``generic.Backend``) is the maths itself.
+# The backend-neutral calls of the model path: each is the current backend's maths hook, whose
+# plain form (``generic.Maths``) is the maths itself.
 def matmul(x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
-    """``x_RI @ w_IO`` ``[R, O]`` with float32 sums (``Backend.matmul``)."""
-    return current().matmul(x_RI, w_IO)
+    """``x_RI @ w_IO`` ``[R, O]`` with float32 sums (``Maths.matmul``)."""
+    return current().maths.matmul(x_RI, w_IO)
 
 
 def matmul_transposed(x_RI: jax.Array, w_OI: jax.Array) -> jax.Array:
-    """``x_RI @ w_OI^T`` ``[R, O]`` with float32 sums (``Backend.matmul_transposed``)."""
-    return current().matmul_transposed(x_RI, w_OI)
+    """``x_RI @ w_OI^T`` ``[R, O]`` with float32 sums (``Maths.matmul_transposed``)."""
+    return current().maths.matmul_transposed(x_RI, w_OI)
 
 
 def elementwise(fn: Callable[..., jax.Array], *xs: jax.Array) -> jax.Array:
-    """``fn(*xs)``, an activation, in ``xs[0]``'s dtype (``Backend.elementwise``)."""
-    return current().elementwise(fn, *xs)
+    """``fn(*xs)``, an activation, in ``xs[0]``'s dtype (``Maths.elementwise``)."""
+    return current().maths.elementwise(fn, *xs)
 
 
 def materialised(x: jax.Array) -> jax.Array:
-    """``x``, which a product reads next (``Backend.materialised``)."""
-    return current().materialised(x)
+    """``x``, which a product reads next (``Maths.materialised``)."""
+    return current().maths.materialised(x)
 
 
 def decode_reads_first(batch: int) -> bool:
     """Whether a one-token decoding step reads its cache before writing
-    (``Backend.decode_reads_first``)."""
-    return current().decode_reads_first(batch)
+    (``Maths.decode_reads_first``)."""
+    return current().maths.decode_reads_first(batch)
 
 
 def ordered_after(values: Any, read: jax.Array) -> Any:
-    """``values``, to be written where ``read`` was read from (``Backend.ordered_after``)."""
-    return current().ordered_after(values, read)
+    """``values``, to be written where ``read`` was read from (``Maths.ordered_after``)."""
+    return current().maths.ordered_after(values, read)

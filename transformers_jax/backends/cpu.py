@@ -64,6 +64,8 @@ from transformers_jax.backends.generic import (
     ROWS_BY_IN,
     ROWS_BY_OUT,
     Backend,
+    Maths,
+    Programs,
     product,
     product_transposed,
     varying_axes,
@@ -153,16 +155,8 @@ def row_group(batch: dict, groups: int, index: int) -> dict:
     return jax.tree.map(take, batch)
 
 
-class Cpu(Backend):
-    """XLA:CPU: the hooks of ``Backend`` written as this module's docstring says."""
-
-    decode_compiler_options = DECODE_COMPILER_OPTIONS
-    # CPU "devices" are one host's cores cut up (--xla_force_host_platform_device_count): one
-    # program on one device already uses every core
-    seeds_across_devices = False
-
-    def __init__(self):
-        super().__init__("cpu")
+class CpuMaths(Maths):
+    """XLA:CPU's maths hooks, written as this module's docstring says."""
 
     def matmul(self, x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
         """``x_RI @ w_IO`` in float32 (inputs in the compute dtype), with the gradients where
@@ -209,6 +203,15 @@ class Cpu(Backend):
         zero = jnp.where(jnp.isfinite(first), first * 0, 0)
         return jax.tree.map(lambda v: v + zero, values)
 
+
+class CpuPrograms(Programs):
+    """XLA:CPU's program policies, as this module's docstring says."""
+
+    decode_compiler_options = DECODE_COMPILER_OPTIONS
+    # CPU "devices" are one host's cores cut up (--xla_force_host_platform_device_count): one
+    # program on one device already uses every core
+    seeds_across_devices = False
+
     def check_row_groups(self, groups: int) -> None:
         """Any positive number of groups."""
         if groups < 1:
@@ -237,3 +240,8 @@ class Cpu(Backend):
             piece = sums_of(part, key)
             total = piece if total is None else jax.tree.map(jnp.add, total, piece)
         return total
+
+
+def cpu_backend() -> Backend:
+    """XLA:CPU's backend: ``CpuMaths`` and ``CpuPrograms``."""
+    return Backend("cpu", CpuMaths(), CpuPrograms("cpu"))

@@ -3,7 +3,8 @@
 TPU and GPU programs are what plain JAX makes of the model, so their backend is this one as it
 is; a platform whose compiler needs something else overrides a hook (``cpu.py``). Each hook's
 default here is the definition the model means, so a reader of ``Dense`` or of an attention
-kernel can take the hook for what this file does.
+kernel can take the hook for what this file does. The hooks come in two kinds: ``Maths``, called
+while the model is traced, and ``Programs``, asked by whoever builds a program around it.
 """
 
 from __future__ import annotations
@@ -44,19 +45,9 @@ def varying_axes(*trees: Any) -> frozenset:
     return frozenset().union(*(axes(x) for x in jax.tree.leaves(trees)))
 
 
-class Backend:
-    """What a platform contributes to the programs compiled for it; here, nothing: every hook
-    is the plain computation. One instance per platform (``backends.for_platform``), which
-    TPU and GPU take as it is."""
-
-    # Options for the compiler of the decoding loop (``sample.generate_tokens``).
-    decode_compiler_options: Mapping[str, str] = MappingProxyType({})
-    # Seeds trained together spread over the devices by default (``parallel.seeds``), each
-    # device its own seeds: devices that compute apart gain a seed each.
-    seeds_across_devices: bool = True
-
-    def __init__(self, platform: str):
-        self.platform = platform  # the JAX platform compiled for: cpu, tpu, gpu
+class Maths:
+    """The hooks a traced function calls (``Dense``, the MLP, attention kernels, the cache):
+    here each is the plain computation, which TPU and GPU programs get as it is."""
 
     def matmul(self, x_RI: jax.Array, w_IO: jax.Array) -> jax.Array:
         """The product under every ``Dense``: ``x_RI @ w_IO`` in float32 (``product``), with
@@ -95,6 +86,21 @@ class Backend:
         del read
         return values
 
+
+class Programs:
+    """The policies a runner asks when it builds a program around the model: the decoding
+    loop's compile options, how a training step splits its rows, how seeds trained together
+    map over the seeds and spread over devices. Here: the plain program, one of each."""
+
+    # Options for the compiler of the decoding loop (``sample.generate_tokens``).
+    decode_compiler_options: Mapping[str, str] = MappingProxyType({})
+    # Seeds trained together spread over the devices by default (``parallel.seeds``), each
+    # device its own seeds: devices that compute apart gain a seed each.
+    seeds_across_devices: bool = True
+
+    def __init__(self, platform: str):
+        self.platform = platform  # named in a refusal
+
     def check_row_groups(self, groups: int) -> None:
         """Refuse ``train.concurrent_groups`` > 1, an XLA:CPU setting: it splits each batch into
         groups of rows whose forward and backward passes are independent, so that XLA:CPU's
@@ -128,5 +134,24 @@ class Backend:
         seeds at once, so that an accelerator's units fill with S times the work."""
         return jax.vmap(step)
 
+
+class Backend:
+    """What a platform contributes to the programs compiled for it, in two parts: ``maths``,
+    the hooks traced into the model's computation, and ``programs``, the policies asked when
+    a program is built around it. Both plain by default, which TPU and GPU take as they are;
+    one instance per platform (``backends.for_platform``)."""
+
+    def __init__(self, platform: str, maths: Maths | None = None,
+                 programs: Programs | None = None):
+        self.platform = platform  # the JAX platform compiled for: cpu, tpu, gpu
+        self.maths = Maths() if maths is None else maths
+        self.programs = Programs(platform) if programs is None else programs
+
+    @property
+    def generic(self) -> bool:
+        """Whether the platform adds nothing: the plain maths and the plain programs."""
+        return type(self.maths) is Maths and type(self.programs) is Programs
+
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} backend for {self.platform}>"
+        return (f"<backend for {self.platform}: {type(self.maths).__name__}, "
+                f"{type(self.programs).__name__}>")

@@ -73,7 +73,7 @@ def make_train_step(
     objective = _objective(objective)
     if groups < 1:
         raise ValueError(f"groups must be a positive integer, got {groups}")
-    backends.current().check_row_groups(groups)
+    backends.current().programs.check_row_groups(groups)
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         rng, dropout_rng = jax.random.split(jax.random.wrap_key_data(state.rng))
@@ -178,7 +178,7 @@ def grouped_sums_and_grads(model: nn.Module, params: Any, batch: dict, rng: jax.
     """``(sums, weight, grad of sums["loss"])`` of ``batch`` (``weighted_sums``), computed as
     ``groups`` groups of rows whose forward and backward passes share nothing but the
     parameters, as the backend of the platform compiled for splits them
-    (``Backend.sum_row_groups``: XLA:CPU runs the groups side by side on its threads; other
+    (``Programs.sum_row_groups``: XLA:CPU runs the groups side by side on its threads; other
     platforms take one group only)."""
 
     def loss_sum(p):
@@ -186,7 +186,7 @@ def grouped_sums_and_grads(model: nn.Module, params: Any, batch: dict, rng: jax.
             return weighted_sums(model, p, part, deterministic=False, rng=key,
                                  objective=objective)
 
-        total = backends.current().sum_row_groups(sums_of, batch, rng, groups)
+        total = backends.current().programs.sum_row_groups(sums_of, batch, rng, groups)
         return total[0]["loss"], total
 
     (_, (sums, weight)), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)

@@ -4,7 +4,7 @@
 function (``ParallelTrainer.step_fn``) over a leading seed axis: every leaf of the state (step
 counter, parameters, optimizer state, RNG key data) and of the batch gains that axis,
 ``[S, ...]``, and seed s's slice evolves as that seed's state would alone. How the step maps
-over the seeds is the backend's (``Backend.map_seeds``): ``jax.vmap`` for TPU and GPU, every
+over the seeds is the backend's (``Programs.map_seeds``): ``jax.vmap`` for TPU and GPU, every
 operation over all the seeds at once, so that S times the work fills the chip; one seed after
 another in the same program (``lax.map``) on XLA:CPU, where the batched products ran slower
 than the same products one seed at a time. The arithmetic is the same; XLA may fuse and round
@@ -89,7 +89,7 @@ class SeedsTrainer:
         if len(seeds) != self.seeds:
             raise ValueError(f"{len(seeds)} seeds for a program of {self.seeds}")
         backend = self.backend or backends.for_devices(self.trainer.mesh.devices.flat)
-        fresh = self._over_seeds(backend.map_seed_inits(self.trainer.init_fn))
+        fresh = self._over_seeds(backend.programs.map_seed_inits(self.trainer.init_fn))
         seeds_S = jax.device_put(np.asarray(seeds, np.int32), self.sharding)
         with self.traced():
             return jax.jit(fresh, out_shardings=self.sharding)(seeds_S)
@@ -149,7 +149,7 @@ def stack_seeds(trainer: ParallelTrainer, seeds: int, donate: bool = True,
                 devices: Sequence[Any] | None = None) -> SeedsTrainer:
     """``trainer``'s step over ``seeds`` stacked states as one jitted program (``donate``: it
     reuses the input state's buffers), mapped over the seeds as the backend of the trainer's
-    device does it (``Backend.map_seeds``; ``backend`` overrides it). Only a ``single``
+    device does it (``Programs.map_seeds``; ``backend`` overrides it). Only a ``single``
     trainer. ``devices``: lay the seeds over a ``seed`` mesh axis of these devices (the first
     is the trainer's; ``seeds`` a multiple of their number), each training its own seeds;
     default the trainer's device alone."""
@@ -173,7 +173,7 @@ def stack_seeds(trainer: ParallelTrainer, seeds: int, donate: bool = True,
     backend = backend or backends.for_devices(devices or trainer.mesh.devices.flat)
     shell = SeedsTrainer(trainer, seeds, None, mesh, backend)
     placed = {} if mesh is None else {"out_shardings": shell.sharding}
-    step = jax.jit(shell._over_seeds(backend.map_seeds(trainer.step_fn)),
+    step = jax.jit(shell._over_seeds(backend.programs.map_seeds(trainer.step_fn)),
                    donate_argnums=(0,) if donate else (), **placed)
     return dataclasses.replace(shell, _step=step)
 
@@ -181,9 +181,9 @@ def stack_seeds(trainer: ParallelTrainer, seeds: int, donate: bool = True,
 def seed_devices(seeds: int, devices: Sequence[Any]) -> list[Any]:
     """The devices a program of ``seeds`` seeds spreads over by default: as many of
     ``devices`` as divide the seeds evenly (the most that do), when their backend trains
-    seeds side by side (``Backend.seeds_across_devices``); else the first alone."""
+    seeds side by side (``Programs.seeds_across_devices``); else the first alone."""
     devices = list(devices)
-    if not backends.for_devices(devices).seeds_across_devices:
+    if not backends.for_devices(devices).programs.seeds_across_devices:
         return devices[:1]
     n = max(k for k in range(1, len(devices) + 1) if seeds % k == 0)
     return devices[:n]

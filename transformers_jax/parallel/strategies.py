@@ -344,7 +344,7 @@ def make_trainer(
         mesh = make_mesh(mesh)
     _check_strategy_mesh(strategy, mesh)
     check_context(strategy, mesh, rules, example_batch, model.config, context_attention)
-    backends.for_devices(mesh.devices.flat).check_row_groups(groups)  # XLA:CPU's only
+    backends.for_devices(mesh.devices.flat).programs.check_row_groups(groups)  # XLA:CPU's only
     check_batch(int(np.shape(example_batch["inputs"])[0]), mesh, grad_accum, rules, groups)
     build = _pmap_trainer if strategy == "pmap" else (
         _shard_map_trainer if strategy == "shard_map" else _jit_trainer)
