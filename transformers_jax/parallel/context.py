@@ -427,6 +427,9 @@ def _ring(q, k, v, bias, mask, *, axis, ways: int, scale: float, logit_softcap,
 
     Returns the output ``[b, q, h, D]`` and how many tiles this device computed at each step
     (int32 ``[c]``)."""
+    # Kept whole: one traced program whose nested steps (a tile's online softmax, a block's
+    # tiles, a hop) are short closures over this device's query tiles, mask tiles and place
+    # in the ring; as module functions each would take all of them as arguments.
     b, q_len, h, d = q.shape
     k_len, n = k.shape[1], k.shape[2]
     parts = 2 if zigzag else 1

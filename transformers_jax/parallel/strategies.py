@@ -527,6 +527,10 @@ def _replicate(tree: Any, devices: list) -> Any:
 
 
 def _shard_map_trainer(c: _Setup) -> ParallelTrainer:
+    # One builder, kept whole: its train and eval steps, their mapping over the mesh and the
+    # batch placement are short closures over what they must agree on (the mesh's summed axes,
+    # the sequence split, whether shard_map checks varying axes); split apart, each would take
+    # all of it as arguments.
     mesh = c.mesh
     replicated = NamedSharding(mesh, P())
     ways = mesh_shape(mesh)[CONTEXT_AXIS]
