@@ -23,19 +23,13 @@ from transformers_jax.study import stats
 from transformers_jax.sweep.cells import lineage
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
 from transformers_jax.sweep.runner import read_scores, train_args, write_json
+from transformers_jax.sweep.scores import kind_of
 from transformers_jax.sweep.spec import Metric
 
 
 def term(scores: dict, kind: str, length: str) -> dict:
-    """One term's scores in a seed's scores: ``loss``/``sliding``/``passkey`` by length,
-    ``context:NAME`` by distance."""
-    if kind == "exact":  # exact@N or exact@A-B: the examples of each length, side by side
-        from transformers_jax.sweep.tasks import exact_term
-
-        return exact_term(scores["exact"], length)
-    kind, _, name = kind.partition(":")
-    table = scores[kind]
-    return (table[name] if name else table)[length]
+    """One term's ``{"mean", "chunks"}`` in a seed's scores (its score kind reads it)."""
+    return kind_of(kind).term(scores, kind, length)
 
 
 def metric_chunks(scores: dict, metric: Metric) -> np.ndarray:

@@ -33,14 +33,12 @@ import time
 import uuid
 from collections.abc import Callable
 
-import numpy as np
-
 from transformers_jax.config import TrainConfig
 from transformers_jax.errors import RunFailedError
 from transformers_jax.runs.lock import LOCK_FILE, RunDirLockedError, RunLock
 from transformers_jax.study import provenance
-from transformers_jax.study.stats import block_means
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
+from transformers_jax.sweep.scores import Job, in_order
 from transformers_jax.sweep.spec import SpecError
 
 CELL_FILE, DONE_FILE, SCORES_FILE = "cell.json", "sweep_done.json", "sweep_scores.json"
@@ -276,99 +274,19 @@ def scored_model(planned: PlannedCell, run_dir: str):
 
 def score_seed(plan: SweepPlan, planned: PlannedCell, run_dir: str,
                key: str | None = None) -> dict:
-    """Held-out scores of one seed's run at each evaluation length: the mean loss, its means
-    over the held-out chunks (which pair cells), and the loss by position. A zero-shot cell
-    passes its parent's run as ``run_dir`` (and the ``key`` that names it)."""
-    from transformers_jax.evaluation import passkey_accuracy, stream_losses
-
-    spec = plan.spec
+    """One seed's scores: each score kind's table (``sweep/scores/``) that the spec asks for,
+    such as the held-out loss at each evaluation length (its mean, its means over the held-out
+    chunks, which pair cells, and the loss by position). A zero-shot cell passes its parent's
+    run as ``run_dir`` (and the ``key`` that names it)."""
     model, params, tokenizer = scored_model(planned, run_dir)
-    if spec.task is not None:  # exact match on the task's test examples, no text
-        from transformers_jax.sweep.tasks import task_scores
-
-        return {"key": key or score_key(plan, planned), "exact": task_scores(
-            model, params, tokenizer, planned.model, planned.train.task, spec.task),
-            **({"zero_shot": True, "scored_run": os.path.abspath(run_dir)}
-               if planned.zero_shot else {})}
-    tokens_N = plan.heldout_N
-    out: dict = {"key": key or score_key(plan, planned), "loss": {}, "sliding": {},
-                 "by_position": {}, "passkey": {}}
+    out: dict = {"key": key or score_key(plan, planned)}
     if planned.zero_shot:
         out.update(zero_shot=True, scored_run=os.path.abspath(run_dir))
-    slid = {x.text for x in spec.sliding_lengths}
-    for length_spec, length in zip(spec.lengths, planned.lengths(spec), strict=True):
-        try:
-            losses_N = stream_losses(model, params, tokens_N, length, None,
-                                     spec.eval_batch_size)
-        except (ValueError, KeyError, TypeError) as err:
-            if not planned.zero_shot:
-                raise
-            raise SpecError(f"cell {planned.cell.name}: its model cannot run on the parameters "
-                            f"of {run_dir} ({type(err).__name__}: {str(err)[:300]}); a zero-"
-                            "shot cell may change how the parameters are used (position "
-                            "scaling, attention), not their shapes") from None
-        out["loss"][length_spec.text] = _summary(losses_N, length, spec.chunk_tokens)
-        if spec.by_position:
-            scored = np.flatnonzero(~np.isnan(losses_N))
-            within = (scored - 1) % length
-            total = np.bincount(within, losses_N[scored], minlength=length)
-            count = np.bincount(within, minlength=length)
-            out["by_position"][length_spec.text] = (total / np.maximum(count, 1)).tolist()
-        if length_spec.text in slid:
-            stride = min(spec.stride.resolve(planned.reference_len), length)
-            losses_N = stream_losses(model, params, tokens_N, length, stride,
-                                     spec.eval_batch_size)
-            out["sliding"][length_spec.text] = {**_summary(losses_N, length, spec.chunk_tokens),
-                                                "stride": stride}
-    for length_spec in spec.passkey["lengths"] if spec.passkey else ():
-        length = length_spec.resolve(planned.reference_len)
-        # the same keys for every cell and seed, so the trials pair
-        found = passkey_accuracy(model, params, tokenizer, [length], spec.passkey["depths"],
-                                 spec.passkey["trials"], spec.passkey["digits"], seed=0)
-        correct = [float(t["correct"]) for c in found["cells"] for t in c["trials"]]
-        out["passkey"][length_spec.text] = {"tokens": length, "mean": float(np.mean(correct)),
-                                            "chunks": correct}
-    if plan.context is not None:
-        out["context"] = context_scores(model, params, plan.context, spec.eval_batch_size)
+    job = Job(plan, planned, model, params, tokenizer, run_dir)
+    for kind in in_order():
+        if kind.in_scores(plan.spec):
+            out.update(kind.score(job))
     return out
-
-
-def target_losses(model, params, windows_WT: np.ndarray, target: int,
-                  batch_size: int) -> np.ndarray:
-    """Each window's mean next-token loss over its last ``target`` predictions ``[W]``."""
-    from transformers_jax.evaluation import window_losses
-
-    losses_fn = window_losses(model)
-    out = []
-    for i in range(0, len(windows_WT), batch_size):
-        chunk_BT = windows_WT[i : i + batch_size]
-        padded_BT = np.concatenate([chunk_BT, np.repeat(chunk_BT[-1:], batch_size - len(chunk_BT),
-                                                        0)])  # one shape: one compile
-        loss_BT = np.asarray(losses_fn(params, padded_BT))
-        out.append(loss_BT[: len(chunk_BT), -target:].mean(axis=1))
-    return np.concatenate(out)
-
-
-def context_scores(model, params, windows, batch_size: int) -> dict:
-    """Context usage of one run on the sweep's windows (``context.Windows``): the intact
-    windows' loss of the targets, and for each perturbation and distance the increase over
-    it, window by window (nats per token; ``relative``: the mean increase over the mean
-    intact loss, Khandelwal et al.'s measure). The windows are the units (``chunks``) that
-    pair cells, seeds and distances."""
-    intact_W = target_losses(model, params, windows.intact_WT, windows.target, batch_size)
-    out: dict = {"window": windows.window, "target": windows.target,
-                 "intact": {"mean": float(intact_W.mean()), "chunks": intact_W.tolist()}}
-    for (name, b), perturbed_WT in windows.perturbed.items():
-        up_W = target_losses(model, params, perturbed_WT, windows.target, batch_size) - intact_W
-        out.setdefault(name, {})[str(b)] = {
-            "mean": float(up_W.mean()), "chunks": up_W.tolist(),
-            "relative": float(up_W.mean() / intact_W.mean())}
-    return out
-
-
-def _summary(losses_N: np.ndarray, length: int, chunk: int) -> dict:
-    return {"tokens": length, "mean": float(np.nanmean(losses_N)),
-            "chunks": block_means(losses_N, chunk).tolist()}
 
 
 def _same_scores(plan: SweepPlan, planned: PlannedCell, run_dir: str, key: str) -> dict | None:

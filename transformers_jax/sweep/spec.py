@@ -88,9 +88,17 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from transformers_jax.config import ConfigError
-from transformers_jax.overrides import closest
-from transformers_jax.sweep.context import PERTURBATIONS
+from transformers_jax.sweep.scores import ScoreKind, check_term, in_order, kind_of, parse_term
+from transformers_jax.sweep.scores.context import Context  # noqa: F401  (a Spec's field)
+from transformers_jax.sweep.scores.exact import TaskEval  # noqa: F401  (a Spec's field)
+from transformers_jax.sweep.terms import (  # noqa: F401  (importers read them here)
+    Length,
+    SpecError,
+    parse_length,
+    task_range,
+)
+from transformers_jax.sweep.terms import positive_int as _positive_int
+from transformers_jax.sweep.terms import unknown_keys as _unknown
 
 SECTIONS = {"title", "seeds", "base", "axes", "cell", "stage", "heldout", "eval", "baselines",
             "compare", "control"}
@@ -98,22 +106,20 @@ CELL_KEYS = {"name", "from", "train", "tokens"}  # besides model.FIELD / train.F
 OPTION = re.compile(r"(model|train)\.[a-z_][a-z0-9_.]*")
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
 HELDOUT_KEYS = {"bytes", "seed"}
-EVAL_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "passkey", "batch_size",
-             "max_tokens", "context", "task"}
-TASK_KEYS = {"lengths", "examples", "seed"}
-TEXT_EVAL_KEYS = EVAL_KEYS - {"task"}  # what a task sweep does not use (its batch: examples)
+EVAL_OWN_KEYS = {"lengths", "sliding", "stride", "chunk_tokens", "by_position", "batch_size",
+                 "max_tokens"}
+
+
+def kind_tables() -> dict[str, ScoreKind]:
+    """``[eval]`` table -> the score kind whose settings it holds (``passkey``, ``context``,
+    ``task``, and those of kinds registered since)."""
+    return {kind.table: kind for kind in in_order() if kind.table}
+
+
+EVAL_KEYS = EVAL_OWN_KEYS | set(kind_tables())  # the built-in kinds' (what [eval] may hold)
 BASELINE_KEYS = {"ngram"}
 COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better", "relative_to"}
 CONTROL_KEYS = {"cells", "metric", "at_least", "at_most", "claim"}
-PASSKEY_KEYS = {"lengths", "trials", "depths", "digits"}
-CONTEXT_KEYS = {"window", "target", "distances", "perturbations", "windows", "span", "seed"}
-METRIC = re.compile(r"^(loss|sliding|passkey)@(\d+(?:\.\d+)?x|\d+)$")
-EXACT_METRIC = re.compile(r"^exact@(\d+(?:-\d+)?)$")  # exact@L or exact@A-B (a mean)
-CONTEXT_METRIC = re.compile(r"^(context:[a-z_]+)@(\d+)$")  # context:PERTURBATION@DISTANCE
-
-
-class SpecError(ConfigError):
-    """A spec that cannot run: the message names the key and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,24 +149,6 @@ class Axis:
 
 
 @dataclasses.dataclass(frozen=True)
-class Length:
-    """An evaluation length: ``times`` x the cell's seq_len, or ``tokens``."""
-
-    text: str
-    times: float | None = None
-    tokens: int | None = None
-
-    def resolve(self, seq_len: int) -> int:
-        if self.tokens is not None:
-            return self.tokens
-        n = self.times * seq_len
-        if n != int(n) or n < 2:
-            raise SpecError(f"eval length {self.text} of seq_len {seq_len} is {n} tokens: "
-                            "choose a multiple that gives a whole number of at least 2")
-        return int(n)
-
-
-@dataclasses.dataclass(frozen=True)
 class Metric:
     """``loss@4x``, ``sliding@256``, ``context:shuffle@50``, or a difference ``loss@4x -
     loss@1x``. A context term's "length" is its distance b, in tokens."""
@@ -171,14 +159,13 @@ class Metric:
     @property
     def per_window(self) -> bool:
         """Whether its units are context windows (else chunks of the held-out stream)."""
-        return self.terms[0][0].startswith("context:")
+        return kind_of(self.terms[0][0]).per_window
 
     @property
     def better(self) -> str:
-        # passkey, exact: accuracy; context: the loss a perturbation adds, higher = more
-        # context used
-        accuracy = self.terms[0][0] in ("passkey", "exact")
-        return "higher" if accuracy or self.per_window else "lower"
+        # an accuracy; or per window, the loss a perturbation adds: higher, more context used
+        kind = kind_of(self.terms[0][0])
+        return "higher" if kind.higher_is_better or kind.per_window else "lower"
 
     @property
     def kinds(self) -> set[str]:
@@ -189,57 +176,6 @@ class Metric:
     def against_zero(self) -> bool:
         """Whether the metric is a difference, so that ``a`` alone can test it against zero."""
         return len(self.terms) == 2 or self.per_window
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    """``[eval.context]``: context usage (``sweep/context.py``) in windows of ``window``
-    tokens, the last ``target`` scored, the context farther than each distance perturbed."""
-
-    window: Length
-    target: int
-    distances: tuple[int, ...]
-    perturbations: tuple[str, ...]
-    windows: int
-    span: int  # shuffle_local's spans
-    seed: int
-
-    def check(self, window: int, where: str) -> None:
-        """Every distance leaves some far context in a window of ``window`` tokens."""
-        if self.target >= window:
-            raise SpecError(f"{where}: target = {self.target} scores the whole window of "
-                            f"{window} tokens; score fewer (the context is what comes before)")
-        longest = window + 1 - self.target  # the first target's context, w[:first]
-        far = [b for b in self.distances if b >= longest]
-        if far:
-            raise SpecError(f"{where}: distance {far[0]} leaves no context to perturb in a window "
-                            f"of {window} tokens with {self.target} targets (the first target "
-                            f"has {longest} before it); use distances below {longest} or a "
-                            "longer window")
-
-    def settings(self) -> dict:
-        return {**dataclasses.asdict(self), "window": self.window.text,
-                "distances": list(self.distances), "perturbations": list(self.perturbations)}
-
-
-def task_range(text: str) -> tuple[int, int]:
-    """``"21-40"`` -> (21, 40), ``"7"`` -> (7, 7): task lengths, inclusive."""
-    lo, _, hi = text.partition("-")
-    return int(lo), int(hi or lo)
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskEval:
-    """``[eval.task]``: exact match of task cells (``--task NAME``) at each task length in
-    ``lengths``, on ``examples`` test examples per length drawn by ``seed``: the same
-    examples for every cell (of one task) and seed, so that they pair example by example."""
-
-    lengths: tuple[int, ...]
-    examples: int
-    seed: int
-
-    def settings(self) -> dict:
-        return {"lengths": list(self.lengths), "examples": self.examples, "seed": self.seed}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,16 +234,36 @@ class Spec:
     stride: Length
     chunk_tokens: int
     by_position: bool
-    passkey: dict | None  # lengths, trials, depths, digits; None: no passkey retrieval
     eval_batch_size: int
     eval_max_tokens: int | None
     ngram_orders: tuple[int, ...]
     compares: tuple[Compare, ...]
     stages: tuple[dict[str, Any], ...] = ()  # [[stage]] tables: name, from, train, tokens, ...
     slid: tuple[Length, ...] | None = None  # the lengths scored sliding too (None: all)
-    context: Context | None = None  # [eval.context]; None: no context usage
-    task: TaskEval | None = None  # [eval.task]: exact match of task cells, no held-out text
     controls: tuple[Control, ...] = ()  # [[control]] tables: positive controls
+    # each score kind's settings, by its [eval] table (``ScoreKind.table``): passkey, context...
+    tables: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def passkey(self) -> dict | None:
+        """``[eval] passkey``: lengths, trials, depths, digits; None: no passkey retrieval."""
+        return self.tables.get("passkey")
+
+    @property
+    def context(self) -> Context | None:
+        """``[eval.context]``; None: no context usage."""
+        return self.tables.get("context")
+
+    @property
+    def task(self) -> TaskEval | None:
+        """``[eval.task]``: exact match of task cells, no held-out text."""
+        return self.tables.get("task")
+
+    @property
+    def task_sweep(self) -> bool:
+        """Whether the cells are scored on a task's examples and on no held-out text."""
+        kinds = kind_tables()
+        return any(kinds[table].task for table in self.tables)
 
     @property
     def sliding_lengths(self) -> tuple[Length, ...]:
@@ -327,26 +283,23 @@ class Spec:
 
     def scored(self) -> list[tuple[str, Length]]:
         """Every (kind, length) a cell's runs are scored at, in the report's order."""
-        if self.task is not None:
-            return [("exact", Length(str(n), tokens=n)) for n in self.task.lengths]
-        out = [("loss", x) for x in self.lengths]
-        out += [("sliding", x) for x in self.sliding_lengths]
-        return out + [("passkey", x) for x in self.passkey["lengths"]] if self.passkey else out
+        return [row for kind in in_order() if kind.in_scores(self) for row in kind.scored(self)]
 
     def eval_settings(self) -> dict:
         """What decides a cell's scores besides its run (part of the score's key)."""
-        if self.task is not None:
-            return {"task": self.task.settings()}
+        kinds = kind_tables()
+        tables = {table: kinds[table].record(value) for table, value in self.tables.items()}
+        if self.task_sweep:
+            return tables
         sliding = self.sliding if self.slid is None else [x.text for x in self.slid]
+        # a kind's table only when asked (the keys of sweeps scored before it existed stay as
+        # they were), but for the kinds those keys held as None
+        absent = {kind.table: None for kind in kinds.values() if kind.keyed_when_absent}
         return {"lengths": [x.text for x in self.lengths], "sliding": sliding,
                 "stride": self.stride.text, "chunk_tokens": self.chunk_tokens,
-                "by_position": self.by_position,
-                "passkey": self.passkey and {**self.passkey, "lengths": [
-                    x.text for x in self.passkey["lengths"]]},
-                "max_tokens": self.eval_max_tokens,
+                "by_position": self.by_position, "max_tokens": self.eval_max_tokens,
                 "heldout_bytes": self.heldout_bytes, "heldout_seed": self.heldout_seed,
-                # only when asked: the keys of sweeps scored before it existed stay as they were
-                **({"context": self.context.settings()} if self.context else {})}
+                **absent, **tables}
 
 
 def toml_text(value: Any) -> str:
@@ -356,21 +309,6 @@ def toml_text(value: Any) -> str:
     if isinstance(value, float) and value == int(value) and abs(value) < 1e16:
         return repr(value)
     return str(value)
-
-
-def _unknown(keys, known: set[str], where: str) -> None:
-    for key in keys:
-        if key not in known:
-            near = closest(key, known)
-            hint = f"did you mean {near!r}? " if near else ""
-            raise SpecError(f"{where}: unknown key {key!r}; {hint}valid keys: "
-                            f"{', '.join(sorted(known))}")
-
-
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(f"{where} = {value!r}: must be a positive integer")
-    return value
 
 
 def _cell_table(table: dict, where: str, axes: list[Axis] | None = None) -> dict[str, Any]:
@@ -425,20 +363,6 @@ def _cell_table(table: dict, where: str, axes: list[Axis] | None = None) -> dict
     return {**table, "from": parent, "train": trains, "tokens": tokens}
 
 
-def parse_length(text: Any, where: str) -> Length:
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 2:
-            raise SpecError(f"{where} = {text}: a length is at least 2 tokens")
-        return Length(str(text), tokens=text)
-    if isinstance(text, str) and re.fullmatch(r"\d+(\.\d+)?x", text):
-        times = float(text[:-1])
-        if times <= 0:
-            raise SpecError(f"{where} = {text!r}: the multiple must be positive")
-        return Length(text, times=times)
-    raise SpecError(f"{where} = {text!r}: give tokens (256) or a multiple of the cell's "
-                    "seq_len as a string (\"2x\", \"0.25x\")")
-
-
 def parse_metric(text: Any, where: str) -> Metric:
     if not isinstance(text, str):
         raise SpecError(f"{where} = {text!r}: a metric is a string such as \"loss@1x\"")
@@ -446,82 +370,11 @@ def parse_metric(text: Any, where: str) -> Metric:
     if len(parts) > 2 or not all(parts):
         raise SpecError(f"{where} = {text!r}: a metric is one term (\"loss@2x\") or the "
                         "difference of two (\"loss@4x - loss@1x\")")
-    terms = []
-    for part in parts:
-        m = EXACT_METRIC.match(part)
-        if m:
-            lo, hi = task_range(m.group(1))
-            if not 1 <= lo <= hi:
-                raise SpecError(f"{where}: {part!r} is no range of task lengths; write "
-                                "exact@LOW-HIGH with 1 <= LOW <= HIGH")
-            terms.append(("exact", Length(m.group(1))))
-            continue
-        m = CONTEXT_METRIC.match(part)
-        if m:
-            terms.append((m.group(1), Length(m.group(2), tokens=int(m.group(2)))))
-            continue
-        m = METRIC.match(part)
-        if not m:
-            raise SpecError(f"{where}: {part!r} is not a metric; use loss@L (non-overlapping "
-                            "windows of L), sliding@L (sliding windows) or passkey@L (passkey "
-                            "retrieval), L tokens or a multiple of seq_len such as 2x; or "
-                            "context:PERTURBATION@B (the loss increase when the context beyond "
-                            "B tokens is perturbed, [eval.context]); or exact@N / exact@A-B "
-                            "(exact match at task length N, or its mean over A-B, [eval.task])")
-        terms.append((m.group(1), parse_length(_length_value(m.group(2)), where)))
-    if len({kind.startswith("context:") for kind, _ in terms}) > 1:
+    terms = tuple(parse_term(part, where) for part in parts)
+    if len({kind_of(kind).per_window for kind, _ in terms}) > 1:
         raise SpecError(f"{where} = {text!r}: a context metric is per window, the others per "
                         "chunk of the held-out stream; subtract like from like")
-    return Metric(text, tuple(terms))
-
-
-def _distinct_list(value: Any, where: str, item_ok, item: str) -> list:
-    if not isinstance(value, list) or not value or not all(item_ok(v) for v in value):
-        raise SpecError(f"{where} = {value!r}: a non-empty list of {item}")
-    if len(set(value)) != len(value):
-        raise SpecError(f"{where} = {value!r}: a value is listed twice")
-    return value
-
-
-def parse_context(table: Any) -> Context:
-    """``[eval.context]`` checked (its window against each cell's length in the plan)."""
-    where = "[eval.context]"
-    if not isinstance(table, dict):
-        raise SpecError(f"{where}: a table such as {{window = 512, target = 16, distances = "
-                        "[20, 50, 200]}")
-    _unknown(table, CONTEXT_KEYS, where)
-    for key in ("window", "distances"):
-        if key not in table:
-            raise SpecError(f"{where}: give {key} (window: tokens a model reads, such as 512 "
-                            "or \"4x\"; distances: b in tokens, such as [20, 50, 200])")
-    window = parse_length(table["window"], f"{where} window")
-    target = _positive_int(table.get("target", 1), f"{where} target")
-    distances = _distinct_list(table["distances"], f"{where} distances",
-                               lambda b: isinstance(b, int) and not isinstance(b, bool)
-                               and b > 0, "distances in tokens (1 or more: the first target "
-                               "needs a token to be predicted from)")
-    names = _distinct_list(table.get("perturbations", list(PERTURBATIONS.names())),
-                           f"{where} perturbations", lambda n: isinstance(n, str),
-                           f"names ({', '.join(PERTURBATIONS.names())})")
-    for name in names:
-        if name not in PERTURBATIONS:
-            near = closest(name, set(PERTURBATIONS.names()))
-            raise SpecError(f"{where} perturbations: {name!r} is not one; "
-                            + (f"did you mean {near!r}? " if near else "")
-                            + f"known: {', '.join(PERTURBATIONS.names())}")
-    seed = table.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise SpecError(f"{where} seed = {seed!r}: a non-negative integer")
-    context = Context(window, target, tuple(sorted(distances)), tuple(names),
-                      _positive_int(table.get("windows", 200), f"{where} windows"),
-                      _positive_int(table.get("span", 20), f"{where} span"), seed)
-    if window.tokens is not None:
-        context.check(window.tokens, where)
-    return context
-
-
-def _length_value(text: str) -> Any:
-    return text if text.endswith("x") else int(text)
+    return Metric(text, terms)
 
 
 def _selector(value: Any, where: str) -> dict[str, str] | str | None:
@@ -647,7 +500,8 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         raise SpecError(f"[heldout] seed = {heldout_seed!r}: a non-negative integer")
 
     ev = _table(raw, "eval")
-    _unknown(ev, EVAL_KEYS, "[eval]")
+    kinds = kind_tables()
+    _unknown(ev, EVAL_OWN_KEYS | set(kinds), "[eval]")
     lengths_raw = ev.get("lengths", ["1x"])
     if not isinstance(lengths_raw, list) or not lengths_raw:
         raise SpecError("[eval] lengths: a non-empty list such as [\"1x\", \"2x\"] or [64, 128]")
@@ -665,40 +519,21 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         raise SpecError(f"[eval] sliding = {sliding!r}: true, false, or a list of the "
                         "lengths to slide ([\"16x\"])")
     chunk = _positive_int(ev.get("chunk_tokens", 1000), "[eval] chunk_tokens")
-    passkey = ev.get("passkey")
-    if passkey is not None:
-        if passkey is True:
-            passkey = {}
-        if not isinstance(passkey, dict):
-            raise SpecError("[eval] passkey: true, or a table {trials = 8, depths = [0.0, 0.5, "
-                            "1.0], digits = 5}")
-        _unknown(passkey, PASSKEY_KEYS, "[eval] passkey")
-        depths = passkey.get("depths", [0.0, 0.5, 1.0])
-        if not isinstance(depths, list) or not depths or not all(
-                isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1
-                for d in depths):
-            raise SpecError(f"[eval] passkey depths = {depths!r}: a list of fractions in [0, 1]")
-        lengths_pk = passkey.get("lengths", lengths_raw)
-        if not isinstance(lengths_pk, list) or not lengths_pk:
-            raise SpecError("[eval] passkey lengths: a non-empty list (default: [eval] lengths)")
-        passkey = {"lengths": tuple(parse_length(x, "[eval] passkey lengths")
-                                    for x in lengths_pk),
-                   "trials": _positive_int(passkey.get("trials", 8), "[eval] passkey trials"),
-                   "depths": [float(d) for d in depths],
-                   "digits": _positive_int(passkey.get("digits", 5), "[eval] passkey digits")}
     max_tokens = ev.get("max_tokens")
     if max_tokens is not None:
         max_tokens = _positive_int(max_tokens, "[eval] max_tokens")
-    context = parse_context(ev["context"]) if "context" in ev else None
-    task = None
-    if "task" in ev:
-        task = parse_task(ev["task"])
-        text_keys = sorted(set(ev) & TEXT_EVAL_KEYS) + [f"[{k}]" for k in ("heldout", "baselines")
-                                                         if k in raw]
+    # each score kind's own table ([eval] passkey, [eval.context], [eval.task]): a Spec field
+    owned = {table: kind.parse_table(ev[table], lengths_raw) for table, kind in kinds.items()
+             if table in ev}
+    task_tables = [table for table in owned if kinds[table].task]
+    if task_tables:  # what a task sweep does not use (its batch: examples)
+        text_only = EVAL_OWN_KEYS | {t for t, kind in kinds.items() if not kind.task}
+        text_keys = sorted(set(ev) & text_only) + [f"[{k}]" for k in ("heldout", "baselines")
+                                                   if k in raw]
         if text_keys:
-            raise SpecError(f"[eval.task]: a task sweep scores exact match on task examples and "
-                            f"no held-out text, so {', '.join(text_keys)} would do nothing; "
-                            "drop it, or drop [eval.task] to score text")
+            raise SpecError(f"[eval.{task_tables[0]}]: a task sweep scores exact match on task "
+                            f"examples and no held-out text, so {', '.join(text_keys)} would do "
+                            "nothing; drop it, or drop [eval.task] to score text")
 
     base_lines = _table(raw, "baselines")
     _unknown(base_lines, BASELINE_KEYS, "[baselines]")
@@ -707,29 +542,20 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
             isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 8 for k in orders):
         raise SpecError(f"[baselines] ngram = {orders!r}: a list of orders in 1-8 ([] for none)")
 
+    title = raw.get("title", "")
+    if not isinstance(title, str):
+        raise SpecError("title: a string")
+    spec = Spec(path, text, title, seeds, tuple(args), tokens, per_step, float(max_epochs),
+                tuple(axes), tuple(cells), heldout_bytes, heldout_seed, lengths,
+                bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
+                eval_batch_size=_positive_int(ev.get("batch_size", 8), "[eval] batch_size"),
+                eval_max_tokens=max_tokens, ngram_orders=tuple(orders), compares=(),
+                stages=tuple(stages), slid=slid, tables=owned)
+
     def check_terms(metric: Metric, where: str) -> None:
         """Each term of ``metric`` is one this spec's evaluation scores."""
         for kind, length in metric.terms:
-            if kind == "exact" or task is not None:
-                _check_exact_term(kind, length, task, f"{where}: {metric.text!r}")
-                continue
-            if kind.startswith("context:"):
-                _check_context_term(kind, length, context, f"{where}: {metric.text!r}")
-                continue
-            if kind == "sliding" and not sliding:
-                raise SpecError(f"{where}: {metric.text!r} needs sliding windows; set "
-                                "[eval] sliding = true")
-            if kind == "passkey" and passkey is None:
-                raise SpecError(f"{where}: {metric.text!r} needs passkey retrieval; set "
-                                "[eval] passkey = true (or a table of its settings)")
-            scored = (passkey["lengths"] if kind == "passkey" else
-                      slid if kind == "sliding" and slid is not None else lengths)
-            if not any(length.text == x.text for x in scored):
-                table = ("[eval] passkey lengths" if kind == "passkey" else "[eval] sliding"
-                         if kind == "sliding" and slid is not None else "[eval] lengths")
-                raise SpecError(f"{where}: {metric.text!r} needs length {length.text}, which "
-                                f"{table} ({[x.text for x in scored]}) does not score; add it "
-                                "there")
+            check_term(kind, length, spec, where, metric.text)
 
     compares = []
     for i, c in enumerate(_tables(raw, "compare"), 1):
@@ -765,17 +591,12 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         better = c.get("better", metric.better)
         if better not in ("lower", "higher"):
             raise SpecError(f"{where} better = {better!r}: \"lower\" or \"higher\"")
-        if len({kind in ("passkey", "exact") for kind, _ in metric.terms}) > 1:
+        if len({kind_of(kind).higher_is_better for kind, _ in metric.terms}) > 1:
             raise SpecError(f"{where}: {metric.text!r} subtracts a loss from an accuracy; "
                             "compare like with like")
-        widths = [task_range(x.text)[1] - task_range(x.text)[0] for k, x in metric.terms
-                  if k == "exact"]
-        if len(widths) == 2 and widths[0] != widths[1]:
-            first, second = (x.text for _, x in metric.terms)
-            lo, _ = task_range(second)
-            raise SpecError(f"{where}: {metric.text!r} subtracts exact match example by example,"
-                            " so it needs ranges of as many lengths on both sides (e.g. "
-                            f"\"exact@{first} - exact@{lo}-{lo + widths[0]}\")")
+        if len(metric.terms) == 2 and len({kind_of(k).name for k, _ in metric.terms}) == 1:
+            (kind, first), (_, second) = metric.terms
+            kind_of(kind).check_difference(first, second, metric.text, where)
         check_terms(metric, where)
         compares.append(Compare(_selector(c.get("a"), f"{where} a"),
                                 _selector(c.get("b"), f"{where} b"), against, metric,
@@ -804,95 +625,7 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
                                 float(bound), bounds[0] == "at_least",
                                 str(c.get("claim", "")), i))
 
-    title = raw.get("title", "")
-    if not isinstance(title, str):
-        raise SpecError("title: a string")
-    return Spec(path, text, title, seeds, tuple(args), tokens, per_step, float(max_epochs),
-                tuple(axes), tuple(cells), heldout_bytes, heldout_seed, lengths,
-                bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
-                passkey,
-                _positive_int(ev.get("batch_size", 8), "[eval] batch_size"), max_tokens,
-                tuple(orders), tuple(compares), tuple(stages), slid, context, task,
-                tuple(controls))
-
-
-def _task_lengths(value: Any, where: str) -> tuple[int, ...]:
-    """``"21-40"``, ``12``, or a list of them: the task lengths, sorted, each once."""
-    items = value if isinstance(value, list) else [value]
-    found: set[int] = set()
-    for item in items:
-        if isinstance(item, int) and not isinstance(item, bool) and item >= 1:
-            found.add(item)
-        elif isinstance(item, str) and re.fullmatch(r"\d+(-\d+)?", item.strip()):
-            lo, hi = task_range(item.strip())
-            if not 1 <= lo <= hi:
-                raise SpecError(f"{where} = {value!r}: {item!r} is an empty range; write "
-                                "\"LOW-HIGH\" with 1 <= LOW <= HIGH")
-            found.update(range(lo, hi + 1))
-        else:
-            raise SpecError(f"{where} = {value!r}: give task lengths as a range (\"1-40\"), a "
-                            "positive integer, or a list of them ([8, \"17-24\"])")
-    if not found:
-        raise SpecError(f"{where} = {value!r}: give at least one task length (\"1-40\")")
-    return tuple(sorted(found))
-
-
-def parse_task(table: Any) -> TaskEval:
-    """``[eval.task]``, checked: the task lengths scored, examples per length, their seed."""
-    where = "[eval.task]"
-    if not isinstance(table, dict):
-        raise SpecError(f"{where}: a table, such as [eval.task] lengths = \"1-40\", "
-                        "examples = 64")
-    _unknown(table, TASK_KEYS, where)
-    if "lengths" not in table:
-        raise SpecError(f"{where}: give lengths, the task lengths to score (\"1-40\": the "
-                        "training lengths and past them)")
-    seed = table.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise SpecError(f"{where} seed = {seed!r}: a non-negative integer (draws the test "
-                        "examples, the same for every cell and seed)")
-    return TaskEval(_task_lengths(table["lengths"], f"{where} lengths"),
-                    _positive_int(table.get("examples", 64), f"{where} examples"), seed)
-
-
-def _check_exact_term(kind: str, length: Length, task: TaskEval | None, where: str) -> None:
-    """An ``exact@N`` / ``exact@A-B`` term in a task sweep, every length of it scored."""
-    if task is None:
-        raise SpecError(f"{where} needs exact match on a task; add an [eval.task] table "
-                        "(lengths, examples) and train the cells with --task NAME")
-    if kind != "exact":
-        raise SpecError(f"{where}: a task sweep ([eval.task]) scores no held-out text; "
-                        "compare exact@N or exact@A-B (exact match, the mean over lengths A-B)")
-    lo, hi = task_range(length.text)
-    missing = [n for n in range(lo, hi + 1) if n not in task.lengths]
-    if missing:
-        raise SpecError(f"{where}: task length {missing[0]} is not scored; add it to "
-                        f"[eval.task] lengths (now {_ranges(task.lengths)})")
-
-
-def _ranges(lengths: tuple[int, ...]) -> str:
-    """(1, 2, 3, 7) -> "1-3, 7"."""
-    out, start = [], lengths[0]
-    for prev, n in zip(lengths, (*lengths[1:], None), strict=True):
-        if n != prev + 1:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = n
-    return ", ".join(out)
-
-
-def _check_context_term(kind: str, distance: Length, context: Context | None,
-                        where: str) -> None:
-    """A ``context:NAME@B`` term names a perturbation and a distance the spec scores."""
-    if context is None:
-        raise SpecError(f"{where} needs context usage; add an [eval.context] table (window, "
-                        "distances, perturbations)")
-    name = kind.partition(":")[2]
-    if name not in context.perturbations:
-        raise SpecError(f"{where}: [eval.context] perturbations ({', '.join(context.perturbations)}"
-                        f") do not include {name!r}; add it there")
-    if distance.tokens not in context.distances:
-        raise SpecError(f"{where}: distance {distance.tokens} is not in [eval.context] distances "
-                        f"({list(context.distances)}); add it there")
+    return dataclasses.replace(spec, compares=tuple(compares), controls=tuple(controls))
 
 
 def read_spec(path: str) -> Spec:

@@ -14,7 +14,6 @@ import numpy as np
 
 from transformers_jax.data.synthetic import FORMATS, exact_match, get_task
 from transformers_jax.registry import FAMILIES
-from transformers_jax.sweep.spec import TaskEval, task_range
 
 
 def row_tokens(task: str, family: str, length: int) -> int:
@@ -69,9 +68,10 @@ def train_batch(model_cfg, train_cfg, tokenizer) -> dict:
         num_threads=1))
 
 
-def task_scores(model, params, tokenizer, model_cfg, task: str, settings: TaskEval) -> dict:
+def task_scores(model, params, tokenizer, model_cfg, task: str, settings) -> dict:
     """``{str(length): {"mean", "chunks"}}``: exact match (1.0 / 0.0) of each test example at
-    each task length of ``settings``, in the order they are drawn."""
+    each task length of ``settings`` (``[eval.task]``: lengths, examples, seed), in the order
+    they are drawn."""
     import jax
 
     seq_len = row_tokens(task, model_cfg.family, max(settings.lengths))
@@ -93,11 +93,3 @@ def exact_logits(model, params, batch: dict):
     from transformers_jax.learning.objectives import apply_model
 
     return apply_model(model, params, batch).argmax(-1)
-
-
-def exact_term(table: dict, text: str) -> dict:
-    """``exact@N`` or ``exact@A-B`` in a seed's ``exact`` scores: the examples of every length
-    in the range side by side (``chunks``) and their mean."""
-    lo, hi = task_range(text)
-    chunks = [x for n in range(lo, hi + 1) for x in table[str(n)]["chunks"]]
-    return {"mean": float(np.mean(chunks)), "chunks": chunks}
