@@ -411,9 +411,21 @@ def _tables(raw: dict, key: str) -> list:
 
 
 def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
-    """The checks of ``parse_spec`` on a spec already read into Python values."""
+    """The checks of ``parse_spec`` on a spec already read into Python values: each section by
+    its own function (its fields of the ``Spec``), then the comparisons and controls, checked
+    against the spec whose scores they read."""
     _unknown(raw, SECTIONS, path)
+    seeds, base, axes = _seeds(raw), _base(raw), _axes(raw)  # in this order: the first error
+    fields = {**base, **_cells(raw, axes), **_heldout(raw), **_eval(raw), **_baselines(raw)}
+    title = raw.get("title", "")
+    if not isinstance(title, str):
+        raise SpecError("title: a string")
+    spec = Spec(path=path, text=text, title=title, seeds=seeds, axes=axes, compares=(), **fields)
+    return dataclasses.replace(spec, compares=_compares(raw, spec), controls=_controls(raw, spec))
 
+
+def _seeds(raw: dict) -> tuple[int, ...]:
+    """``seeds``: a count or a list of distinct non-negative integers."""
     seeds_raw = raw.get("seeds", 3)
     if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
         seeds = tuple(range(_positive_int(seeds_raw, "seeds")))
@@ -425,7 +437,11 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     else:
         raise SpecError(f"seeds = {seeds_raw!r}: give a count (3) or a list of distinct "
                         "non-negative integers ([0, 1, 2])")
+    return seeds
 
+
+def _base(raw: dict) -> dict:
+    """``[base]``: the options every cell shares and the training budget."""
     base = _table(raw, "base")
     _unknown(base, BASE_KEYS, "[base]")
     args = base.get("args", [])
@@ -451,7 +467,12 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     if not isinstance(max_epochs, (int, float)) or max_epochs <= 0:
         raise SpecError(f"[base] max_epochs = {max_epochs!r}: must be positive (1: each "
                         "training token seen at most once)")
+    return {"base_args": tuple(args), "tokens": tokens, "tokens_per_step": per_step,
+            "max_epochs": float(max_epochs)}
 
+
+def _axes(raw: dict) -> tuple[Axis, ...]:
+    """``[axes]``: config fields and their values, whose product is the cells."""
     axes = []
     for key, values in _table(raw, "axes").items():
         where = f"[axes] {key!r}"
@@ -480,9 +501,13 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     if len({a.short for a in axes}) != len(axes):
         raise SpecError(f"[axes]: two axes end in the same field name ({[a.key for a in axes]});"
                         " selectors use the last part, so it must be unique")
+    return tuple(axes)
 
+
+def _cells(raw: dict, axes: tuple[Axis, ...]) -> dict:
+    """``[[cell]]`` and ``[[stage]]`` tables."""
     cells = [_cell_table(c, f"[[cell]] {i}") for i, c in enumerate(_tables(raw, "cell"), 1)]
-    stages = [_cell_table(s, f"[[stage]] {i}", axes)
+    stages = [_cell_table(s, f"[[stage]] {i}", list(axes))
               for i, s in enumerate(_tables(raw, "stage"), 1)]
     names = [s["name"] for s in stages]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -491,14 +516,22 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     if stages and any(a.short == "stage" for a in axes):
         raise SpecError("[axes]: an axis ending in 'stage' clashes with the stages' own axis "
                         "(stage = NAME); rename the stages' field or drop the [[stage]] tables")
+    return {"cells": tuple(cells), "stages": tuple(stages)}
 
+
+def _heldout(raw: dict) -> dict:
+    """``[heldout]``: how much text is held out, drawn by which seed."""
     held = _table(raw, "heldout")
     _unknown(held, HELDOUT_KEYS, "[heldout]")
     heldout_bytes = _positive_int(held.get("bytes", 200_000), "[heldout] bytes")
     heldout_seed = held.get("seed", 0)
     if isinstance(heldout_seed, bool) or not isinstance(heldout_seed, int) or heldout_seed < 0:
         raise SpecError(f"[heldout] seed = {heldout_seed!r}: a non-negative integer")
+    return {"heldout_bytes": heldout_bytes, "heldout_seed": heldout_seed}
 
+
+def _eval(raw: dict) -> dict:
+    """``[eval]``: the lengths scored, and each score kind's own table."""
     ev = _table(raw, "eval")
     kinds = kind_tables()
     _unknown(ev, EVAL_OWN_KEYS | set(kinds), "[eval]")
@@ -534,29 +567,25 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
             raise SpecError(f"[eval.{task_tables[0]}]: a task sweep scores exact match on task "
                             f"examples and no held-out text, so {', '.join(text_keys)} would do "
                             "nothing; drop it, or drop [eval.task] to score text")
+    return {"lengths": lengths, "sliding": bool(sliding), "stride": stride, "chunk_tokens": chunk,
+            "by_position": bool(ev.get("by_position", True)),
+            "eval_batch_size": _positive_int(ev.get("batch_size", 8), "[eval] batch_size"),
+            "eval_max_tokens": max_tokens, "slid": slid, "tables": owned}
 
+
+def _baselines(raw: dict) -> dict:
+    """``[baselines]``: the n-gram orders fitted."""
     base_lines = _table(raw, "baselines")
     _unknown(base_lines, BASELINE_KEYS, "[baselines]")
     orders = base_lines.get("ngram", [2, 3, 4, 5])
     if not isinstance(orders, list) or not all(
             isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 8 for k in orders):
         raise SpecError(f"[baselines] ngram = {orders!r}: a list of orders in 1-8 ([] for none)")
+    return {"ngram_orders": tuple(orders)}
 
-    title = raw.get("title", "")
-    if not isinstance(title, str):
-        raise SpecError("title: a string")
-    spec = Spec(path, text, title, seeds, tuple(args), tokens, per_step, float(max_epochs),
-                tuple(axes), tuple(cells), heldout_bytes, heldout_seed, lengths,
-                bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
-                eval_batch_size=_positive_int(ev.get("batch_size", 8), "[eval] batch_size"),
-                eval_max_tokens=max_tokens, ngram_orders=tuple(orders), compares=(),
-                stages=tuple(stages), slid=slid, tables=owned)
 
-    def check_terms(metric: Metric, where: str) -> None:
-        """Each term of ``metric`` is one this spec's evaluation scores."""
-        for kind, length in metric.terms:
-            check_term(kind, length, spec, where, metric.text)
-
+def _compares(raw: dict, spec: Spec) -> tuple[Compare, ...]:
+    """``[[compare]]`` tables, each metric one the spec scores."""
     compares = []
     for i, c in enumerate(_tables(raw, "compare"), 1):
         where = f"[[compare]] {i}"
@@ -597,11 +626,15 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         if len(metric.terms) == 2 and len({kind_of(k).name for k, _ in metric.terms}) == 1:
             (kind, first), (_, second) = metric.terms
             kind_of(kind).check_difference(first, second, metric.text, where)
-        check_terms(metric, where)
+        _check_terms(metric, spec, where)
         compares.append(Compare(_selector(c.get("a"), f"{where} a"),
                                 _selector(c.get("b"), f"{where} b"), against, metric,
                                 str(c.get("claim", "")), better, i, relative_to))
+    return tuple(compares)
 
+
+def _controls(raw: dict, spec: Spec) -> tuple[Control, ...]:
+    """``[[control]]`` tables: positive controls, each bounding one score."""
     controls = []
     for i, c in enumerate(_tables(raw, "control"), 1):
         where = f"[[control]] {i}"
@@ -620,12 +653,17 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         if len(metric.terms) != 1 or metric.per_window:
             raise SpecError(f"{where}: {metric.text!r} is a difference; a control bounds one "
                             "score (\"passkey@1x\", \"exact@1-20\", \"loss@1x\")")
-        check_terms(metric, where)
+        _check_terms(metric, spec, where)
         controls.append(Control(_selector(c.get("cells"), f"{where} cells"), metric,
                                 float(bound), bounds[0] == "at_least",
                                 str(c.get("claim", "")), i))
+    return tuple(controls)
 
-    return dataclasses.replace(spec, compares=tuple(compares), controls=tuple(controls))
+
+def _check_terms(metric: Metric, spec: Spec, where: str) -> None:
+    """Each term of ``metric`` is one ``spec``'s evaluation scores."""
+    for kind, length in metric.terms:
+        check_term(kind, length, spec, where, metric.text)
 
 
 def read_spec(path: str) -> Spec:
