@@ -23,7 +23,8 @@ from transformers_jax.study import stats
 from transformers_jax.sweep.cells import lineage
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
 from transformers_jax.sweep.runner import read_scores, train_args, write_json
-from transformers_jax.sweep.scores import kind_of
+from transformers_jax.sweep.scores import in_order, kind_of
+from transformers_jax.sweep.scores.base import fmt as _fmt
 from transformers_jax.sweep.spec import Metric
 
 
@@ -138,30 +139,6 @@ def gate(plan: SweepPlan, comparisons: list[dict], control_rows: list[dict]) -> 
                               f"{first['cell']}")
 
 
-def context_summary(plan: SweepPlan, scores: dict[int, dict]) -> dict:
-    """A cell's context usage over its seeds: the intact loss of the targets, and for each
-    perturbation and distance the mean increase with its paired 95% interval over seeds x
-    windows (each entry on its own, not corrected for the table's many: the claims are the
-    declared comparisons) and the relative increase."""
-    ctx = plan.spec.context
-    seeds = sorted(scores)
-    out: dict = {"window": plan.context.window, "target": ctx.target,
-                 "intact": [scores[s]["context"]["intact"]["mean"] for s in seeds], "rows": []}
-    intact = float(np.mean(out["intact"])) if seeds else math.nan
-    for name in ctx.perturbations:
-        for b in ctx.distances:
-            row: dict = {"perturbation": name, "b": b, "per_seed": [
-                scores[s]["context"][name][str(b)]["mean"] for s in seeds]}
-            if seeds:
-                result = stats.paired(np.stack([scores[s]["context"][name][str(b)]["chunks"]
-                                                for s in seeds]))
-                low, high = result.interval()
-                row.update(mean=result.mean, low=low, high=high,
-                           relative=result.mean / intact)
-            out["rows"].append(row)
-    return out
-
-
 def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict]) -> dict:
     spec = plan.spec
     trains = not planned.zero_shot
@@ -182,12 +159,8 @@ def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict])
             "tokens": length_spec.resolve(planned.reference_len),
             "per_seed": means, "mean": float(np.mean(means)) if means else math.nan,
             "std": float(np.std(means, ddof=1)) if len(means) > 1 else math.nan})
-    if spec.context is not None:
-        out["context"] = context_summary(plan, scores)
-    if spec.by_position and scores and spec.task is None:
-        out["by_position"] = {
-            x.text: np.mean([scores[s]["by_position"][x.text] for s in scores], 0).tolist()
-            for x in spec.lengths}
+    for kind in scored_kinds(spec):
+        out.update(kind.cell_summary(plan, scores))
     return out
 
 
@@ -213,12 +186,6 @@ def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
                 losses[f"{k}-gram"] = KneserNey(k, vocab).fit(train_N).loss(plan.heldout_N)
         out[budget] = losses
     return out
-
-
-def _fmt(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    return f"{x:.{digits}f}"
 
 
 def recorded_overlap(data: dict) -> str:
@@ -275,13 +242,7 @@ def markdown(plan: SweepPlan, results: dict) -> str:
                      "scores it with its own model options (zero-shot, no training); its "
                      "tokens count its parent's, and its lengths and stride given as multiples "
                      "are of the training length of the first cell of its chain (L0)")
-    if spec.sliding:
-        notes.append(f"sliding@L: windows of L sliding by {spec.stride.text} of seq_len, each "
-                     "token scored with that much context or more")
-    if spec.passkey:
-        notes.append("passkey@L: whole-key accuracy of passkey retrieval in prompts of L "
-                     f"tokens, {spec.passkey['trials']} keys at each depth in "
-                     f"{spec.passkey['depths']}, decoded greedily")
+    notes += [note for kind in scored_kinds(spec) for note in kind.notes(spec)]
     lines += ["", "; ".join(notes) + "."]
     for budget, base in results["baselines"].items():
         lines += ["", f"Baselines on the same held-out tokens, fitted on {int(budget):,} "
@@ -294,8 +255,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
             lines += ["", f"**Not past the {best} ({_fmt(base[best])}) at "
                       f"{spec.lengths[0].text}:** {', '.join(short)}. A comparison involving "
                       "them says little about the switch: train longer or on more data."]
-    if spec.context is not None:
-        lines += context_markdown(plan, results)
+    for kind in scored_kinds(spec):
+        lines += kind.markdown(plan, results)
     lines += control_markdown(results)
     lines += ["", "## Comparisons", "",
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
@@ -304,9 +265,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
               "own values, themselves differences, against zero). " + RELATIVE_NOTE * any(
                   p.a_ref is not None for p in plan.pairs) + HOLM_NOTE, ""]
     lines += comparison_rows(results)
-    for name in ("loss_by_length.png", "loss_by_position.png", "context_usage.png"):
-        if name in results.get("plots", []):
-            lines += ["", f"![{name}]({name})"]
+    for name in results.get("plots", []):
+        lines += ["", f"![{name}]({name})"]
     return "\n".join(lines) + "\n"
 
 
@@ -383,104 +343,13 @@ def task_markdown(plan: SweepPlan, results: dict, code: str) -> list[str]:
               "reported, each a paired difference a - b of exact match over seeds x test "
               "examples (exact@A-B: the examples of every length A to B). " + HOLM_NOTE, ""]
     lines += comparison_rows(results)
-    if "exact_by_length.png" in results.get("plots", []):
-        lines += ["", "![exact_by_length.png](exact_by_length.png)"]
+    for name in results.get("plots", []):
+        lines += ["", f"![{name}]({name})"]
     return lines
-
-
-def exact_plot(plan: SweepPlan, results: dict, out: str, plt) -> list[str]:
-    """Exact match against task length, a panel per task, the band min to max over seeds."""
-    by_name = {p.cell.name: p for p in plan.cells}
-    cells = [c for c in results["cells"] if c["seeds_scored"]]
-    tasks = sorted({by_name[c["name"]].train.task for c in cells})
-    if not tasks:
-        return []
-    fig, axes = plt.subplots(1, len(tasks), squeeze=False, sharey=True,
-                             figsize=(4.6 * len(tasks), 3.8))
-    for ax, task in zip(axes[0], tasks, strict=True):
-        for c in cells:
-            planned = by_name[c["name"]]
-            if planned.train.task != task:
-                continue
-            x = [e["tokens"] for e in c["by_length"]]
-            y_SX = np.array([e["per_seed"] for e in c["by_length"]]).T
-            (line,) = ax.plot(x, y_SX.mean(0), marker="o", markersize=2, label=c["name"])
-            ax.fill_between(x, y_SX.min(0), y_SX.max(0), color=line.get_color(), alpha=0.15,
-                            linewidth=0)
-            ax.axvline(planned.train.train_lengths[1] + 0.5, color="grey", linestyle=":",
-                       linewidth=0.8)
-        ax.set_title(task)
-        ax.set_xlabel("task length (dotted: longest trained)")
-        ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("exact match, mean over seeds")
-    fig.savefig(os.path.join(out, "exact_by_length.png"), dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return ["exact_by_length.png"]
-
-
-def context_markdown(plan: SweepPlan, results: dict) -> list[str]:
-    """One table per perturbation: the loss it adds at each distance, cells side by side."""
-    ctx = plan.spec.context
-    from transformers_jax.sweep.context import PERTURBATIONS
-
-    first = plan.context.window + 1 - ctx.target
-    lines = ["", "## Context usage", "",
-             f"{ctx.windows} held-out windows of {plan.context.window} tokens, the last "
-             f"{ctx.target} scored (the first of them with {first} tokens before it), drawn by "
-             f"seed {ctx.seed}: the same windows and the same perturbations for every cell and "
-             "seed. Each entry is the loss the perturbation of the context farther than b "
-             "tokens from the first target adds (nats per token, mean over seeds x windows), "
-             "its paired 95% interval over seeds x windows (each entry alone, not corrected: "
-             "the claims are the declared comparisons), and the relative increase over the "
-             "intact loss (Khandelwal et al. 2018's measure).", "",
-             "Intact loss of the targets: " + ", ".join(
-                 f"{c['name']} {_fmt(float(np.mean(c['context']['intact'])))}"
-                 for c in results["cells"] if c["context"]["intact"]) + "."]
-    for name in ctx.perturbations:
-        about = PERTURBATIONS.get(name).about.format(span=ctx.span)
-        lines += ["", f"**{name}**: {about}.", "",
-                  "| cell | " + " | ".join(f"b={b}" for b in ctx.distances) + " |",
-                  "|---|" + "---|" * len(ctx.distances)]
-        for c in results["cells"]:
-            rows = {r["b"]: r for r in c["context"]["rows"] if r["perturbation"] == name}
-            entries = [f"{rows[b]['mean']:+.3f} [{rows[b]['low']:+.3f}, {rows[b]['high']:+.3f}] "
-                       f"{100 * rows[b]['relative']:+.1f}%" if "mean" in rows[b] else "pending"
-                       for b in ctx.distances]
-            lines.append(f"| {c['name']} | " + " | ".join(entries) + " |")
-    return lines
-
-
-def context_plot(plan: SweepPlan, results: dict, out: str, plt) -> list[str]:
-    """The relative loss increase against b, a panel per perturbation, cells side by side,
-    each with its paired 95% interval as a band."""
-    ctx = plan.spec.context
-    cells = [c for c in results["cells"] if c["context"]["intact"]]
-    if not cells:
-        return []
-    fig, axes = plt.subplots(1, len(ctx.perturbations), squeeze=False,
-                             figsize=(3.6 * len(ctx.perturbations), 3.6))
-    for ax, name in zip(axes[0], ctx.perturbations, strict=True):
-        for c in cells:
-            rows = [r for r in c["context"]["rows"] if r["perturbation"] == name]
-            intact = float(np.mean(c["context"]["intact"]))
-            x = [r["b"] for r in rows]
-            (line,) = ax.plot(x, [100 * r["relative"] for r in rows], marker="o", markersize=3,
-                              label=c["name"])
-            ax.fill_between(x, [100 * r["low"] / intact for r in rows],
-                            [100 * r["high"] / intact for r in rows], color=line.get_color(),
-                            alpha=0.2, linewidth=0)
-        ax.axhline(0, color="black", linewidth=0.6)
-        ax.set_xscale("log")
-        ax.set_title(name)
-        ax.set_xlabel("b (tokens before the first target)")
-    axes[0][0].set_ylabel("loss increase (%), band: paired 95%")
-    axes[0][-1].legend(fontsize=7)
-    fig.savefig(os.path.join(out, "context_usage.png"), dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return ["context_usage.png"]
 
 
 def plots(plan: SweepPlan, results: dict, out: str) -> list[str]:
+    """Each scored kind's figures (none without matplotlib)."""
     try:
         import matplotlib
 
@@ -488,51 +357,13 @@ def plots(plan: SweepPlan, results: dict, out: str) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    if plan.spec.task is not None:
-        return exact_plot(plan, results, out, plt)
-    written = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for c in results["cells"]:
-        rows = [e for e in c["by_length"] if e["kind"] == "loss" and e["per_seed"]]
-        if not rows:
-            continue
-        x = [e["tokens"] for e in rows]
-        y_SX = np.array([e["per_seed"] for e in rows]).T
-        (line,) = ax.plot(x, y_SX.mean(0), marker="o", markersize=3, label=c["name"])
-        if y_SX.shape[0] > 1:
-            ax.fill_between(x, y_SX.min(0), y_SX.max(0), color=line.get_color(), alpha=0.2,
-                            linewidth=0)
-    if ax.lines:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("held-out loss (nats/token)")
-        ax.set_title("mean over seeds; band: min to max")
-        by_budget = results["baselines"]
-        largest = by_budget[max(by_budget, key=int)] if by_budget else {}
-        for name, value in largest.items():  # the largest budget's: the strongest
-            ax.axhline(value, color="grey", linestyle=":", linewidth=0.8)
-            ax.annotate(name, (0.01, value), xycoords=("axes fraction", "data"), fontsize=7)
-        ax.legend(fontsize=7)
-        fig.savefig(os.path.join(out, "loss_by_length.png"), dpi=110, bbox_inches="tight")
-        written.append("loss_by_length.png")
-    plt.close(fig)
-    longest = plan.spec.lengths[-1].text
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for c in results["cells"]:
-        curve = c.get("by_position", {}).get(longest)
-        if curve:
-            ax.plot(np.arange(1, len(curve) + 1), curve, linewidth=0.8, label=c["name"])
-    if ax.lines:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(f"position in a window of {longest}")
-        ax.set_ylabel("held-out loss (nats/token), mean over seeds")
-        ax.legend(fontsize=7)
-        fig.savefig(os.path.join(out, "loss_by_position.png"), dpi=110, bbox_inches="tight")
-        written.append("loss_by_position.png")
-    plt.close(fig)
-    if plan.spec.context is not None:
-        written += context_plot(plan, results, out, plt)
-    return written
+    return [name for kind in scored_kinds(plan.spec)
+            for name in kind.plots(plan, results, out, plt)]
+
+
+def scored_kinds(spec) -> list:
+    """The score kinds a seed's scores hold under ``spec``, in the report's order."""
+    return [kind for kind in in_order() if kind.in_scores(spec)]
 
 
 def hparams(results: dict, out: str) -> None:

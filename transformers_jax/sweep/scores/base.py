@@ -12,6 +12,7 @@ length to ``{"mean": ..., "chunks": [...]}``, the units the paired statistics pa
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -92,6 +93,31 @@ class ScoreKind:
     def term(self, scores: dict, kind: str, length: str) -> dict:
         """A term's ``{"mean", "chunks"}`` in a seed's scores."""
         return scores[self.name][length]
+
+    # The report (``sweep/report.py``) asks every kind the spec scores for its parts:
+    def cell_summary(self, plan: Any, scores: dict[int, dict]) -> dict:
+        """Figures of a cell over its seeds (``scores``: seed -> scores) besides its rows of
+        the table, into the cell's entry of ``results.json``."""
+        return {}
+
+    def notes(self, spec: Any) -> list[str]:
+        """What its columns of the cells' table mean, under the table."""
+        return []
+
+    def markdown(self, plan: Any, results: dict) -> list[str]:
+        """A section of its own in ``report.md``, after the cells' table."""
+        return []
+
+    def plots(self, plan: Any, results: dict, out: str, plt) -> list[str]:
+        """Figures saved into ``out`` (matplotlib's ``pyplot`` given); their file names."""
+        return []
+
+
+def fmt(x, digits: int = 3) -> str:
+    """A figure in the report (``n/a`` for none)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}"
 
 
 def chunk_summary(losses_N, length: int, chunk: int) -> dict:

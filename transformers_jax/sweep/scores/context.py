@@ -5,11 +5,16 @@ perturbed, window by window (the windows are the units; higher: more of that con
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from typing import Any
 
+import numpy as np
+
 from transformers_jax.overrides import closest
+from transformers_jax.study import stats
 from transformers_jax.sweep.context import PERTURBATIONS
-from transformers_jax.sweep.scores.base import Job, ScoreKind
+from transformers_jax.sweep.scores.base import Job, ScoreKind, fmt
 from transformers_jax.sweep.terms import (
     Length,
     SpecError,
@@ -123,6 +128,90 @@ def context_scores(model, params, windows, batch_size: int) -> dict:
     return out
 
 
+def context_summary(plan, scores: dict[int, dict]) -> dict:
+    """A cell's context usage over its seeds: the intact loss of the targets, and for each
+    perturbation and distance the mean increase with its paired 95% interval over seeds x
+    windows (each entry on its own, not corrected for the table's many: the claims are the
+    declared comparisons) and the relative increase."""
+    ctx = plan.spec.context
+    seeds = sorted(scores)
+    out: dict = {"window": plan.context.window, "target": ctx.target,
+                 "intact": [scores[s]["context"]["intact"]["mean"] for s in seeds], "rows": []}
+    intact = float(np.mean(out["intact"])) if seeds else math.nan
+    for name in ctx.perturbations:
+        for b in ctx.distances:
+            row: dict = {"perturbation": name, "b": b, "per_seed": [
+                scores[s]["context"][name][str(b)]["mean"] for s in seeds]}
+            if seeds:
+                result = stats.paired(np.stack([scores[s]["context"][name][str(b)]["chunks"]
+                                                for s in seeds]))
+                low, high = result.interval()
+                row.update(mean=result.mean, low=low, high=high,
+                           relative=result.mean / intact)
+            out["rows"].append(row)
+    return out
+
+
+def context_markdown(plan, results: dict) -> list[str]:
+    """One table per perturbation: the loss it adds at each distance, cells side by side."""
+    ctx = plan.spec.context
+    first = plan.context.window + 1 - ctx.target
+    lines = ["", "## Context usage", "",
+             f"{ctx.windows} held-out windows of {plan.context.window} tokens, the last "
+             f"{ctx.target} scored (the first of them with {first} tokens before it), drawn by "
+             f"seed {ctx.seed}: the same windows and the same perturbations for every cell and "
+             "seed. Each entry is the loss the perturbation of the context farther than b "
+             "tokens from the first target adds (nats per token, mean over seeds x windows), "
+             "its paired 95% interval over seeds x windows (each entry alone, not corrected: "
+             "the claims are the declared comparisons), and the relative increase over the "
+             "intact loss (Khandelwal et al. 2018's measure).", "",
+             "Intact loss of the targets: " + ", ".join(
+                 f"{c['name']} {fmt(float(np.mean(c['context']['intact'])))}"
+                 for c in results["cells"] if c["context"]["intact"]) + "."]
+    for name in ctx.perturbations:
+        about = PERTURBATIONS.get(name).about.format(span=ctx.span)
+        lines += ["", f"**{name}**: {about}.", "",
+                  "| cell | " + " | ".join(f"b={b}" for b in ctx.distances) + " |",
+                  "|---|" + "---|" * len(ctx.distances)]
+        for c in results["cells"]:
+            rows = {r["b"]: r for r in c["context"]["rows"] if r["perturbation"] == name}
+            entries = [f"{rows[b]['mean']:+.3f} [{rows[b]['low']:+.3f}, {rows[b]['high']:+.3f}] "
+                       f"{100 * rows[b]['relative']:+.1f}%" if "mean" in rows[b] else "pending"
+                       for b in ctx.distances]
+            lines.append(f"| {c['name']} | " + " | ".join(entries) + " |")
+    return lines
+
+
+def context_plot(plan, results: dict, out: str, plt) -> list[str]:
+    """The relative loss increase against b, a panel per perturbation, cells side by side,
+    each with its paired 95% interval as a band."""
+    ctx = plan.spec.context
+    cells = [c for c in results["cells"] if c["context"]["intact"]]
+    if not cells:
+        return []
+    fig, axes = plt.subplots(1, len(ctx.perturbations), squeeze=False,
+                             figsize=(3.6 * len(ctx.perturbations), 3.6))
+    for ax, name in zip(axes[0], ctx.perturbations, strict=True):
+        for c in cells:
+            rows = [r for r in c["context"]["rows"] if r["perturbation"] == name]
+            intact = float(np.mean(c["context"]["intact"]))
+            x = [r["b"] for r in rows]
+            (line,) = ax.plot(x, [100 * r["relative"] for r in rows], marker="o", markersize=3,
+                              label=c["name"])
+            ax.fill_between(x, [100 * r["low"] / intact for r in rows],
+                            [100 * r["high"] / intact for r in rows], color=line.get_color(),
+                            alpha=0.2, linewidth=0)
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("b (tokens before the first target)")
+    axes[0][0].set_ylabel("loss increase (%), band: paired 95%")
+    axes[0][-1].legend(fontsize=7)
+    fig.savefig(os.path.join(out, "context_usage.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return ["context_usage.png"]
+
+
 class ContextUsage(ScoreKind):
     per_window = True
     term_help = ("context:PERTURBATION@B (the loss increase when the context beyond B tokens "
@@ -161,3 +250,12 @@ class ContextUsage(ScoreKind):
 
     def term(self, scores: dict, kind: str, length: str) -> dict:
         return scores[self.name][kind.partition(":")[2]][length]
+
+    def cell_summary(self, plan, scores) -> dict:
+        return {self.name: context_summary(plan, scores)}
+
+    def markdown(self, plan, results) -> list[str]:
+        return context_markdown(plan, results)
+
+    def plots(self, plan, results, out, plt) -> list[str]:
+        return context_plot(plan, results, out, plt)

@@ -6,8 +6,11 @@ nothing else."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any
+
+import numpy as np
 
 from transformers_jax.sweep.scores.base import Job, ScoreKind
 from transformers_jax.sweep.terms import (
@@ -83,6 +86,36 @@ def _ranges(lengths: tuple[int, ...]) -> str:
     return ", ".join(out)
 
 
+def exact_plot(plan, results: dict, out: str, plt) -> list[str]:
+    """Exact match against task length, a panel per task, the band min to max over seeds."""
+    by_name = {p.cell.name: p for p in plan.cells}
+    cells = [c for c in results["cells"] if c["seeds_scored"]]
+    tasks = sorted({by_name[c["name"]].train.task for c in cells})
+    if not tasks:
+        return []
+    fig, axes = plt.subplots(1, len(tasks), squeeze=False, sharey=True,
+                             figsize=(4.6 * len(tasks), 3.8))
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for c in cells:
+            planned = by_name[c["name"]]
+            if planned.train.task != task:
+                continue
+            x = [e["tokens"] for e in c["by_length"]]
+            y_SX = np.array([e["per_seed"] for e in c["by_length"]]).T
+            (line,) = ax.plot(x, y_SX.mean(0), marker="o", markersize=2, label=c["name"])
+            ax.fill_between(x, y_SX.min(0), y_SX.max(0), color=line.get_color(), alpha=0.15,
+                            linewidth=0)
+            ax.axvline(planned.train.train_lengths[1] + 0.5, color="grey", linestyle=":",
+                       linewidth=0.8)
+        ax.set_title(task)
+        ax.set_xlabel("task length (dotted: longest trained)")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("exact match, mean over seeds")
+    fig.savefig(os.path.join(out, "exact_by_length.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return ["exact_by_length.png"]
+
+
 class ExactMatch(ScoreKind):
     higher_is_better = True
     task = True
@@ -142,3 +175,6 @@ class ExactMatch(ScoreKind):
         lo, hi = task_range(length)
         chunks = [x for n in range(lo, hi + 1) for x in scores[self.name][str(n)]["chunks"]]
         return {"mean": float(np.mean(chunks)), "chunks": chunks}
+
+    def plots(self, plan, results, out, plt) -> list[str]:
+        return exact_plot(plan, results, out, plt)

@@ -57,6 +57,13 @@ class Passkey(ScoreKind):
                             "true (or a table of its settings)")
         scored_length(length, spec.passkey["lengths"], "[eval] passkey lengths", text, where)
 
+    def notes(self, spec) -> list[str]:
+        if not spec.passkey:
+            return []
+        return ["passkey@L: whole-key accuracy of passkey retrieval in prompts of L tokens, "
+                f"{spec.passkey['trials']} keys at each depth in {spec.passkey['depths']}, "
+                "decoded greedily"]
+
     def scored(self, spec):
         return [(self.name, x) for x in spec.passkey["lengths"]] if spec.passkey else []
 

@@ -20,6 +20,12 @@ class Sliding(ScoreKind):
         table = "[eval] lengths" if spec.slid is None else "[eval] sliding"
         scored_length(length, spec.sliding_lengths, table, text, where)
 
+    def notes(self, spec) -> list[str]:
+        if not spec.sliding:
+            return []
+        return [f"sliding@L: windows of L sliding by {spec.stride.text} of seq_len, each token "
+                "scored with that much context or more"]
+
     def scored(self, spec):
         return [(self.name, x) for x in spec.sliding_lengths]
 
