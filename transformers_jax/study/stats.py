@@ -67,6 +67,33 @@ class Paired:
             p = max(p, p_t)
         return p
 
+    def p_one_sided(self, bound: float, above: bool) -> float:
+        """The p-value against ``mean <= bound`` (``above``: the test that it lies above) or
+        ``mean >= bound``: the larger of the bootstrap's (the share of replicates on the
+        null's side) and the t-test's over the seed means, as ``p_value``."""
+        if not self.d_SC.size:
+            return float("nan")
+        n = self.boot.size
+        tail = (self.boot <= bound).sum() if above else (self.boot >= bound).sum()
+        p = min(1.0, (tail + 1) / (n + 1))
+        S = self.d_SC.shape[0]
+        if S >= 2:
+            sd = self.per_seed.std(ddof=1)
+            beyond = self.mean - bound if above else bound - self.mean
+            if sd == 0:
+                p_t = 0.0 if beyond > 0 else 1.0
+            else:
+                p_t = float(scipy_stats.t.sf(beyond / (sd / math.sqrt(S)), S - 1))
+            p = max(p, p_t)
+        return p
+
+    def p_equivalence(self, margin: float) -> float:
+        """Two one-sided tests (TOST) that the mean lies within ``(-margin, margin)``: the
+        larger of their p-values. At level alpha it rejects exactly where the ``1 - 2 alpha``
+        interval (``interval(2 * alpha)``) lies inside the margins, up to the bootstrap's
+        add-one."""
+        return max(self.p_one_sided(-margin, above=True), self.p_one_sided(margin, above=False))
+
     def interval(self, alpha: float = ALPHA) -> tuple[float, float]:
         """The hull of the bootstrap and t intervals at level ``1 - alpha``."""
         if not self.d_SC.size:
@@ -118,6 +145,15 @@ def holm(p_values: Sequence[float], alpha: float = ALPHA) -> tuple[list[float], 
             failed_at = alpha / (m - i)
         levels[k] = failed_at if failed_at is not None else alpha / (m - i)
     return adjusted, levels
+
+
+def equivalence_verdict(low: float, high: float, margin: float) -> str:
+    """Plain words for an equivalence claim's ``1 - 2 alpha`` interval against its margin."""
+    if math.isnan(low) or math.isnan(high):
+        return "not scored"
+    if -margin < low and high < margin:
+        return f"equivalent within ±{margin:g}"
+    return f"not shown equivalent within ±{margin:g}"
 
 
 def verdict(low: float, high: float, a: str, b: str, better: str) -> str:

@@ -167,6 +167,8 @@ class Pair:
     claim: str
     a_ref: Cell | None = None  # relative_to: the metric of a minus this cell's (and of b
     b_ref: Cell | None = None  # minus b_ref's), chunk by chunk
+    primary: bool = True  # in Holm's family; else exploratory (reported, unadjusted)
+    margin: float | None = None  # an equivalence claim: within +-margin
 
     @property
     def a_text(self) -> str:
@@ -190,6 +192,7 @@ def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
     with the ``b`` cell equal to it on every axis neither selector names."""
     out = []
     axes = spec.selectable_axes()
+    marked = any(c.primary for c in spec.compares)  # else every claim is primary
     for c in spec.compares:
         where = f"[[compare]] {c.index}"
         if c.against is not None:
@@ -217,7 +220,8 @@ def pairs(spec: Spec, cells: list[Cell]) -> list[Pair]:
                 if a.values.get(key) == value and (b is None or b.values.get(key) == value):
                     continue  # the reference cells themselves: zero against themselves
                 refs = [_reference(x, cells, c.relative_to, where, axes) for x in (a, b)]
-            out.append(Pair(c.index, a, b, c.metric, c.better, c.claim, *refs))
+            out.append(Pair(c.index, a, b, c.metric, c.better, c.claim, *refs,
+                            primary=bool(c.primary) or not marked, margin=c.margin))
         if not any(p.index == c.index for p in out):
             raise SpecError(f"{where}: selects only the cells relative_to names, each zero "
                             "against itself; select cells with another value of that axis")

@@ -88,16 +88,28 @@ def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
         d_SC = np.stack([side_chunks(scored, *sides[0], s, pair.metric)
                          - side_chunks(scored, *sides[1], s, pair.metric) for s in seeds])
         result = stats.paired(d_SC)
-        row.update(mean=result.mean, per_seed=result.per_seed.tolist(),
-                   p=result.p_value(), chunks=int(result.d_SC.shape[1]))
+        p = result.p_value() if pair.margin is None else result.p_equivalence(pair.margin)
+        row.update(mean=result.mean, per_seed=result.per_seed.tolist(), p=p,
+                   chunks=int(result.d_SC.shape[1]), primary=pair.primary,
+                   **({"margin": pair.margin} if pair.margin is not None else {}))
         rows.append(row)
-        tests.append((row, result, pair.metric))
-    adjusted, levels = stats.holm([row["p"] for row, _, _ in tests])
-    for (row, result, metric), p_holm, level in zip(tests, adjusted, levels, strict=True):
-        low, high = result.interval(level) if not math.isnan(level) else (math.nan, math.nan)
-        row.update(p_holm=p_holm, level=1 - level if not math.isnan(level) else math.nan,
-                   low=low, high=high,
-                   verdict=verdict(low, high, row["a"], row["b"], metric, row["better"]))
+        tests.append((row, result, pair))
+    # Holm's family: the primary claims; an exploratory one is read alone, at 95%, unadjusted
+    family = [t for t in tests if t[2].primary]
+    adjusted, levels = stats.holm([row["p"] for row, _, _ in family])
+    alone = [(t, t[0]["p"], stats.ALPHA) for t in tests if not t[2].primary]
+    for (row, result, pair), p_holm, level in [
+            *zip(family, adjusted, levels, strict=True), *alone]:
+        # an equivalence claim's interval: 1 - 2 alpha, the two one-sided tests' at alpha
+        width = level if pair.margin is None else 2 * level
+        low, high = result.interval(width) if not math.isnan(level) else (math.nan, math.nan)
+        if pair.margin is not None:
+            word = stats.equivalence_verdict(low, high, pair.margin)
+        else:
+            word = verdict(low, high, row["a"], row["b"], pair.metric, row["better"])
+        row.update(p_holm=p_holm if pair.primary else None,
+                   level=1 - width if not math.isnan(level) else math.nan, low=low, high=high,
+                   verdict=word if pair.primary else f"{word} (exploratory)")
     return rows
 
 
@@ -263,7 +275,8 @@ def markdown(plan: SweepPlan, results: dict) -> str:
               "reported, each a paired difference a - b over seeds x held-out chunks of "
               f"{spec.chunk_tokens} tokens (context metrics: over seeds x windows; b = 0: a's "
               "own values, themselves differences, against zero). " + RELATIVE_NOTE * any(
-                  p.a_ref is not None for p in plan.pairs) + HOLM_NOTE, ""]
+                  p.a_ref is not None for p in plan.pairs) + HOLM_NOTE
+              + claim_notes(results["comparisons"]), ""]
     lines += comparison_rows(results)
     for name in results.get("plots", []):
         lines += ["", f"![{name}]({name})"]
@@ -274,6 +287,22 @@ RELATIVE_NOTE = ("\"X - Y\" as a or b (relative_to): cell X's values minus its r
                  "Y's, chunk by chunk, so a - b compares the two changes. ")
 HOLM_NOTE = ("The interval is drawn at the level Holm's procedure tests it at (family-wise 95% "
              "over the scored ones); \"inconclusive\" when it holds zero.")
+
+
+def claim_notes(rows: list[dict]) -> str:
+    """What the primary, exploratory and equivalence claims mean, where the spec has them."""
+    out = ""
+    exploratory = [r["compare"] for r in rows if r.get("primary") is False]
+    if exploratory:
+        primary = sorted({r["compare"] for r in rows if r.get("primary")})
+        out += (f" Holm's family is the primary claims ({', '.join(map(str, primary))}); the "
+                f"rest ({', '.join(map(str, sorted(set(exploratory))))}) are exploratory: "
+                "each read alone at 95%, unadjusted, not a claim the sweep decides.")
+    if any("margin" in r for r in rows):
+        out += (" An equivalence claim (margin m) is two one-sided tests in the same family: "
+                "its interval is the 1 - 2 alpha one, and it reads \"equivalent within ±m\" "
+                "only when that interval lies inside ±m.")
+    return out
 
 
 def control_markdown(results: dict) -> list[str]:
@@ -341,7 +370,8 @@ def task_markdown(plan: SweepPlan, results: dict, code: str) -> list[str]:
     lines += ["", "## Comparisons", "",
               f"{len(results['comparisons'])} comparison(s), declared before the runs and all "
               "reported, each a paired difference a - b of exact match over seeds x test "
-              "examples (exact@A-B: the examples of every length A to B). " + HOLM_NOTE, ""]
+              "examples (exact@A-B: the examples of every length A to B). " + HOLM_NOTE
+              + claim_notes(results["comparisons"]), ""]
     lines += comparison_rows(results)
     for name in results.get("plots", []):
         lines += ["", f"![{name}]({name})"]

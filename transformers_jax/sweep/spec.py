@@ -38,6 +38,14 @@ fix for a bad one; nothing here imports JAX.
     b = {position = "rope"}
     metric = "loss@4x - loss@1x"
     claim = "ALiBi degrades less than RoPE from L to 4L"
+    primary = true                              # Holm's family: the primary claims (if any
+                                                # is marked; the others are exploratory)
+    [[compare]]                                 # "no difference": two one-sided tests
+    a = {position = "t5"}
+    b = {position = "rope"}
+    metric = "loss@1x"
+    margin = 0.02                               # equivalent: its 1 - 2 alpha interval inside
+    primary = true
 
     [[compare]]                                 # a alone: the metric against zero
     a = {position = "rope"}
@@ -118,7 +126,8 @@ def kind_tables() -> dict[str, ScoreKind]:
 
 EVAL_KEYS = EVAL_OWN_KEYS | set(kind_tables())  # the built-in kinds' (what [eval] may hold)
 BASELINE_KEYS = {"ngram"}
-COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better", "relative_to"}
+COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better", "relative_to", "primary",
+                "margin"}
 CONTROL_KEYS = {"cells", "metric", "at_least", "at_most", "claim"}
 
 
@@ -191,6 +200,11 @@ class Compare:
     # axis), chunk by chunk: a change against the cell's own reference, such as its loss at a
     # sane learning rate
     relative_to: dict[str, str] | None = None
+    # a primary claim: the sweep exists for it, and Holm's family is the primary claims alone
+    # (None: not said; a spec that marks none has every claim in the family)
+    primary: bool | None = None
+    # an equivalence claim: the difference lies within +-margin (two one-sided tests)
+    margin: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -627,9 +641,23 @@ def _compares(raw: dict, spec: Spec) -> tuple[Compare, ...]:
             (kind, first), (_, second) = metric.terms
             kind_of(kind).check_difference(first, second, metric.text, where)
         _check_terms(metric, spec, where)
+        primary = c.get("primary")
+        if primary is not None and not isinstance(primary, bool):
+            raise SpecError(f"{where} primary = {primary!r}: true (a claim the sweep exists "
+                            "for, in the corrected family) or false (exploratory)")
+        margin = c.get("margin")
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
+                                   or not margin > 0):
+            raise SpecError(f"{where} margin = {margin!r}: a positive number in the metric's "
+                            "units, within which the difference counts as none (\"no "
+                            "difference\" claims)")
         compares.append(Compare(_selector(c.get("a"), f"{where} a"),
                                 _selector(c.get("b"), f"{where} b"), against, metric,
-                                str(c.get("claim", "")), better, i, relative_to))
+                                str(c.get("claim", "")), better, i, relative_to, primary,
+                                None if margin is None else float(margin)))
+    if not any(c.primary for c in compares) and any(c.primary is False for c in compares):
+        raise SpecError("[[compare]]: primary = false marks a claim exploratory, and no claim "
+                        "is primary; mark the claims the sweep exists for primary = true")
     return tuple(compares)
 
 

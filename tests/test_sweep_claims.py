@@ -1,0 +1,121 @@
+"""Primary, exploratory and equivalence claims: the Holm family is the primary claims alone,
+an exploratory one is read alone and labelled, and a "no difference" claim is two one-sided
+tests against its margin (its 1 - 2 alpha interval inside the margin). The tests of the
+statistics are by hand (t) and by simulation (type I error at the margin)."""
+
+import types
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from transformers_jax.study import stats
+from transformers_jax.sweep.cells import expand, pairs
+from transformers_jax.sweep.report import compare
+from transformers_jax.sweep.spec import SpecError, parse_spec
+
+SPEC = """
+seeds = 4
+[base]
+tokens = 1000
+[axes]
+"model.position" = ["rope", "alibi", "t5"]
+[eval]
+lengths = ["1x"]
+"""
+CLAIMS = """
+[[compare]]
+a = {position = "alibi"}
+b = {position = "rope"}
+metric = "loss@1x"
+primary = true
+
+[[compare]]
+a = {position = "t5"}
+b = {position = "rope"}
+metric = "loss@1x"
+margin = 0.05
+primary = true
+
+[[compare]]
+a = {position = "t5"}
+b = {position = "alibi"}
+metric = "loss@1x"
+primary = false
+"""
+
+
+def test_tost_is_the_larger_one_sided_t_test_when_the_seeds_decide():
+    d_S = np.array([0.10, 0.20, 0.15, 0.12])  # one chunk per seed: the t-test decides
+    result = stats.paired(d_S[:, None])
+    se = d_S.std(ddof=1) / np.sqrt(4)
+    by_hand = max(scipy_stats.t.sf((d_S.mean() + 0.5) / se, 3),
+                  scipy_stats.t.sf((0.5 - d_S.mean()) / se, 3))
+    assert result.p_equivalence(0.5) == pytest.approx(by_hand, rel=1e-9)
+    assert by_hand > 1 / (stats.N_BOOT + 1)  # the bootstrap's floor is below it
+    # a margin inside the mean: not equivalent, p near 1
+    assert result.p_equivalence(0.05) > 0.99
+
+
+def test_equivalence_reads_the_interval_against_the_margin():
+    assert stats.equivalence_verdict(-0.01, 0.02, 0.05) == "equivalent within ±0.05"
+    assert stats.equivalence_verdict(-0.01, 0.06, 0.05) == "not shown equivalent within ±0.05"
+    assert stats.equivalence_verdict(float("nan"), 0.0, 0.05) == "not scored"
+
+
+def test_tost_at_the_margin_is_wrong_at_most_alpha_of_the_time():
+    """Data whose true mean sits on the margin: the interval (1 - 2 alpha) falls inside it in
+    at most alpha of the draws (plus the simulation's error)."""
+    rng = np.random.default_rng(0)
+    margin, runs = 0.1, 400
+    inside = 0
+    for _ in range(runs):
+        seed_effects = rng.normal(margin, 0.05, size=(5, 1))
+        d_SC = seed_effects + rng.normal(0, 0.1, size=(5, 20))
+        result = stats.paired(d_SC, n_boot=2000, seed=int(rng.integers(1 << 30)))
+        low, high = result.interval(2 * stats.ALPHA)
+        inside += -margin < low and high < margin
+    assert inside / runs <= stats.ALPHA + 3 * np.sqrt(stats.ALPHA * (1 - stats.ALPHA) / runs)
+
+
+def test_primary_and_margin_are_checked():
+    parse_spec(SPEC + CLAIMS)
+    with pytest.raises(SpecError, match="primary = 'yes': true"):
+        parse_spec(SPEC + CLAIMS.replace("primary = true", 'primary = "yes"'))
+    with pytest.raises(SpecError, match="margin = -0.05: a positive number"):
+        parse_spec(SPEC + CLAIMS.replace("margin = 0.05", "margin = -0.05"))
+    with pytest.raises(SpecError, match="no claim is primary"):
+        parse_spec(SPEC + CLAIMS.replace("primary = true", "primary = false"))
+    # unmarked claims beside a primary one are exploratory
+    spec = parse_spec(SPEC + CLAIMS.replace("margin = 0.05\nprimary = true", "margin = 0.05"))
+    assert [c.primary for c in spec.compares] == [True, None, False]
+
+
+def scores(effects: dict[str, float], seeds: int, rng) -> dict:
+    """Each cell's scores by seed: one loss@1x with 10 chunks around its effect."""
+    return {cell: {s: {"loss": {"1x": {"mean": None, "chunks": (
+        effect + 0.02 * s + rng.normal(0, 0.01, 10)).tolist()}}} for s in range(seeds)}
+        for cell, effect in effects.items()}
+
+
+def test_the_family_is_the_primary_claims_and_the_rest_are_read_alone():
+    spec = parse_spec(SPEC + CLAIMS)
+    plan = types.SimpleNamespace(spec=spec, pairs=pairs(spec, expand(spec)))
+    assert [p.primary for p in plan.pairs] == [True, True, False]
+    rng = np.random.default_rng(1)
+    scored = scores({"position=rope": 3.0, "position=alibi": 2.9, "position=t5": 3.01}, 4, rng)
+    rows = compare(plan, scored)
+    first, equivalence, exploratory = rows
+    # a family of two: the smaller p tested at alpha / 2, the other at alpha once it passes;
+    # an equivalence claim's interval at 1 - 2 alpha
+    assert first["level"] in (pytest.approx(1 - 0.025), pytest.approx(0.95))
+    assert equivalence["level"] in (pytest.approx(1 - 0.05), pytest.approx(0.9))
+    assert first["verdict"] == "position=alibi better" and first["p_holm"] <= 2 * first["p"]
+    assert equivalence["margin"] == 0.05
+    assert equivalence["verdict"] == "equivalent within ±0.05"
+    assert -0.05 < equivalence["low"] and equivalence["high"] < 0.05
+    assert exploratory["p_holm"] is None and exploratory["level"] == pytest.approx(0.95)
+    assert exploratory["verdict"].endswith("(exploratory)")
+    # unmarked, every claim is in the family (the specs written before primary existed)
+    spec = parse_spec(SPEC + CLAIMS.replace("primary = true", "").replace("primary = false", ""))
+    assert all(p.primary for p in pairs(spec, expand(spec)))
