@@ -119,3 +119,72 @@ def test_the_family_is_the_primary_claims_and_the_rest_are_read_alone():
     # unmarked, every claim is in the family (the specs written before primary existed)
     spec = parse_spec(SPEC + CLAIMS.replace("primary = true", "").replace("primary = false", ""))
     assert all(p.primary for p in pairs(spec, expand(spec)))
+
+
+# ---------------------------------------------------------------------------- power
+
+
+def test_t_power_gives_the_figures_the_review_simulated():
+    """Power at alpha = 0.05/36 (a Holm family of 36): 10% for 5 seed sds with 3 seeds, 90%
+    with 5; 90% at 2 sds with 10 seeds (issue 64's simulation)."""
+    alpha = 0.05 / 36
+    assert stats.t_power(5.0, 1.0, 3, alpha) == pytest.approx(0.10, abs=0.01)
+    assert stats.t_power(5.0, 1.0, 5, alpha) == pytest.approx(0.90, abs=0.01)
+    assert stats.t_power(2.0, 1.0, 10, alpha) == pytest.approx(0.90, abs=0.01)
+    effect = stats.detectable_effect(1.0, 5, 0.05)
+    assert stats.t_power(effect, 1.0, 5, 0.05) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_the_sweeps_test_has_the_power_the_dry_run_predicts():
+    """Seeds x chunks with a true effect at the predicted 80% point: the sweep's own test
+    (bootstrap and t, the larger p) rejects in about 80% of draws."""
+    rng = np.random.default_rng(3)
+    seeds, chunks, sd_s, sd_c = 5, 20, 0.03, 0.1
+    sd_seed = np.sqrt(sd_s**2 + sd_c**2 / chunks)  # of a seed's mean difference
+    effect = stats.detectable_effect(sd_seed, seeds, stats.ALPHA)
+    runs = 300
+    found = sum(stats.paired(effect + rng.normal(0, sd_s, (seeds, 1))
+                             + rng.normal(0, sd_c, (seeds, chunks)), n_boot=1000,
+                             seed=k).p_value() <= stats.ALPHA for k in range(runs))
+    assert found / runs == pytest.approx(0.8, abs=0.08)
+
+
+def test_holm_keeps_the_family_wise_error_under_the_null():
+    rng = np.random.default_rng(4)
+    runs, family = 300, 5
+    wrong = 0
+    for k in range(runs):
+        ps = [stats.paired(rng.normal(0, 0.03, (4, 1)) + rng.normal(0, 0.1, (4, 10)),
+                           n_boot=1000, seed=k * family + i).p_value() for i in range(family)]
+        wrong += min(stats.holm(ps)[0]) <= stats.ALPHA
+    assert wrong / runs <= stats.ALPHA + 3 * np.sqrt(stats.ALPHA * (1 - stats.ALPHA) / runs)
+
+
+def test_the_design_reads_the_pilots_spread_and_refuses_weak_primary_claims():
+    from transformers_jax.sweep import power
+
+    spec = parse_spec(SPEC + CLAIMS.replace("margin = 0.05\n", "effect = 0.02\n")
+                      + '[pilot]\nresults = "pilot/results.json"\n')
+    assert spec.pilot == "pilot/results.json" and spec.compares[1].effect == 0.02
+    plan = types.SimpleNamespace(spec=spec, pairs=pairs(spec, expand(spec)))
+    pilot = {"comparisons": [{"a": "position=alibi", "b": "position=rope", "metric": "loss@1x",
+                              "per_seed": [0.10, 0.12, 0.08]}],
+             "cells": [{"name": name, "by_length": [{"kind": "loss", "length": "1x",
+                                                      "per_seed": [3.0, 3.01, 3.02]}]}
+                       for name in ("position=rope", "position=t5", "position=alibi")]}
+    first, second, third = power.design(plan, pilot)
+    assert first["seed_sd"] == pytest.approx(0.02) and first["alpha"] == 0.05 / 2
+    assert first["detectable"] == pytest.approx(stats.detectable_effect(0.02, 4, 0.025))
+    assert second["source"] == "the pilot's cells, unpaired"  # no comparison of its own
+    assert second["seed_sd"] == pytest.approx(np.sqrt(2) * 0.01)
+    assert third["alpha"] == 0.05 and not third["primary"]
+    lines = power.describe([first, second, third], 4)
+    assert "with 4 seeds detects a difference of" in lines[0]
+    assert "power at the claim's effect 0.02" in lines[1]
+    with pytest.raises(SpecError, match="compare 2 .* --accept-low-power"):
+        power.refuse_low_power([first, second, third], 4)
+    assert "power unknown" in power.describe(power.design(plan, None), 4)[0]
+    with pytest.raises(SpecError, match="effect = 0: a positive number"):
+        parse_spec(SPEC + CLAIMS.replace("margin = 0.05\n", "effect = 0\n"))
+    with pytest.raises(SpecError, match=r"\[pilot\] results = 3"):
+        parse_spec(SPEC + "[pilot]\nresults = 3\n")

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import integrate as scipy_integrate
+from scipy import optimize as scipy_optimize
 from scipy import stats as scipy_stats
 
 ALPHA = 0.05
@@ -145,6 +147,40 @@ def holm(p_values: Sequence[float], alpha: float = ALPHA) -> tuple[list[float], 
             failed_at = alpha / (m - i)
         levels[k] = failed_at if failed_at is not None else alpha / (m - i)
     return adjusted, levels
+
+
+def t_power(effect: float, sd_seed: float, seeds: int, alpha: float = ALPHA) -> float:
+    """The probability that a two-sided t-test over ``seeds`` per-seed mean differences
+    (``seeds - 1`` degrees of freedom) rejects at ``alpha`` when the true difference is
+    ``effect`` and the seeds' differences spread by ``sd_seed``: the noncentral t's mass
+    beyond the critical values. The sweep's test asks the bootstrap too (its p-value is the
+    larger), so this is the t-test's share of it: with few seeds, what decides."""
+    if seeds < 2 or sd_seed <= 0:
+        return float("nan")
+    df = seeds - 1
+    critical = scipy_stats.t.ppf(1 - alpha / 2, df)
+    shift = abs(effect) / (sd_seed / math.sqrt(seeds))
+
+    # T = (Z + shift) / sqrt(V / df), V ~ chi2(df): integrated over V (scipy's noncentral t
+    # gives NaN far in its tails at 2 degrees of freedom)
+    def rejects_given(v: float) -> float:
+        c = critical * math.sqrt(v / df)
+        return scipy_stats.chi2.pdf(v, df) * (scipy_stats.norm.cdf(shift - c)
+                                              + scipy_stats.norm.cdf(-shift - c))
+
+    return float(min(1.0, scipy_integrate.quad(rejects_given, 0, math.inf, limit=200)[0]))
+
+
+def detectable_effect(sd_seed: float, seeds: int, alpha: float = ALPHA,
+                      power: float = 0.8) -> float:
+    """The smallest true difference ``t_power`` detects with probability ``power``."""
+    if seeds < 2 or sd_seed <= 0:
+        return float("nan")
+    se, high = sd_seed / math.sqrt(seeds), sd_seed
+    while t_power(high, sd_seed, seeds, alpha) < power:
+        high *= 1.5
+    return float(scipy_optimize.brentq(
+        lambda effect: t_power(effect, sd_seed, seeds, alpha) - power, 1e-9 * se, high))
 
 
 def equivalence_verdict(low: float, high: float, margin: float) -> str:

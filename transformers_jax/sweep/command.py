@@ -21,6 +21,7 @@ from transformers_jax.study.workers import (
     without_option,
     worker_cores,
 )
+from transformers_jax.sweep import power
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan, make_plan
 from transformers_jax.sweep.report import baselines, write_report
 from transformers_jax.sweep.runner import CELL_FILE, cell_dir, read_json, run_cell
@@ -52,6 +53,9 @@ def sweep_parser() -> CommandParser:
     parser.add_argument("--allow-code-change", action="store_true",
                         help="train with uncommitted changes, or beside cells trained by "
                         "other code (recorded in results.json)")
+    parser.add_argument("--accept-low-power", action="store_true",
+                        help="run a design whose primary claims have under 50%% power at "
+                        "their stated effect, from the [pilot] (recorded in results.json)")
     return parser
 
 
@@ -208,10 +212,23 @@ def dry_run(plan: SweepPlan) -> None:
           f"length); together {(total + scored) / 60:.1f} min")
     for pair in plan.pairs:
         print(f"compare {pair.index}: {pair.title}" + (f"  ({pair.claim})" if pair.claim else ""))
+    rows = design(plan)
+    for line in power.describe(rows, len(spec.seeds)):
+        print(line)
+    if power.low_power(rows):
+        print("a run would be refused: " + ", ".join(
+            f"compare {r['compare']} has {r['power']:.0%} power" for r in power.low_power(rows))
+            + " (--accept-low-power runs it anyway)")
     for control, cells in plan.controls:
         print(f"control {control.index}: {control.text} in every seed of "
               f"{', '.join(c.name for c in cells)}"
               + (f"  ({control.claim})" if control.claim else ""))
+
+
+def design(plan: SweepPlan) -> list[dict]:
+    """What each comparison can detect, from the spec's ``[pilot]`` (``sweep/power.py``)."""
+    path = power.pilot_path(plan.spec)
+    return power.design(plan, power.read_pilot(path) if path else None)
 
 
 def run_workers(argv: list[str], workers: int, plan: SweepPlan, depth: int | None) -> None:
@@ -272,12 +289,17 @@ def main(argv: list[str]) -> int:
                         "uncommitted changes to the package: results must come from committed "
                         "code; commit them, or pass --allow-code-change (recorded)")
     plan = make_plan(spec, os.path.join(args.out, "data"))
+    rows = design(plan)
+    if not args.accept_low_power:
+        power.refuse_low_power(rows, len(spec.seeds))
     os.makedirs(args.out, exist_ok=True)
     command = typed_command(argv, os.getcwd())
     record = {"code": code, "allow_code_change": args.allow_code_change,
               "versions": provenance.versions(), "host": provenance.host(),
               "data": plan.data_record(), "spec_file": spec.path, "spec": spec.text,
-              "started": started}
+              "started": started,
+              **({"design": rows, "low_power_accepted": bool(power.low_power(rows))}
+                 if spec.pilot else {})}
     base = baselines(plan)
 
     def report() -> None:

@@ -46,6 +46,10 @@ fix for a bad one; nothing here imports JAX.
     metric = "loss@1x"
     margin = 0.02                               # equivalent: its 1 - 2 alpha interval inside
     primary = true
+    effect = 0.01                               # the smallest difference that matters
+
+    [pilot]                                     # what --dry-run reads the power from
+    results = "../sweeps/pilot/results.json"    # a previous sweep's, relative to this file
 
     [[compare]]                                 # a alone: the metric against zero
     a = {position = "rope"}
@@ -109,7 +113,7 @@ from transformers_jax.sweep.terms import positive_int as _positive_int
 from transformers_jax.sweep.terms import unknown_keys as _unknown
 
 SECTIONS = {"title", "seeds", "base", "axes", "cell", "stage", "heldout", "eval", "baselines",
-            "compare", "control"}
+            "compare", "control", "pilot"}
 CELL_KEYS = {"name", "from", "train", "tokens"}  # besides model.FIELD / train.FIELD options
 OPTION = re.compile(r"(model|train)\.[a-z_][a-z0-9_.]*")
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
@@ -127,7 +131,8 @@ def kind_tables() -> dict[str, ScoreKind]:
 EVAL_KEYS = EVAL_OWN_KEYS | set(kind_tables())  # the built-in kinds' (what [eval] may hold)
 BASELINE_KEYS = {"ngram"}
 COMPARE_KEYS = {"a", "b", "against", "metric", "claim", "better", "relative_to", "primary",
-                "margin"}
+                "margin", "effect"}
+PILOT_KEYS = {"results"}
 CONTROL_KEYS = {"cells", "metric", "at_least", "at_most", "claim"}
 
 
@@ -205,6 +210,7 @@ class Compare:
     primary: bool | None = None
     # an equivalence claim: the difference lies within +-margin (two one-sided tests)
     margin: float | None = None
+    effect: float | None = None  # the smallest difference that matters (the dry run's power)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +263,7 @@ class Spec:
     controls: tuple[Control, ...] = ()  # [[control]] tables: positive controls
     # each score kind's settings, by its [eval] table (``ScoreKind.table``): passkey, context...
     tables: dict[str, Any] = dataclasses.field(default_factory=dict)
+    pilot: str | None = None  # [pilot] results: a previous sweep's results.json (the dry run's)
 
     @property
     def passkey(self) -> dict | None:
@@ -430,7 +437,8 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     against the spec whose scores they read."""
     _unknown(raw, SECTIONS, path)
     seeds, base, axes = _seeds(raw), _base(raw), _axes(raw)  # in this order: the first error
-    fields = {**base, **_cells(raw, axes), **_heldout(raw), **_eval(raw), **_baselines(raw)}
+    fields = {**base, **_cells(raw, axes), **_heldout(raw), **_eval(raw), **_baselines(raw),
+              **_pilot(raw)}
     title = raw.get("title", "")
     if not isinstance(title, str):
         raise SpecError("title: a string")
@@ -645,16 +653,20 @@ def _compares(raw: dict, spec: Spec) -> tuple[Compare, ...]:
         if primary is not None and not isinstance(primary, bool):
             raise SpecError(f"{where} primary = {primary!r}: true (a claim the sweep exists "
                             "for, in the corrected family) or false (exploratory)")
-        margin = c.get("margin")
-        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
-                                   or not margin > 0):
+        margin, effect = c.get("margin"), c.get("effect")
+        if margin is not None and not _positive_number(margin):
             raise SpecError(f"{where} margin = {margin!r}: a positive number in the metric's "
                             "units, within which the difference counts as none (\"no "
                             "difference\" claims)")
+        if effect is not None and not _positive_number(effect):
+            raise SpecError(f"{where} effect = {effect!r}: a positive number in the metric's "
+                            "units, the smallest difference that matters (the dry run gives "
+                            "the design's power at it)")
         compares.append(Compare(_selector(c.get("a"), f"{where} a"),
                                 _selector(c.get("b"), f"{where} b"), against, metric,
                                 str(c.get("claim", "")), better, i, relative_to, primary,
-                                None if margin is None else float(margin)))
+                                None if margin is None else float(margin),
+                                None if effect is None else float(effect)))
     if not any(c.primary for c in compares) and any(c.primary is False for c in compares):
         raise SpecError("[[compare]]: primary = false marks a claim exploratory, and no claim "
                         "is primary; mark the claims the sweep exists for primary = true")
@@ -686,6 +698,22 @@ def _controls(raw: dict, spec: Spec) -> tuple[Control, ...]:
                                 float(bound), bounds[0] == "at_least",
                                 str(c.get("claim", "")), i))
     return tuple(controls)
+
+
+def _pilot(raw: dict) -> dict:
+    """``[pilot]``: a previous sweep's results.json, whose seed-to-seed spread the dry run
+    reads to say what each comparison can detect."""
+    table = _table(raw, "pilot")
+    _unknown(table, PILOT_KEYS, "[pilot]")
+    results = table.get("results")
+    if results is not None and (not isinstance(results, str) or not results):
+        raise SpecError(f"[pilot] results = {results!r}: the path of a previous sweep's "
+                        "results.json, relative to this spec's folder")
+    return {"pilot": results}
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
 
 
 def _check_terms(metric: Metric, spec: Spec, where: str) -> None:
