@@ -188,3 +188,28 @@ def test_the_design_reads_the_pilots_spread_and_refuses_weak_primary_claims():
         parse_spec(SPEC + CLAIMS.replace("margin = 0.05\n", "effect = 0\n"))
     with pytest.raises(SpecError, match=r"\[pilot\] results = 3"):
         parse_spec(SPEC + "[pilot]\nresults = 3\n")
+
+
+def test_auto_seeds_are_the_fewest_that_give_the_primary_claims_their_power(tmp_path):
+    from transformers_jax.sweep import power
+
+    text = (SPEC.replace("seeds = 4", 'seeds = "auto"\nmax_seeds = 12')
+            + CLAIMS.replace("primary = true\n", "primary = true\neffect = 0.05\n", 1)
+            + '[pilot]\nresults = "results.json"\n')
+    pilot = {"comparisons": [{"a": "position=alibi", "b": "position=rope", "metric": "loss@1x",
+                              "per_seed": [0.10, 0.14, 0.06]}]}  # sd 0.04
+    spec = parse_spec(text, str(tmp_path / "spec.toml"))
+    chosen = power.resolve_seeds(spec, pilot)
+    fewest = next(n for n in range(2, 13)
+                  if stats.t_power(0.05, 0.04, n, 0.05 / 2) >= power.POWER)
+    assert chosen.seeds == tuple(range(fewest)) and fewest > 2
+    # none enough: max_seeds, and the low-power check speaks from there
+    assert power.resolve_seeds(spec, {"comparisons": [{**pilot["comparisons"][0],
+                                                       "per_seed": [0.0, 1.0, 2.0]}]}
+                               ).seeds == tuple(range(12))
+    for change, message in [(("max_seeds = 12\n", ""), "give max_seeds"),
+                            (('seeds = "auto"\n', ""), "max_seeds bounds seeds"),
+                            (('[pilot]\nresults = "results.json"\n', ""), "reads the seed-to-"),
+                            (("effect = 0.05\n", ""), "state one")]:
+        with pytest.raises(SpecError, match=message):
+            parse_spec(text.replace(*change))

@@ -279,6 +279,10 @@ def main(argv: list[str]) -> int:
     shard = parse_shard(args.shard)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     spec = read_spec(args.spec)
+    if spec.max_seeds is not None:  # seeds = "auto": as many as the primary claims need
+        spec = power.resolve_seeds(spec, power.read_pilot(power.pilot_path(spec)))
+        print(f"seeds = \"auto\": {len(spec.seeds)} seeds (of at most {spec.max_seeds})",
+              file=sys.stderr)
     if args.dry_run:  # the split is made, but in a folder that goes away
         with tempfile.TemporaryDirectory() as tmp:
             dry_run(make_plan(spec, tmp))

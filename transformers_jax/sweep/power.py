@@ -12,6 +12,7 @@ and alpha for an exploratory one. The power is the t-test's over the seed means
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -61,9 +62,10 @@ def seed_spread(pilot: dict, pair) -> tuple[float, str]:
     return math.sqrt(sum(variances)), "the pilot's cells, unpaired"
 
 
-def design(plan, pilot: dict | None) -> list[dict]:
+def design(plan, pilot: dict | None, detectable: bool = True) -> list[dict]:
     """For each pair: its level, the pilot's spread, the effect detectable at 80% power with
-    the spec's seeds, and its power at the claim's ``effect`` (when it states one)."""
+    the spec's seeds (unless not ``detectable``: the search takes a moment), and its power at
+    the claim's ``effect`` (when it states one)."""
     seeds = len(plan.spec.seeds)
     family = sum(p.primary for p in plan.pairs) or 1
     effects = {c.index: c.effect for c in plan.spec.compares}
@@ -75,7 +77,7 @@ def design(plan, pilot: dict | None) -> list[dict]:
         out.append({"compare": pair.index, "title": pair.title, "primary": pair.primary,
                     "alpha": alpha, "seed_sd": sd, "source": source,
                     "detectable": stats.detectable_effect(sd, seeds, alpha, POWER)
-                    if sd == sd and sd > 0 else math.nan,
+                    if detectable and sd == sd and sd > 0 else math.nan,
                     "effect": effect,
                     "power": stats.t_power(effect, sd, seeds, alpha)
                     if effect is not None and sd == sd and sd > 0 else math.nan})
@@ -117,6 +119,29 @@ def refuse_low_power(rows: list[dict], seeds: int) -> None:
                         "be missed than found (power under 50% at their stated effect, from "
                         "the [pilot]); add seeds (--dry-run shows the detectable effects), "
                         "mark fewer claims primary, or pass --accept-low-power (recorded)")
+
+
+def resolve_seeds(spec, pilot: dict):
+    """``spec`` with the seeds of ``seeds = "auto"`` chosen: the fewest, up to ``max_seeds``,
+    that give every primary claim stating an effect 80% power at it (``max_seeds`` when none
+    does: the low-power check then says so). A spec with its own seeds is returned as it is."""
+    from transformers_jax.sweep.cells import expand, pairs
+
+    if spec.max_seeds is None:
+        return spec
+    found = pairs(spec, expand(spec))
+    for n in range(2, spec.max_seeds + 1):
+        trial = dataclasses.replace(spec, seeds=tuple(range(n)))
+        rows = design(_Plan(trial, found), pilot, detectable=False)
+        if all(r["power"] >= POWER for r in rows if r["primary"] and r["effect"] is not None):
+            return trial
+    return dataclasses.replace(spec, seeds=tuple(range(spec.max_seeds)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:  # what ``design`` reads of a plan
+    spec: object
+    pairs: list
 
 
 def pilot_path(spec) -> str | None:

@@ -3,7 +3,8 @@ comparisons to make, all before any run. ``read_spec(path)`` checks every key an
 fix for a bad one; nothing here imports JAX.
 
     title = "RoPE against ALiBi, trained at 64, scored to 4x"
-    seeds = 3                                   # or a list: [0, 1, 2]
+    seeds = 3                                   # or a list: [0, 1, 2]; or "auto" with
+                                                # max_seeds = 10 (power from the [pilot])
 
     [base]                                      # what every cell shares
     args = "--preset tiny --data corpus.txt"    # any tjax train options
@@ -112,8 +113,8 @@ from transformers_jax.sweep.terms import (  # noqa: F401  (importers read them h
 from transformers_jax.sweep.terms import positive_int as _positive_int
 from transformers_jax.sweep.terms import unknown_keys as _unknown
 
-SECTIONS = {"title", "seeds", "base", "axes", "cell", "stage", "heldout", "eval", "baselines",
-            "compare", "control", "pilot"}
+SECTIONS = {"title", "seeds", "max_seeds", "base", "axes", "cell", "stage", "heldout", "eval",
+            "baselines", "compare", "control", "pilot"}
 CELL_KEYS = {"name", "from", "train", "tokens"}  # besides model.FIELD / train.FIELD options
 OPTION = re.compile(r"(model|train)\.[a-z_][a-z0-9_.]*")
 BASE_KEYS = {"args", "tokens", "tokens_per_step", "max_epochs"}
@@ -264,6 +265,9 @@ class Spec:
     # each score kind's settings, by its [eval] table (``ScoreKind.table``): passkey, context...
     tables: dict[str, Any] = dataclasses.field(default_factory=dict)
     pilot: str | None = None  # [pilot] results: a previous sweep's results.json (the dry run's)
+    # seeds = "auto": the most seeds the power analysis may choose (``power.resolve_seeds``);
+    # ``seeds`` holds the fewest (2) until it has chosen
+    max_seeds: int | None = None
 
     @property
     def passkey(self) -> dict | None:
@@ -437,18 +441,34 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
     against the spec whose scores they read."""
     _unknown(raw, SECTIONS, path)
     seeds, base, axes = _seeds(raw), _base(raw), _axes(raw)  # in this order: the first error
+    base["max_seeds"] = raw.get("max_seeds") if raw.get("seeds") == "auto" else None
     fields = {**base, **_cells(raw, axes), **_heldout(raw), **_eval(raw), **_baselines(raw),
               **_pilot(raw)}
     title = raw.get("title", "")
     if not isinstance(title, str):
         raise SpecError("title: a string")
+    if raw.get("seeds") == "auto" and fields["pilot"] is None:
+        raise SpecError("seeds = \"auto\" reads the seed-to-seed spread from a pilot: give "
+                        "[pilot] results (a previous sweep's results.json)")
     spec = Spec(path=path, text=text, title=title, seeds=seeds, axes=axes, compares=(), **fields)
     return dataclasses.replace(spec, compares=_compares(raw, spec), controls=_controls(raw, spec))
 
 
 def _seeds(raw: dict) -> tuple[int, ...]:
-    """``seeds``: a count or a list of distinct non-negative integers."""
+    """``seeds``: a count, a list of distinct non-negative integers, or ``"auto"`` (with
+    ``max_seeds``: the power analysis chooses; 0 and 1 stand in until it has)."""
     seeds_raw = raw.get("seeds", 3)
+    if "max_seeds" in raw and seeds_raw != "auto":
+        raise SpecError("max_seeds bounds seeds = \"auto\"; drop it, or let the power "
+                        "analysis choose the seeds (seeds = \"auto\", with a [pilot])")
+    if seeds_raw == "auto":
+        if "max_seeds" not in raw:
+            raise SpecError("seeds = \"auto\": give max_seeds, the most seeds the power "
+                            "analysis may choose (e.g. max_seeds = 10)")
+        if _positive_int(raw["max_seeds"], "max_seeds") < 2:
+            raise SpecError(f"max_seeds = {raw['max_seeds']}: at least 2 (a t-test over seed "
+                            "means needs two)")
+        return (0, 1)
     if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
         seeds = tuple(range(_positive_int(seeds_raw, "seeds")))
     elif isinstance(seeds_raw, list) and seeds_raw and all(
@@ -670,6 +690,10 @@ def _compares(raw: dict, spec: Spec) -> tuple[Compare, ...]:
     if not any(c.primary for c in compares) and any(c.primary is False for c in compares):
         raise SpecError("[[compare]]: primary = false marks a claim exploratory, and no claim "
                         "is primary; mark the claims the sweep exists for primary = true")
+    if raw.get("seeds") == "auto" and not any(
+            c.effect is not None and c.primary is not False for c in compares):
+        raise SpecError("seeds = \"auto\" chooses the seeds that give the primary claims 80% "
+                        "power at their stated effect: state one (effect = 0.05) on a claim")
     return tuple(compares)
 
 
