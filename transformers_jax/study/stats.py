@@ -161,8 +161,12 @@ def t_power(effect: float, sd_seed: float, seeds: int, alpha: float = ALPHA) -> 
     critical = scipy_stats.t.ppf(1 - alpha / 2, df)
     shift = abs(effect) / (sd_seed / math.sqrt(seeds))
 
-    # T = (Z + shift) / sqrt(V / df), V ~ chi2(df): integrated over V (scipy's noncentral t
-    # gives NaN far in its tails at 2 degrees of freedom)
+    fast = scipy_stats.nct.sf(critical, df, shift) + scipy_stats.nct.cdf(-critical, df, shift)
+    if math.isfinite(fast):
+        return float(min(1.0, fast))
+
+    # scipy's noncentral t gives NaN far in its tails at 2 degrees of freedom: T = (Z + shift)
+    # / sqrt(V / df), V ~ chi2(df), integrated over V
     def rejects_given(v: float) -> float:
         c = critical * math.sqrt(v / df)
         return scipy_stats.chi2.pdf(v, df) * (scipy_stats.norm.cdf(shift - c)
