@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sweep_runs import TINY_BASE, clean_checkout, plots_at_the_end
 
@@ -47,8 +48,8 @@ TERMS = {"loss": ("loss@2x", "loss@4x"), "sliding": ("sliding@2x", "sliding@1x")
 
 
 def test_the_built_in_kinds_are_registered_in_the_reports_order():
-    assert [kind.name for kind in in_order()] == ["loss", "sliding", "passkey", "context",
-                                                   "exact"]
+    assert [kind.name for kind in in_order()] == ["loss", "loss_k", "sliding", "passkey",
+                                                   "context", "exact"]
     assert set(SCORE_KINDS.names()) == {kind.name for kind in in_order()}
 
 
@@ -63,6 +64,31 @@ def test_each_kind_checks_its_own_terms_against_the_spec(name):
                                               or kind.per_window else "lower")
     with pytest.raises(SpecError, match="needs length|not in|do not include"):
         parse_spec(TEXT + pair % unscored)
+
+
+def test_equal_context_keeps_the_positions_with_k_tokens_of_context():
+    from transformers_jax.sweep.scores.equal_context import with_context
+
+    losses_N = np.arange(13, dtype=float)  # windows of 4 from the start: tokens 1-4, 5-8, ...
+    kept = with_context(losses_N, 4, 2)
+    assert np.isnan(kept[[1, 5, 9]]).all()  # each window's first: one token of context
+    assert not np.isnan(kept[[2, 3, 4, 6, 7, 8, 10, 11, 12]]).any()
+    assert np.array_equal(with_context(losses_N, 4, 1)[1:], losses_N[1:])
+    spec = parse_spec(TEXT.replace("chunk_tokens = 250", "chunk_tokens = 250\nequal_context = true")
+                      + "[[compare]]\na = {position = \"alibi\"}\nb = {position = \"rope\"}\n"
+                      "metric = \"loss_k@2x\"\n")
+    assert spec.tables["equal_context"] == {"k": 1}  # [baselines] ngram = [2]: k = 2 - 1
+    assert ("loss_k", "2x") in [(k, x.text) for k, x in spec.scored()]
+    assert spec.eval_settings()["equal_context"] == {"k": 1}
+    assert "equal_context" not in parse_spec(TEXT).eval_settings()  # old keys kept
+    with pytest.raises(SpecError, match="needs \\[eval\\] equal_context"):
+        parse_spec(TEXT + "[[compare]]\na = {position = \"alibi\"}\nmetric = \"loss_k@2x - "
+                   "loss_k@1x\"\n")
+    with pytest.raises(SpecError, match="equal_context = 0: true"):
+        parse_spec(TEXT.replace("chunk_tokens = 250", "chunk_tokens = 250\nequal_context = 0"))
+    with pytest.raises(SpecError, match="ngram is empty; give k"):
+        parse_spec(TEXT.replace("chunk_tokens = 250", "chunk_tokens = 250\nequal_context = true")
+                   .replace("ngram = [2]", "ngram = []"))
 
 
 def test_a_term_of_no_kind_names_every_kind():
@@ -101,10 +127,11 @@ def test_the_recipe_for_a_new_score_kind_scores_and_compares_cells(tmp_path, mon
     monkeypatch.setattr(scores, "ORDER", list(scores.ORDER))
     scores.add("top1", module.TopOne())
 
-    # one seed, held-out loss and the new kind only: the kind is what is tested
+    # one seed, held-out loss and the new kind only: the kind is what is tested; with equal
+    # context at k = 1, which keeps every position: loss_k equals loss
     text = TEXT.split("[eval.context]")[0].replace("seeds = 2", "seeds = 1").replace(
-        'passkey = {lengths = ["1x"], trials = 2, depths = [0.5], digits = 3}\n', "").replace(
-        'sliding = ["2x"]\n', "")
+        'passkey = {lengths = ["1x"], trials = 2, depths = [0.5], digits = 3}\n',
+        "equal_context = 1\n").replace('sliding = ["2x"]\n', "")
     compare = ('[[compare]]\na = {position = "alibi"}\nb = {position = "rope"}\n'
                'metric = "top1@2x"\nclaim = "a toy"\n')
     with pytest.raises(SpecError, match=r"needs length 4x, which \[eval\] lengths"):
@@ -124,6 +151,11 @@ def test_the_recipe_for_a_new_score_kind_scores_and_compares_cells(tmp_path, mon
         tops = [e for e in cell["by_length"] if e["kind"] == "top1"]
         assert [e["length"] for e in tops] == ["1x", "2x"]
         assert all(0 <= v <= 1 for e in tops for v in e["per_seed"])
+        by = {(e["kind"], e["length"]): e["mean"] for e in cell["by_length"]}
+        assert by[("loss_k", "2x")] == pytest.approx(by[("loss", "2x")], rel=1e-12)
+    (budget,) = results["baselines"].values()
+    assert set(budget["equal_context"]) == {"32", "64"}  # the cells' lengths in tokens
+    assert budget["equal_context"]["64"]["2-gram"] == pytest.approx(budget["2-gram"], rel=0.05)
     seed_scores = json.loads(next((out / "cells").glob("*/seed0/sweep_scores.json")).read_text())
     top = seed_scores["top1"]["2x"]
     assert top["tokens"] == 64 and top["chunks"] and top["mean"] == pytest.approx(

@@ -25,6 +25,7 @@ from transformers_jax.sweep.plan import PlannedCell, SweepPlan
 from transformers_jax.sweep.runner import read_scores, train_args, write_json
 from transformers_jax.sweep.scores import in_order, kind_of
 from transformers_jax.sweep.scores.base import fmt as _fmt
+from transformers_jax.sweep.scores.equal_context import with_context
 from transformers_jax.sweep.spec import Metric
 
 
@@ -189,13 +190,27 @@ def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
         return {}
     vocab = plan.tokenizer.vocab_size
     out = {}
+    # the positions loss_k@L scores, by window length: the n-grams scored there as well
+    equal = plan.spec.tables.get("equal_context")
     for budget in sorted({c.tokens_seen for c in plan.cells}):
         train_N = plan.train_N[:budget]
         counts = np.bincount(train_N, minlength=vocab).astype(np.float64) + 1.0
-        losses = {"unigram": float(-np.log(counts / counts.sum())[plan.heldout_N].mean())}
+        unigram_N = -np.log(counts / counts.sum())[plan.heldout_N]
+        losses = {"unigram": float(unigram_N.mean())}
+        by_order = {"unigram": np.concatenate([[np.nan], unigram_N[1:]])}  # as token_losses
         for k in plan.spec.ngram_orders:
             if k > 1:
-                losses[f"{k}-gram"] = KneserNey(k, vocab).fit(train_N).loss(plan.heldout_N)
+                token_losses = KneserNey(k, vocab).fit(train_N).token_losses(plan.heldout_N)
+                losses[f"{k}-gram"] = float(token_losses.mean())
+                by_order[f"{k}-gram"] = np.concatenate([[np.nan], token_losses])
+        if equal is not None:
+            lengths = sorted({n for c in plan.cells if c.tokens_seen == budget
+                              for n in c.lengths(plan.spec)})
+            # the positions the model scores: windows from the start, the last one whole
+            scored = {n: len(range(0, len(plan.heldout_N) - n, n)) * n + 1 for n in lengths}
+            losses["equal_context"] = {str(n): {name: float(np.nanmean(
+                with_context(values_N[: scored[n]], n, equal["k"])))
+                for name, values_N in by_order.items()} for n in lengths}
         out[budget] = losses
     return out
 
@@ -256,10 +271,14 @@ def markdown(plan: SweepPlan, results: dict) -> str:
                      "are of the training length of the first cell of its chain (L0)")
     notes += [note for kind in scored_kinds(spec) for note in kind.notes(spec)]
     lines += ["", "; ".join(notes) + "."]
-    for budget, base in results["baselines"].items():
+    for budget, every in results["baselines"].items():
+        base = {k: v for k, v in every.items() if k != "equal_context"}
         lines += ["", f"Baselines on the same held-out tokens, fitted on {int(budget):,} "
                   "training tokens (what a cell of that budget trains on, with its parents'): "
                   + ", ".join(f"{k} {_fmt(v)}" for k, v in base.items()) + "."]
+        for n, same in every.get("equal_context", {}).items():
+            lines += ["", f"On the positions loss_k@L scores in windows of {n} tokens: "
+                      + ", ".join(f"{k} {_fmt(v)}" for k, v in same.items()) + "."]
         best = min(base, key=base.get)
         short = [c["name"] for c in done if c.get("tokens_seen", c["tokens"]) == int(budget)
                  and c["by_length"] and c["by_length"][0]["mean"] >= base[best]]

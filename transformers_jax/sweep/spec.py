@@ -451,6 +451,9 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
         raise SpecError("seeds = \"auto\" reads the seed-to-seed spread from a pilot: give "
                         "[pilot] results (a previous sweep's results.json)")
     spec = Spec(path=path, text=text, title=title, seeds=seeds, axes=axes, compares=(), **fields)
+    kinds = kind_tables()  # each kind's settings once the whole spec is read
+    spec = dataclasses.replace(spec, tables={table: kinds[table].finish(value, spec)
+                                             for table, value in spec.tables.items()})
     return dataclasses.replace(spec, compares=_compares(raw, spec), controls=_controls(raw, spec))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from transformers_jax.registry import Registry
 from transformers_jax.sweep.scores.base import TERM, Job, ScoreKind
 from transformers_jax.sweep.scores.context import ContextUsage
+from transformers_jax.sweep.scores.equal_context import EqualContext
 from transformers_jax.sweep.scores.exact import ExactMatch
 from transformers_jax.sweep.scores.loss import Loss
 from transformers_jax.sweep.scores.passkey import Passkey
@@ -31,6 +32,7 @@ def add(name: str, kind: ScoreKind) -> None:
 
 
 add("loss", Loss())
+add("loss_k", EqualContext())
 add("sliding", Sliding())
 add("passkey", Passkey())
 add("context", ContextUsage())

@@ -34,6 +34,19 @@ class Job:
     params: Any
     tokenizer: Any
     run_dir: str
+    # what one kind computed that another reads (the held-out stream's losses by length)
+    memo: dict = dataclasses.field(default_factory=dict)
+
+    def stream_losses(self, length: int, stride: int | None = None):
+        """The held-out stream's next-token losses in windows of ``length``
+        (``evaluation.stream_losses``), computed once for every kind that reads them."""
+        key = ("stream", length, stride)
+        if key not in self.memo:
+            from transformers_jax.evaluation import stream_losses
+
+            self.memo[key] = stream_losses(self.model, self.params, self.plan.heldout_N, length,
+                                           stride, self.plan.spec.eval_batch_size)
+        return self.memo[key]
 
 
 class ScoreKind:
@@ -74,6 +87,10 @@ class ScoreKind:
         """Its settings from its ``[eval]`` table (``table``); ``default_lengths``: ``[eval]
         lengths`` as written."""
         raise NotImplementedError
+
+    def finish(self, settings: Any, spec: Any) -> Any:
+        """Its settings once the whole spec is read (a default that follows another section)."""
+        return settings
 
     def record(self, settings: Any) -> Any:
         """Its settings as a score's key records them (JSON)."""

@@ -26,14 +26,11 @@ class Loss(ScoreKind):
     def score(self, job: Job) -> dict:
         import numpy as np
 
-        from transformers_jax.evaluation import stream_losses
-
         spec, planned = job.plan.spec, job.planned
         loss, by_position = {}, {}
         for length_spec, length in zip(spec.lengths, planned.lengths(spec), strict=True):
             try:
-                losses_N = stream_losses(job.model, job.params, job.plan.heldout_N, length, None,
-                                         spec.eval_batch_size)
+                losses_N = job.stream_losses(length)
             except (ValueError, KeyError, TypeError) as err:
                 if not planned.zero_shot:
                     raise
@@ -89,6 +86,7 @@ def loss_by_length(results: dict, out: str, plt) -> list[str]:
         ax.set_title("mean over seeds; band: min to max")
         by_budget = results["baselines"]
         largest = by_budget[max(by_budget, key=int)] if by_budget else {}
+        largest = {k: v for k, v in largest.items() if not isinstance(v, dict)}
         for name, value in largest.items():  # the largest budget's: the strongest
             ax.axhline(value, color="grey", linestyle=":", linewidth=0.8)
             ax.annotate(name, (0.01, value), xycoords=("axes fraction", "data"), fontsize=7)

@@ -30,8 +30,6 @@ class Sliding(ScoreKind):
         return [(self.name, x) for x in spec.sliding_lengths]
 
     def score(self, job: Job) -> dict:
-        from transformers_jax.evaluation import stream_losses
-
         spec, planned = job.plan.spec, job.planned
         slid = {x.text for x in spec.sliding_lengths}
         out = {}
@@ -39,8 +37,7 @@ class Sliding(ScoreKind):
             if length_spec.text not in slid:
                 continue
             stride = min(spec.stride.resolve(planned.reference_len), length)
-            losses_N = stream_losses(job.model, job.params, job.plan.heldout_N, length, stride,
-                                     spec.eval_batch_size)
+            losses_N = job.stream_losses(length, stride)
             out[length_spec.text] = {**chunk_summary(losses_N, length, spec.chunk_tokens),
                                      "stride": stride}
         return {self.name: out}
