@@ -153,6 +153,13 @@ def test_the_recipe_for_a_new_score_kind_scores_and_compares_cells(tmp_path, mon
         assert all(0 <= v <= 1 for e in tops for v in e["per_seed"])
         by = {(e["kind"], e["length"]): e["mean"] for e in cell["by_length"]}
         assert by[("loss_k", "2x")] == pytest.approx(by[("loss", "2x")], rel=1e-12)
+    # what the numbers came from: the tokenizer by content, every library touching them
+    from transformers_jax.data.tokenizers import ByteTokenizer
+    from transformers_jax.study.provenance import tokenizer_digest
+
+    prov = results["provenance"]
+    assert prov["data"]["tokenizer_sha256"] == tokenizer_digest(ByteTokenizer())
+    assert {"scipy", "sentencepiece", "tensorflow-datasets"} <= set(prov["versions"])
     (budget,) = results["baselines"].values()
     assert set(budget["equal_context"]) == {"32", "64"}  # the cells' lengths in tokens
     assert budget["equal_context"]["64"]["2-gram"] == pytest.approx(budget["2-gram"], rel=0.05)

@@ -13,8 +13,9 @@ import sys
 from importlib import metadata
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# every library that touches a number a sweep reports: training, data and tokens, statistics
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "grain",
-             "transformers-jax")
+             "tensorflow-datasets", "sentencepiece", "tokenizers", "scipy", "transformers-jax")
 
 
 def _git(*args: str) -> str | None:
@@ -71,6 +72,24 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             pass
     return out
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """sha256 over the files ``tokenizer.save`` writes (its vocabulary, model and settings):
+    equal digests, the same tokens."""
+    import hashlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save(folder)
+        h = hashlib.sha256()
+        for root, _, files in sorted(os.walk(folder)):
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                h.update(os.path.relpath(path, folder).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
 
 
 def host() -> dict:

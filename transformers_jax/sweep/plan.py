@@ -15,6 +15,7 @@ from transformers_jax.config import ModelConfig, TrainConfig
 from transformers_jax.data.sources import open_documents
 from transformers_jax.registry import FAMILIES
 from transformers_jax.runs.tokenizer import source_tokenizer, training_tokenizer
+from transformers_jax.study.provenance import tokenizer_digest
 from transformers_jax.study.splits import Split, make_split, overlap
 from transformers_jax.sweep.cells import Cell, Pair, controlled, expand, pairs
 from transformers_jax.sweep.context import Sources, Windows, draw_windows
@@ -94,11 +95,13 @@ class SweepPlan:
         if self.split is None:
             tasks = sorted({c.train.task for c in self.cells})
             return {"corpus": f"synthetic task(s) {', '.join(tasks)}", "tasks": tasks,
-                    "test": self.spec.task.settings(), "tokenizer": self.tokenizer.name}
+                    "test": self.spec.task.settings(), "tokenizer": self.tokenizer.name,
+                    "tokenizer_sha256": tokenizer_digest(self.tokenizer)}
         return {**self.split.meta(), "overlap": self.overlap,
                 "heldout_tokens": int(self.heldout_N.size),
                 "training_tokens": int(self.train_N.size),
-                "training_tokens_complete": self.train_complete, "tokenizer": self.tokenizer.name}
+                "training_tokens_complete": self.train_complete, "tokenizer": self.tokenizer.name,
+                "tokenizer_sha256": tokenizer_digest(self.tokenizer)}
 
 
 
