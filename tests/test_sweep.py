@@ -264,6 +264,10 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert main(["sweep", str(spec), "--out", str(out), "--allow-code-change"]) == 0
     other = json.loads((out / "results.json").read_text())["provenance"]["other_code"]
     assert other == [code]
+    # each comparison says its cells were trained by two code states
+    rows = json.loads((out / "results.json").read_text())["comparisons"]
+    assert all(r["code_states"] == ["a" * 12, "b" * 12] for r in rows)
+    assert "cells trained by 2 code states" in (out / "report.md").read_text()
 
     # another config under the same cell name: refused, naming the difference
     spec.write_text(TINY.replace("--train.batch_size=4", "--train.batch_size=8"))

@@ -19,10 +19,17 @@ import shlex
 
 import numpy as np
 
-from transformers_jax.study import stats
+from transformers_jax.study import provenance, stats
 from transformers_jax.sweep.cells import lineage
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan
-from transformers_jax.sweep.runner import read_scores, train_args, write_json
+from transformers_jax.sweep.runner import (
+    CELL_FILE,
+    cell_dir,
+    read_json,
+    read_scores,
+    train_args,
+    write_json,
+)
 from transformers_jax.sweep.scores import in_order, kind_of
 from transformers_jax.sweep.scores.base import fmt as _fmt
 from transformers_jax.sweep.scores.equal_context import with_context
@@ -72,14 +79,21 @@ def side_chunks(scored: dict, cell, ref, seed: int, metric: Metric):
     return out if ref is None else out - metric_chunks(scored[ref.name][seed], metric)
 
 
-def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]]) -> list[dict]:
+def compare(plan: SweepPlan, scored: dict[str, dict[int, dict]],
+            codes: dict[str, list[dict]] | None = None) -> list[dict]:
     """Every declared comparison: its paired differences over seeds x chunks, Holm-corrected
-    over the family of those that could be scored (pending ones wait for their cells)."""
+    over the family of those that could be scored (pending ones wait for their cells).
+    ``codes``: each cell's code states (``cell.json``); a comparison whose cells were trained
+    by more than one is flagged with them."""
     seeds = plan.spec.seeds
     rows, tests = [], []
     for pair in plan.pairs:
         row = {"compare": pair.index, "claim": pair.claim, "a": pair.a_text, "b": pair.b_text,
                "metric": pair.metric.text, "better": pair.better}
+        states = {provenance.describe(c) for cell in (pair.a, pair.b, pair.a_ref, pair.b_ref)
+                  if cell is not None for c in (codes or {}).get(cell.name, [])}
+        if len(states) > 1:
+            row["code_states"] = sorted(states)
         # a side: its cell's scores by seed, minus its reference cell's (relative_to); None: 0
         sides = [(pair.a, pair.a_ref), (pair.b, pair.b_ref)]
         needed = [c.name for side in sides for c in side if c is not None]
@@ -353,7 +367,9 @@ def comparison_rows(results: dict) -> list[str]:
         lines.append(f"| {r['compare']} | {r['claim']} | {r['a']} | {r['b'] or 0} | {r['metric']} "
                      f"| {r['mean']:+.4f} | [{r['low']:+.4f}, {r['high']:+.4f}] "
                      f"({_fmt(100 * r['level'], 2)}%) | {_fmt(r['p_holm'], 4)} | "
-                     f"{r['verdict']} |")
+                     f"{r['verdict']}" + (f" (cells trained by {len(r['code_states'])} code "
+                                          f"states: {', '.join(r['code_states'])})"
+                                          if r.get("code_states") else "") + " |")
     return lines
 
 
@@ -432,6 +448,12 @@ def hparams(results: dict, out: str) -> None:
                                name=".")
 
 
+def cell_codes(plan: SweepPlan, out: str) -> dict[str, list[dict]]:
+    """Each cell's code states, as its ``cell.json`` records them."""
+    return {p.cell.name: (read_json(os.path.join(cell_dir(out, p), CELL_FILE)) or {}).get(
+        "code", []) for p in plan.cells}
+
+
 def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: str,
                  baseline_losses: dict) -> dict:
     scored = {p.cell.name: read_scores(plan, p, out) for p in plan.cells}
@@ -440,7 +462,7 @@ def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: st
         "provenance": provenance_record,
         "baselines": baseline_losses,
         "cells": [cell_summary(plan, p, scored[p.cell.name]) for p in plan.cells],
-        "comparisons": compare(plan, scored),
+        "comparisons": compare(plan, scored, cell_codes(plan, out)),
         "controls": controls(plan, scored),
     }
     gate(plan, results["comparisons"], results["controls"])
