@@ -237,37 +237,77 @@ class Control:
 
 
 @dataclasses.dataclass(frozen=True)
-class Spec:
-    path: str
-    text: str  # the file as read (recorded with the results)
-    title: str
-    seeds: tuple[int, ...]
-    base_args: tuple[str, ...]
-    tokens: int | None
-    tokens_per_step: int | None
-    max_epochs: float
-    axes: tuple[Axis, ...]
-    cells: tuple[dict[str, Any], ...]  # explicit cells: name and options
-    heldout_bytes: int
-    heldout_seed: int
+class Base:
+    """``[base]``: what every cell shares, and the training budget."""
+
+    args: tuple[str, ...] = ()
+    tokens: int | None = None
+    tokens_per_step: int | None = None
+    max_epochs: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Heldout:
+    """``[heldout]``: the text no cell trains on, drawn by a seed."""
+
+    bytes: int = 200_000
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Eval:
+    """``[eval]``: the lengths scored, and each score kind's own table of settings."""
+
     lengths: tuple[Length, ...]
     sliding: bool
     stride: Length
     chunk_tokens: int
     by_position: bool
-    eval_batch_size: int
-    eval_max_tokens: int | None
-    ngram_orders: tuple[int, ...]
-    compares: tuple[Compare, ...]
-    stages: tuple[dict[str, Any], ...] = ()  # [[stage]] tables: name, from, train, tokens, ...
+    batch_size: int
+    max_tokens: int | None
     slid: tuple[Length, ...] | None = None  # the lengths scored sliding too (None: all)
-    controls: tuple[Control, ...] = ()  # [[control]] tables: positive controls
     # each score kind's settings, by its [eval] table (``ScoreKind.table``): passkey, context...
     tables: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A spec, one dataclass per section (``[base]``, ``[heldout]``, ``[eval]``...), each built
+    by its own parser (``spec_from_dict``); the properties below read through to them."""
+
+    path: str
+    text: str  # the file as read (recorded with the results)
+    title: str
+    seeds: tuple[int, ...]
+    base: Base
+    axes: tuple[Axis, ...]
+    cells: tuple[dict[str, Any], ...]  # explicit cells: name and options
+    heldout: Heldout
+    eval: Eval
+    ngram_orders: tuple[int, ...]  # [baselines] ngram
+    compares: tuple[Compare, ...]
+    stages: tuple[dict[str, Any], ...] = ()  # [[stage]] tables: name, from, train, tokens, ...
+    controls: tuple[Control, ...] = ()  # [[control]] tables: positive controls
     pilot: str | None = None  # [pilot] results: a previous sweep's results.json (the dry run's)
     # seeds = "auto": the most seeds the power analysis may choose (``power.resolve_seeds``);
     # ``seeds`` holds the fewest (2) until it has chosen
     max_seeds: int | None = None
+
+    base_args = property(lambda self: self.base.args)
+    tokens = property(lambda self: self.base.tokens)
+    tokens_per_step = property(lambda self: self.base.tokens_per_step)
+    max_epochs = property(lambda self: self.base.max_epochs)
+    heldout_bytes = property(lambda self: self.heldout.bytes)
+    heldout_seed = property(lambda self: self.heldout.seed)
+    lengths = property(lambda self: self.eval.lengths)
+    sliding = property(lambda self: self.eval.sliding)
+    stride = property(lambda self: self.eval.stride)
+    chunk_tokens = property(lambda self: self.eval.chunk_tokens)
+    by_position = property(lambda self: self.eval.by_position)
+    eval_batch_size = property(lambda self: self.eval.batch_size)
+    eval_max_tokens = property(lambda self: self.eval.max_tokens)
+    slid = property(lambda self: self.eval.slid)
+    tables = property(lambda self: self.eval.tables)
 
     @property
     def passkey(self) -> dict | None:
@@ -452,8 +492,8 @@ def spec_from_dict(raw: dict, text: str = "", path: str = "<spec>") -> Spec:
                         "[pilot] results (a previous sweep's results.json)")
     spec = Spec(path=path, text=text, title=title, seeds=seeds, axes=axes, compares=(), **fields)
     kinds = kind_tables()  # each kind's settings once the whole spec is read
-    spec = dataclasses.replace(spec, tables={table: kinds[table].finish(value, spec)
-                                             for table, value in spec.tables.items()})
+    tables = {table: kinds[table].finish(value, spec) for table, value in spec.tables.items()}
+    spec = dataclasses.replace(spec, eval=dataclasses.replace(spec.eval, tables=tables))
     return dataclasses.replace(spec, compares=_compares(raw, spec), controls=_controls(raw, spec))
 
 
@@ -512,8 +552,7 @@ def _base(raw: dict) -> dict:
     if not isinstance(max_epochs, (int, float)) or max_epochs <= 0:
         raise SpecError(f"[base] max_epochs = {max_epochs!r}: must be positive (1: each "
                         "training token seen at most once)")
-    return {"base_args": tuple(args), "tokens": tokens, "tokens_per_step": per_step,
-            "max_epochs": float(max_epochs)}
+    return {"base": Base(tuple(args), tokens, per_step, float(max_epochs))}
 
 
 def _axes(raw: dict) -> tuple[Axis, ...]:
@@ -572,7 +611,7 @@ def _heldout(raw: dict) -> dict:
     heldout_seed = held.get("seed", 0)
     if isinstance(heldout_seed, bool) or not isinstance(heldout_seed, int) or heldout_seed < 0:
         raise SpecError(f"[heldout] seed = {heldout_seed!r}: a non-negative integer")
-    return {"heldout_bytes": heldout_bytes, "heldout_seed": heldout_seed}
+    return {"heldout": Heldout(heldout_bytes, heldout_seed)}
 
 
 def _eval(raw: dict) -> dict:
@@ -612,10 +651,9 @@ def _eval(raw: dict) -> dict:
             raise SpecError(f"[eval.{task_tables[0]}]: a task sweep scores exact match on task "
                             f"examples and no held-out text, so {', '.join(text_keys)} would do "
                             "nothing; drop it, or drop [eval.task] to score text")
-    return {"lengths": lengths, "sliding": bool(sliding), "stride": stride, "chunk_tokens": chunk,
-            "by_position": bool(ev.get("by_position", True)),
-            "eval_batch_size": _positive_int(ev.get("batch_size", 8), "[eval] batch_size"),
-            "eval_max_tokens": max_tokens, "slid": slid, "tables": owned}
+    return {"eval": Eval(lengths, bool(sliding), stride, chunk, bool(ev.get("by_position", True)),
+                         _positive_int(ev.get("batch_size", 8), "[eval] batch_size"),
+                         max_tokens, slid, owned)}
 
 
 def _baselines(raw: dict) -> dict:
