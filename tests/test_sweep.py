@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -274,6 +275,41 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert main(["sweep", str(spec), "--out", str(out), "--allow-code-change"]) == 2
     err = capsys.readouterr().err
     assert "trained with another config" in err and "batch_size" in err
+
+
+@pytest.mark.slow
+def test_reanalysis_rebuilds_the_report_from_the_stored_scores(resumed, tmp_path, capsys):
+    """--reanalyse on a copy of the sweep's folder without its runs: the same comparisons
+    from results.json's per-chunk scores; then with the claims re-declared (one primary, one
+    exploratory, an equivalence margin), read as the new spec says, nothing trained."""
+    root, spec, _, _, _ = resumed
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("results.json", "report.md"):
+        shutil.copy(root / "out" / name, out / name)
+    before = json.loads((out / "results.json").read_text())
+    assert set(before["scores"]) == {"position=rope", "position=alibi"}
+    assert main(["sweep", str(spec), "--out", str(out), "--reanalyse"]) == 0
+    after = json.loads((out / "results.json").read_text())
+    for old, new in zip(before["comparisons"], after["comparisons"], strict=True):
+        assert new == old  # the same statistics on the same scores
+    text = (out / "report.md").read_text()
+    assert text.split("\n", 3)[3] == (root / "out" / "report.md").read_text().split("\n", 3)[3]
+    redeclared = tmp_path / "claims.toml"
+    redeclared.write_text(TINY.replace('claim = "ALiBi degrades less"',
+                                       'claim = "ALiBi degrades less"\nprimary = true')
+                          .replace('metric = "sliding@2x"', 'metric = "sliding@2x"\nmargin = 0.5\n'
+                                   'primary = false'))
+    assert main(["sweep", str(redeclared), "--out", str(out), "--reanalyse"]) == 0
+    rows = json.loads((out / "results.json").read_text())["comparisons"]
+    assert rows[0]["primary"] and rows[0]["level"] == pytest.approx(0.95)  # a family of one
+    assert not rows[1]["primary"] and rows[1]["verdict"].endswith("(exploratory)")
+    assert "equivalent within ±0.5" in rows[1]["verdict"]
+    assert "exploratory" in (out / "report.md").read_text()
+    other = tmp_path / "other.toml"  # other cells: refused, naming them
+    other.write_text(TINY.replace('["rope", "alibi"]', '["rope", "alibi", "t5"]'))
+    assert main(["sweep", str(other), "--out", str(out), "--reanalyse"]) == 2
+    assert "are not the ones the sweep ran" in capsys.readouterr().err
 
 
 def test_the_report_command_reruns_from_any_checkout(tmp_path):

@@ -53,6 +53,9 @@ def sweep_parser() -> CommandParser:
     parser.add_argument("--allow-code-change", action="store_true",
                         help="train with uncommitted changes, or beside cells trained by "
                         "other code (recorded in results.json)")
+    parser.add_argument("--reanalyse", action="store_true",
+                        help="rebuild OUT's report and results.json from the scores it stores, "
+                        "with the spec's claims as they are now: nothing trained or scored")
     parser.add_argument("--accept-low-power", action="store_true",
                         help="run a design whose primary claims have under 50%% power at "
                         "their stated effect, from the [pilot] (recorded in results.json)")
@@ -283,6 +286,13 @@ def main(argv: list[str]) -> int:
         spec = power.resolve_seeds(spec, power.read_pilot(power.pilot_path(spec)))
         print(f"seeds = \"auto\": {len(spec.seeds)} seeds (of at most {spec.max_seeds})",
               file=sys.stderr)
+    if args.reanalyse:
+        from transformers_jax.sweep.reanalyse import reanalyse
+
+        reanalyse(spec, args.out, typed_command(argv, os.getcwd()))
+        print(f"{args.out}: report.md and results.json rebuilt from the stored scores",
+              file=sys.stderr)
+        return 0
     if args.dry_run:  # the split is made, but in a folder that goes away
         with tempfile.TemporaryDirectory() as tmp:
             dry_run(make_plan(spec, tmp))

@@ -463,6 +463,11 @@ def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: st
         "baselines": baseline_losses,
         "cells": [cell_summary(plan, p, scored[p.cell.name]) for p in plan.cells],
         "comparisons": compare(plan, scored, cell_codes(plan, out)),
+        # every seed's scores, unit by unit, for --reanalyse (by position aside: the cells'
+        # means are above)
+        "scores": {cell: {seed: {k: v for k, v in scores.items() if k != "by_position"}
+                          for seed, scores in by_seed.items()}
+                   for cell, by_seed in scored.items()},
         "controls": controls(plan, scored),
     }
     gate(plan, results["comparisons"], results["controls"])
