@@ -221,6 +221,13 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert results["provenance"]["data"]["overlap"]["heldout_windows"] > 0
     assert results["provenance"]["spec"] == TINY
     assert set(results["baselines"]["1536"]) == {"unigram", "2-gram", "3-gram"}
+    # each seed's own n-grams, fitted on the 12 steps x 4 rows x 33 tokens its run read
+    own = results["seed_baselines"]
+    assert set(own) == {"position=rope", "position=alibi"} and set(own["position=rope"]) == {
+        "0", "1"}
+    assert own["position=rope"]["0"]["tokens"] == 12 * 4 * 33
+    assert own["position=rope"]["0"] == own["position=alibi"]["0"]  # the same text read
+    assert own["position=rope"]["0"]["2-gram"] != own["position=rope"]["1"]["2-gram"]
     rows = results["comparisons"]
     assert [(r["compare"], r["a"], r["b"]) for r in rows] == [
         (1, "position=alibi", "position=rope"), (2, "position=alibi", "position=rope")]
@@ -235,6 +242,7 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert scores["sliding"]["2x"]["stride"] == 8
     report = (out / "report.md").read_text()
     assert "2 of 2 cells finished" in report and "ALiBi degrades less" in report
+    assert "Each seed's own baselines" in report
     assert "Command: `tjax sweep" in report
     assert (out / "hparams" / "position=rope").is_dir()
 

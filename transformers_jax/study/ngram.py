@@ -21,8 +21,9 @@ never seen (``c_k(h) = 0``) falls through to ``P_{k-1}``. Every distribution sum
 vocabulary, and no token gets probability 0.
 
 Scoring a stream gives each token the last ``order - 1`` tokens as context (fewer at the start
-of the stream, where the lower orders' distributions are used): the n-gram sees at most
-``order - 1`` tokens, which every transformer evaluation window here also covers.
+of the stream, where the lower orders' distributions are used). A transformer scored in
+windows gives a window's first positions fewer than that; a sweep's ``loss_k@L`` scores both
+on the positions with ``order - 1`` tokens of context or more.
 """
 
 from __future__ import annotations

@@ -193,11 +193,10 @@ def cell_summary(plan: SweepPlan, planned: PlannedCell, scores: dict[int, dict])
 
 def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
     """For each cell's token budget: unigram (add-one) and Kneser-Ney n-gram losses on the
-    held-out stream, fitted on that many training tokens (the amount of text the cell trains
-    on; within one epoch, the tokens themselves). A cell with a parent counts its ancestors'
-    tokens too (``tokens_seen``): a fine-tune of the same seed reads its text in the order
-    its parent did, so it sees no more distinct text than that, and its baseline is fitted
-    on at least as much text as its weights have seen; a zero-shot cell has its parent's."""
+    held-out stream, fitted on the first that many tokens of the training text in its stored
+    order: a reference the size of what a cell reads, not the tokens any seed read (those
+    are shuffled: ``seed_baselines`` fits on them). A cell with a parent counts its
+    ancestors' tokens too (``tokens_seen``); a zero-shot cell has its parent's."""
     from transformers_jax.study.ngram import KneserNey
 
     if plan.split is None:  # a task sweep: no held-out text to fit them to
@@ -227,6 +226,57 @@ def baselines(plan: SweepPlan) -> dict[int, dict[str, float]]:
                 for name, values_N in by_order.items()} for n in lengths}
         out[budget] = losses
     return out
+
+
+def seed_baselines(plan: SweepPlan) -> dict[str, dict[str, dict[str, float]]]:
+    """For each cell and seed: unigram (add-one) and Kneser-Ney n-gram losses on the held-out
+    stream, fitted on the tokens that seed's run read in training (``seed_text``), so that a
+    model is held to a baseline that saw exactly its text. Fits are shared by runs that read
+    the same tokens."""
+    import hashlib
+
+    from transformers_jax.study.ngram import KneserNey
+    from transformers_jax.sweep.seed_text import seed_tokens
+
+    if plan.split is None:  # a task sweep: no held-out text
+        return {}
+    vocab, cache, fits = plan.tokenizer.vocab_size, {}, {}
+    out: dict = {}
+    for planned in plan.cells:
+        for seed in plan.spec.seeds:
+            tokens = seed_tokens(planned, seed, plan.tokenizer, cache)
+            key = hashlib.sha1(tokens.tobytes()).hexdigest()
+            if key not in fits:
+                counts = np.bincount(tokens, minlength=vocab).astype(np.float64) + 1.0
+                fits[key] = {"tokens": int(tokens.size), "unigram": float(
+                    -np.log(counts / counts.sum())[plan.heldout_N].mean())}
+                for k in plan.spec.ngram_orders:
+                    if k > 1:
+                        fits[key][f"{k}-gram"] = KneserNey(k, vocab).fit(tokens).loss(
+                            plan.heldout_N)
+            out.setdefault(planned.cell.name, {})[str(seed)] = fits[key]
+    return out
+
+
+def not_past(results: dict, spec) -> list[str]:
+    """The seeds whose loss at the first length is not below their own strongest n-gram."""
+    lines = []
+    first = spec.lengths[0].text
+    for c in results["cells"]:
+        own = results.get("seed_baselines", {}).get(c["name"], {})
+        row = next((e for e in c["by_length"] if (e["kind"], e["length"]) == ("loss", first)),
+                   None)
+        if not own or row is None or not row["per_seed"]:
+            continue
+        missed = []
+        for seed, loss in zip(c["seeds_scored"], row["per_seed"], strict=True):
+            base = {k: v for k, v in own[str(seed)].items() if k != "tokens"}
+            best = min(base, key=base.get)
+            if loss >= base[best]:
+                missed.append(f"seed {seed} {_fmt(loss)} against its {best} {_fmt(base[best])}")
+        if missed:
+            lines.append(f"{c['name']} ({'; '.join(missed)})")
+    return lines
 
 
 def recorded_overlap(data: dict) -> str:
@@ -285,10 +335,27 @@ def markdown(plan: SweepPlan, results: dict) -> str:
                      "are of the training length of the first cell of its chain (L0)")
     notes += [note for kind in scored_kinds(spec) for note in kind.notes(spec)]
     lines += ["", "; ".join(notes) + "."]
+    own = results.get("seed_baselines")
+    if own:
+        first = next(iter(next(iter(own.values())).values()))
+        names = [k for k in first if k != "tokens"]
+        lines += ["", "Each seed's own baselines, fitted on the tokens its run read in "
+                  "training (its parent's first), scored on the same held-out tokens:", "",
+                  "| cell | seed | tokens read | " + " | ".join(names) + " |",
+                  "|---|---|---|" + "---|" * len(names)]
+        for cell, by_seed in own.items():
+            for seed, base in by_seed.items():
+                lines.append(f"| {cell} | {seed} | {base['tokens']:,} | " + " | ".join(
+                    _fmt(v) for k, v in base.items() if k != "tokens") + " |")
+        missed = not_past(results, spec)
+        lines += ["", f"**Not past their own strongest n-gram at {spec.lengths[0].text}:** "
+                  + "; ".join(missed) + ". A comparison involving them says little about the "
+                  "switch: train longer or on more data."] if missed else []
     for budget, every in results["baselines"].items():
         base = {k: v for k, v in every.items() if k != "equal_context"}
-        lines += ["", f"Baselines on the same held-out tokens, fitted on {int(budget):,} "
-                  "training tokens (what a cell of that budget trains on, with its parents'): "
+        lines += ["", f"Baselines fitted on the first {int(budget):,} tokens of the training "
+                  "text in its stored order (a cell's budget, its parents' included; not the "
+                  "tokens a seed read, which are shuffled), on the same held-out tokens: "
                   + ", ".join(f"{k} {_fmt(v)}" for k, v in base.items()) + "."]
         for n, same in every.get("equal_context", {}).items():
             lines += ["", f"On the positions loss_k@L scores in windows of {n} tokens: "
@@ -296,7 +363,7 @@ def markdown(plan: SweepPlan, results: dict) -> str:
         best = min(base, key=base.get)
         short = [c["name"] for c in done if c.get("tokens_seen", c["tokens"]) == int(budget)
                  and c["by_length"] and c["by_length"][0]["mean"] >= base[best]]
-        if short:
+        if short and not own:  # (results written before each seed had its own)
             lines += ["", f"**Not past the {best} ({_fmt(base[best])}) at "
                       f"{spec.lengths[0].text}:** {', '.join(short)}. A comparison involving "
                       "them says little about the switch: train longer or on more data."]
@@ -455,12 +522,13 @@ def cell_codes(plan: SweepPlan, out: str) -> dict[str, list[dict]]:
 
 
 def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: str,
-                 baseline_losses: dict) -> dict:
+                 baseline_losses: dict, own_baselines: dict | None = None) -> dict:
     scored = {p.cell.name: read_scores(plan, p, out) for p in plan.cells}
     results = {
         "command": command,
         "provenance": provenance_record,
         "baselines": baseline_losses,
+        **({"seed_baselines": own_baselines} if own_baselines else {}),
         "cells": [cell_summary(plan, p, scored[p.cell.name]) for p in plan.cells],
         "comparisons": compare(plan, scored, cell_codes(plan, out)),
         # every seed's scores, unit by unit, for --reanalyse (by position aside: the cells'
