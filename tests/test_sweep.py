@@ -228,6 +228,12 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert own["position=rope"]["0"]["tokens"] == 12 * 4 * 33
     assert own["position=rope"]["0"] == own["position=alibi"]["0"]  # the same text read
     assert own["position=rope"]["0"]["2-gram"] != own["position=rope"]["1"]["2-gram"]
+    # each cell's work: its seeds trained once, by this code, with their times (rope by the
+    # killed start, alibi by the second)
+    for c in results["cells"]:
+        (work,) = c["work"]
+        assert work["trained"] == [0, 1] and work["code"] == "a" * 12
+        assert work["started"] <= work["finished"]
     rows = results["comparisons"]
     assert [(r["compare"], r["a"], r["b"]) for r in rows] == [
         (1, "position=alibi", "position=rope"), (2, "position=alibi", "position=rope")]

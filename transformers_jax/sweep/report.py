@@ -529,7 +529,10 @@ def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: st
         "provenance": provenance_record,
         "baselines": baseline_losses,
         **({"seed_baselines": own_baselines} if own_baselines else {}),
-        "cells": [cell_summary(plan, p, scored[p.cell.name]) for p in plan.cells],
+        # each cell with the work that made it (seeds trained, when, by which code)
+        "cells": [{**cell_summary(plan, p, scored[p.cell.name]),
+                   "work": (read_json(os.path.join(cell_dir(out, p), CELL_FILE)) or {}).get(
+                       "work", [])} for p in plan.cells],
         "comparisons": compare(plan, scored, cell_codes(plan, out)),
         # every seed's scores, unit by unit, for --reanalyse (by position aside: the cells'
         # means are above)

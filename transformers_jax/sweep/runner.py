@@ -379,10 +379,13 @@ def run_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
                 f"steps ({planned.tokens:,} tokens) each, in {cell_dir(out, planned)}"
                 + (f", from {planned.parent.source.cell.name}'s runs" if planned.parent
                    else ""))
-            start = time.monotonic()
+            start, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S")
             train_seeds_of(planned, missing, [seed_dir(out, planned, s) for s in missing], log,
                            apart)
             log(f"cell {planned.cell.name}: trained in {time.monotonic() - start:.1f} s")
+            _record_work(out, planned, {"trained": missing, "started": started,
+                                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                        "code": provenance.describe(code)})
         for seed in plan.spec.seeds:
             run_dir = seed_dir(out, planned, seed)
             scores_path = os.path.join(run_dir, SCORES_FILE)
@@ -392,6 +395,14 @@ def run_cell(plan: SweepPlan, planned: PlannedCell, out: str, code: dict,
     finally:
         lock.release()
     return True
+
+
+def _record_work(out: str, planned: PlannedCell, work: dict) -> None:
+    """One more entry of the cell's work (which seeds were trained, when, by which code) in
+    its ``cell.json``: a sweep's invocations each leave theirs."""
+    path = os.path.join(cell_dir(out, planned), CELL_FILE)
+    record = read_json(path) or {}
+    write_json(path, {**record, "work": [*record.get("work", []), work]})
 
 
 def read_scores(plan: SweepPlan, planned: PlannedCell, out: str) -> dict[int, dict]:
