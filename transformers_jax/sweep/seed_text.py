@@ -29,16 +29,24 @@ def run_tokens(model_cfg, train_cfg, tokenizer) -> np.ndarray:
     return np.concatenate(rows) if rows else np.zeros(0, np.int64)
 
 
+def data_key(planned, seed: int) -> tuple:
+    """What decides a run's training batches: its training config with the seed, and what of
+    the model the data reads (family, longest position, a prefix-LM mask); cells that differ
+    elsewhere (a positional scheme, say) read the same tokens."""
+    model = planned.model
+    return (repr(planned.train.replace(seed=seed)), model.family,
+            model.position.max_length(model), model.mask.needs_prefix_len)
+
+
 def seed_tokens(planned, seed: int, tokenizer, cache: dict | None = None) -> np.ndarray:
     """What the run of ``planned`` (a ``sweep.plan.PlannedCell``) for ``seed`` has read when it
-    is scored: its parent's tokens, then its own. ``cache``: by cell and seed."""
+    is scored: its parent's tokens, then its own. ``cache``: shared between calls."""
     cache = {} if cache is None else cache
-    key = (planned.cell.name, seed)
+    if planned.zero_shot:
+        return seed_tokens(planned.parent, seed, tokenizer, cache)
+    key = data_key(planned, seed)
     if key not in cache:
-        if planned.zero_shot:
-            cache[key] = seed_tokens(planned.parent, seed, tokenizer, cache)
-        else:
-            own = run_tokens(planned.model, planned.train.replace(seed=seed), tokenizer)
-            cache[key] = own if planned.parent is None else np.concatenate(
-                [seed_tokens(planned.parent, seed, tokenizer, cache), own])
-    return cache[key]
+        cache[key] = run_tokens(planned.model, planned.train.replace(seed=seed), tokenizer)
+    own = cache[key]
+    return own if planned.parent is None else np.concatenate(
+        [seed_tokens(planned.parent, seed, tokenizer, cache), own])
