@@ -114,7 +114,14 @@ def finding_attention_heads(out: dict) -> str:
                 if f"{k} - MHA" in comparisons]
         if "MQA - MHA" in comparisons:
             said.append(f"MQA {_paired(comparisons, 'MQA - MHA', +1)}")
-        if said:
+        grams = {k: v for k, v in out.get("baselines", {}).items() if k.endswith("-gram")}
+        best = min(grams, key=grams.get) if grams else None
+        if best is not None and min(loss.values()) >= grams[best]:
+            # a model that has not learned what an n-gram knows says nothing about attention
+            parts.append(f"No model is past the {best} fitted on the same training text "
+                         f"({grams[best]:.3f} nats), so the losses cannot be set beside "
+                         "Ainslie et al.'s: the paired differences are not read as claims.")
+        elif said:
             parts.append(f"Loss minus MHA's, paired over seeds and held-out chunks (95%; GQA "
                          f"\"as published\" when the interval lies within +-{margin:.3f} nats, "
                          "MQA when it is worse): " + _listing(said) + ".")
