@@ -213,3 +213,17 @@ def test_auto_seeds_are_the_fewest_that_give_the_primary_claims_their_power(tmp_
                             (("effect = 0.05\n", ""), "state one")]:
         with pytest.raises(SpecError, match=message):
             parse_spec(text.replace(*change))
+
+
+def test_the_guides_example_spec_reads_as_it_says():
+    """docs/experiments.md's spec: it parses, its first claim primary with an effect, the
+    second exploratory with a margin, equal context at the largest n-gram order less one."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "experiments.md").read_text()
+    spec = parse_spec(re.search(r"```toml\n(.*?)```", text, re.S).group(1))
+    assert [(c.primary, c.margin, c.effect) for c in spec.compares] == [
+        (True, None, 0.05), (None, 0.02, None)]
+    assert [p.primary for p in pairs(spec, expand(spec))] == [True, True, False]
+    assert spec.tables["equal_context"] == {"k": 4} and spec.pilot
