@@ -15,6 +15,17 @@ args = ["--model.d_model=16", "--model.n_layers=1", "--model.n_heads=2", "--trai
   "--train.log_every=1000", "--train.tensorboard=false"]
 tokens = 1536
 """
+# two seeds of two cells on a 4,000-byte held-out split: what the sweep tests' specs share
+TINY_CELLS = """
+seeds = 2
+
+""" + TINY_BASE + """
+[axes]
+"model.position" = ["rope", "alibi"]
+
+[heldout]
+bytes = 4000
+"""
 
 
 def clean_checkout(mp: pytest.MonkeyPatch, tmp_path) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sweep_runs import TINY_BASE, clean_checkout, plots_at_the_end, record_trained
+from sweep_runs import TINY_CELLS, clean_checkout, plots_at_the_end, record_trained
 
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
@@ -25,15 +25,7 @@ from transformers_jax.train_options import build_configs
 
 TINY = """
 title = "tiny"
-seeds = 2
-
-""" + TINY_BASE + """
-[axes]
-"model.position" = ["rope", "alibi"]
-
-[heldout]
-bytes = 4000
-
+""" + TINY_CELLS + """
 [eval]
 lengths = ["1x", "2x"]
 sliding = true

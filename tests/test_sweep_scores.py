@@ -10,22 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sweep_runs import TINY_BASE, clean_checkout, plots_at_the_end
+from sweep_runs import TINY_CELLS, clean_checkout, plots_at_the_end
 
 from transformers_jax.sweep import command, scores
 from transformers_jax.sweep.scores import SCORE_KINDS, in_order, kind_of, parse_term
 from transformers_jax.sweep.spec import SpecError, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = """
-seeds = 2
-""" + TINY_BASE + """
-[axes]
-"model.position" = ["rope", "alibi"]
-
-[heldout]
-bytes = 4000
-
+TEXT = TINY_CELLS + """
 [eval]
 lengths = ["1x", "2x"]
 sliding = ["2x"]

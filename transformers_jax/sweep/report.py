@@ -515,15 +515,16 @@ def hparams(results: dict, out: str) -> None:
                                name=".")
 
 
-def cell_codes(plan: SweepPlan, out: str) -> dict[str, list[dict]]:
-    """Each cell's code states, as its ``cell.json`` records them."""
-    return {p.cell.name: (read_json(os.path.join(cell_dir(out, p), CELL_FILE)) or {}).get(
-        "code", []) for p in plan.cells}
+def cell_records(plan: SweepPlan, out: str) -> dict[str, dict]:
+    """Each cell's ``cell.json`` (its code states, its work), read once for a report."""
+    return {p.cell.name: read_json(os.path.join(cell_dir(out, p), CELL_FILE)) or {}
+            for p in plan.cells}
 
 
 def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: str,
                  baseline_losses: dict, own_baselines: dict | None = None) -> dict:
     scored = {p.cell.name: read_scores(plan, p, out) for p in plan.cells}
+    records = cell_records(plan, out)
     results = {
         "command": command,
         "provenance": provenance_record,
@@ -531,9 +532,9 @@ def write_report(plan: SweepPlan, out: str, provenance_record: dict, command: st
         **({"seed_baselines": own_baselines} if own_baselines else {}),
         # each cell with the work that made it (seeds trained, when, by which code)
         "cells": [{**cell_summary(plan, p, scored[p.cell.name]),
-                   "work": (read_json(os.path.join(cell_dir(out, p), CELL_FILE)) or {}).get(
-                       "work", [])} for p in plan.cells],
-        "comparisons": compare(plan, scored, cell_codes(plan, out)),
+                   "work": records[p.cell.name].get("work", [])} for p in plan.cells],
+        "comparisons": compare(plan, scored, {name: record.get("code", [])
+                                              for name, record in records.items()}),
         # every seed's scores, unit by unit, for --reanalyse (by position aside: the cells'
         # means are above)
         "scores": {cell: {seed: {k: v for k, v in scores.items() if k != "by_position"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from typing import Any
 
@@ -75,8 +76,9 @@ class ScoreKind:
         return parse_length(length_value(length), where)
 
     def in_scores(self, spec: Any) -> bool:
-        """Whether a seed's scores under ``spec`` hold this kind's table."""
-        raise NotImplementedError
+        """Whether a seed's scores under ``spec`` hold this kind's table: by default, those of
+        every sweep of held-out text (none of a task sweep)."""
+        return not spec.task_sweep
 
     def check_term(self, kind: str, length: Length, spec: Any, where: str, text: str) -> None:
         """Raise ``SpecError`` unless ``spec`` scores the term (its table, its length) of the
@@ -135,6 +137,14 @@ def fmt(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     return f"{x:.{digits}f}"
+
+
+def saved(plt, fig, out: str, name: str, drawn: bool = True) -> list[str]:
+    """``fig`` saved as ``out/name`` when it holds a drawing, then closed: the names written."""
+    if drawn:
+        fig.savefig(os.path.join(out, name), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return [name] if drawn else []
 
 
 def chunk_summary(losses_N, length: int, chunk: int) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,7 @@ import numpy as np
 from transformers_jax.overrides import closest
 from transformers_jax.study import stats
 from transformers_jax.sweep.context import PERTURBATIONS
-from transformers_jax.sweep.scores.base import Job, ScoreKind, fmt
+from transformers_jax.sweep.scores.base import Job, ScoreKind, fmt, saved
 from transformers_jax.sweep.terms import (
     Length,
     SpecError,
@@ -207,9 +206,7 @@ def context_plot(plan, results: dict, out: str, plt) -> list[str]:
         ax.set_xlabel("b (tokens before the first target)")
     axes[0][0].set_ylabel("loss increase (%), band: paired 95%")
     axes[0][-1].legend(fontsize=7)
-    fig.savefig(os.path.join(out, "context_usage.png"), dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return ["context_usage.png"]
+    return saved(plt, fig, out, "context_usage.png")
 
 
 class ContextUsage(ScoreKind):

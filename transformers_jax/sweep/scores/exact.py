@@ -6,13 +6,12 @@ nothing else."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any
 
 import numpy as np
 
-from transformers_jax.sweep.scores.base import Job, ScoreKind
+from transformers_jax.sweep.scores.base import Job, ScoreKind, saved
 from transformers_jax.sweep.terms import (
     Length,
     SpecError,
@@ -111,9 +110,7 @@ def exact_plot(plan, results: dict, out: str, plt) -> list[str]:
         ax.set_xlabel("task length (dotted: longest trained)")
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("exact match, mean over seeds")
-    fig.savefig(os.path.join(out, "exact_by_length.png"), dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return ["exact_by_length.png"]
+    return saved(plt, fig, out, "exact_by_length.png")
 
 
 class ExactMatch(ScoreKind):

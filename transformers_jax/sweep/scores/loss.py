@@ -4,18 +4,13 @@ L tokens (``[eval] lengths``), by chunk of the stream, and the loss by position 
 
 from __future__ import annotations
 
-import os
-
-from transformers_jax.sweep.scores.base import Job, ScoreKind, chunk_summary, scored_length
+from transformers_jax.sweep.scores.base import Job, ScoreKind, chunk_summary, saved, scored_length
 from transformers_jax.sweep.terms import SpecError
 
 
 class Loss(ScoreKind):
     term_help = ("loss@L (non-overlapping windows of L), L tokens or a multiple of seq_len "
                  "such as 2x")
-
-    def in_scores(self, spec) -> bool:
-        return not spec.task_sweep
 
     def check_term(self, kind, length, spec, where, text) -> None:
         scored_length(length, spec.lengths, "[eval] lengths", text, where)
@@ -67,7 +62,6 @@ def loss_by_length(results: dict, out: str, plt) -> list[str]:
     seeds, the largest budget's n-gram baselines as lines."""
     import numpy as np
 
-    written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in results["cells"]:
         rows = [e for e in c["by_length"] if e["kind"] == "loss" and e["per_seed"]]
@@ -91,10 +85,7 @@ def loss_by_length(results: dict, out: str, plt) -> list[str]:
             ax.axhline(value, color="grey", linestyle=":", linewidth=0.8)
             ax.annotate(name, (0.01, value), xycoords=("axes fraction", "data"), fontsize=7)
         ax.legend(fontsize=7)
-        fig.savefig(os.path.join(out, "loss_by_length.png"), dpi=110, bbox_inches="tight")
-        written.append("loss_by_length.png")
-    plt.close(fig)
-    return written
+    return saved(plt, fig, out, "loss_by_length.png", bool(ax.lines))
 
 
 def loss_by_position(plan, results: dict, out: str, plt) -> list[str]:
@@ -107,13 +98,9 @@ def loss_by_position(plan, results: dict, out: str, plt) -> list[str]:
         curve = c.get("by_position", {}).get(longest)
         if curve:
             ax.plot(np.arange(1, len(curve) + 1), curve, linewidth=0.8, label=c["name"])
-    written = []
     if ax.lines:
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"position in a window of {longest}")
         ax.set_ylabel("held-out loss (nats/token), mean over seeds")
         ax.legend(fontsize=7)
-        fig.savefig(os.path.join(out, "loss_by_position.png"), dpi=110, bbox_inches="tight")
-        written.append("loss_by_position.png")
-    plt.close(fig)
-    return written
+    return saved(plt, fig, out, "loss_by_position.png", bool(ax.lines))

@@ -48,9 +48,6 @@ class Passkey(ScoreKind):
     def record(self, settings: dict) -> dict:
         return {**settings, "lengths": [x.text for x in settings["lengths"]]}
 
-    def in_scores(self, spec) -> bool:
-        return not spec.task_sweep
-
     def check_term(self, kind, length, spec, where, text) -> None:
         if spec.passkey is None:
             raise SpecError(f"{where}: {text!r} needs passkey retrieval; set [eval] passkey = "

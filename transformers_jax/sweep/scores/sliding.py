@@ -10,9 +10,6 @@ from transformers_jax.sweep.terms import SpecError
 class Sliding(ScoreKind):
     term_help = "sliding@L (sliding windows)"
 
-    def in_scores(self, spec) -> bool:
-        return not spec.task_sweep
-
     def check_term(self, kind, length, spec, where, text) -> None:
         if not spec.sliding:
             raise SpecError(f"{where}: {text!r} needs sliding windows; set [eval] sliding = "
