@@ -17,6 +17,7 @@ from sweep_runs import TINY_CELLS, clean_checkout, plots_at_the_end, record_trai
 from transformers_jax.cli import main
 from transformers_jax.runs.lock import RunLock
 from transformers_jax.study import provenance, stats
+from transformers_jax.sweep import report as report_module
 from transformers_jax.sweep import runner
 from transformers_jax.sweep.cells import controlled, expand, pairs
 from transformers_jax.sweep.plan import make_plan
@@ -254,10 +255,13 @@ def test_a_sweep_reports_every_comparison_and_resumes_without_retraining(
     assert main(["sample", "--run", str(out / "cells/position=rope/seed0"), "--prompt", "The",
                  "--max-new-tokens", "4"]) == 0
 
-    # started again: nothing trains, nothing is rescored
+    # started again: nothing trains, nothing is rescored, no baseline is fitted again
     before = os.path.getmtime(out / "cells/position=rope/seed1" / runner.SCORES_FILE)
     calls = record_trained(monkeypatch)
-    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("baselines", "seed_baselines"):
+            mp.setattr(report_module, name, lambda plan: pytest.fail("baselines fitted again"))
+        assert main(["sweep", str(spec), "--out", str(out)]) == 0
     assert calls == []
     assert os.path.getmtime(out / "cells/position=rope/seed1" / runner.SCORES_FILE) == before
 

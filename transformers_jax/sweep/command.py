@@ -23,7 +23,7 @@ from transformers_jax.study.workers import (
 )
 from transformers_jax.sweep import power
 from transformers_jax.sweep.plan import PlannedCell, SweepPlan, make_plan
-from transformers_jax.sweep.report import baselines, seed_baselines, write_report
+from transformers_jax.sweep.report import fitted_baselines, write_report
 from transformers_jax.sweep.runner import CELL_FILE, cell_dir, read_json, run_cell
 from transformers_jax.sweep.spec import SpecError, read_spec
 
@@ -314,7 +314,7 @@ def main(argv: list[str]) -> int:
               "started": started,
               **({"design": rows, "low_power_accepted": bool(power.low_power(rows))}
                  if spec.pilot else {})}
-    base, own = baselines(plan), seed_baselines(plan)
+    base, own = fitted_baselines(plan, args.out)
 
     def report() -> None:
         write_report(plan, args.out, {**record, "other_code": _other_code(plan, args.out, code),

@@ -25,6 +25,7 @@ from transformers_jax.sweep.plan import PlannedCell, SweepPlan
 from transformers_jax.sweep.runner import (
     CELL_FILE,
     cell_dir,
+    digest,
     read_json,
     read_scores,
     train_args,
@@ -256,6 +257,30 @@ def seed_baselines(plan: SweepPlan) -> dict[str, dict[str, dict[str, float]]]:
                             plan.heldout_N)
             out.setdefault(planned.cell.name, {})[str(seed)] = fits[key]
     return out
+
+
+BASELINES_FILE = "baselines.json"
+
+
+def fitted_baselines(plan: SweepPlan, out: str) -> tuple[dict, dict]:
+    """``baselines`` and ``seed_baselines``, fitted once per sweep folder: kept in
+    ``OUT/baselines.json`` under what decides them (the data, the n-gram orders, equal context,
+    each cell's budget, parent and training batches for each seed), so that the worker
+    processes of ``--workers`` and a later invocation read them back instead of fitting again."""
+    from transformers_jax.sweep.seed_text import data_key
+
+    key = digest({"data": plan.data_sha256, "orders": plan.spec.ngram_orders,
+                  "equal_context": plan.spec.tables.get("equal_context"),
+                  "cells": [[p.cell.name, p.cell.parent, p.tokens_seen,
+                             [data_key(p, s) for s in plan.spec.seeds]] for p in plan.cells]})
+    path = os.path.join(out, BASELINES_FILE)
+    kept = read_json(path)
+    if kept is None or kept.get("key") != key:
+        kept = {"key": key, "budgets": baselines(plan), "seeds": seed_baselines(plan)}
+        os.makedirs(out, exist_ok=True)
+        write_json(path, kept)
+        kept = read_json(path)  # as a worker reads them: budgets keyed by strings
+    return kept["budgets"], kept["seeds"]
 
 
 def not_past(results: dict, spec) -> list[str]:
